@@ -1,0 +1,134 @@
+//! The command line: clap types and their conversion into configuration.
+//!
+//! Owns: subcommands `mount`, `umount`, `stats`, `demo`, their flags and help, logging set-up and
+//! the exit code. The only module that knows clap. Must never hold logic beyond parsing and
+//! dispatch: each subcommand calls one function elsewhere.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, MountConfig};
+use crate::run::{self, RunError};
+
+/// prepfs: a read-only FUSE mount for training data, with a never-evict cache.
+#[derive(Debug, Parser)]
+#[command(name = "prepfs", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Mount SOURCE read-only at MOUNTPOINT, served from a never-evict RAM cache.
+    Mount {
+        /// Dataset directory.
+        source: PathBuf,
+        /// Empty directory where the mount appears.
+        mountpoint: PathBuf,
+        /// RAM cache budget, e.g. 8G (default: half of the memory available now).
+        #[arg(long, value_name = "SIZE")]
+        cache_mem: Option<String>,
+        /// Stay in the foreground (logs to stderr) instead of returning once ready.
+        #[arg(long, short = 'f')]
+        foreground: bool,
+        /// Never use kernel passthrough (every read goes through the daemon).
+        #[arg(long)]
+        no_passthrough: bool,
+        /// Threads receiving FUSE requests (default: one per core, at least 2).
+        #[arg(long, value_name = "N")]
+        fuse_threads: Option<usize>,
+        /// Threads reading cache misses from the source.
+        #[arg(long, value_name = "N", default_value_t = config::DEFAULT_IO_THREADS)]
+        io_threads: usize,
+        /// Let other users read the mount (off by default; needs user_allow_other for non-root).
+        #[arg(long)]
+        allow_other: bool,
+        /// Append the daemon's log to this file (default: discarded unless --foreground).
+        #[arg(long, value_name = "PATH")]
+        log_file: Option<PathBuf>,
+        /// Internal: this process is the daemon started by `prepfs mount`.
+        #[arg(long, hide = true)]
+        daemon_child: bool,
+    },
+    /// Unmount a prepfs mount (the daemon then exits cleanly).
+    Umount {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        /// Detach now even if busy; the mount disappears once no process uses it.
+        #[arg(long, short = 'l')]
+        lazy: bool,
+    },
+    /// Print a mount's statistics as a table (or raw JSON).
+    Stats {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        /// Print stats.json as is.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Build a small image dataset, mount it, read two epochs, show the cache at work, clean up.
+    Demo {
+        /// Number of images to generate.
+        #[arg(long, default_value_t = 600)]
+        files: usize,
+    },
+}
+
+/// Parses the command line, runs it, and maps failure to one line on stderr and exit code 1.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match dispatch(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("prepfs: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,prepfs=info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+}
+
+fn dispatch(command: Command) -> Result<(), RunError> {
+    match command {
+        Command::Mount {
+            source,
+            mountpoint,
+            cache_mem,
+            foreground,
+            no_passthrough,
+            fuse_threads,
+            io_threads,
+            allow_other,
+            log_file,
+            daemon_child,
+        } => {
+            let cache_mem = match cache_mem {
+                Some(s) => config::parse_size(&s)?,
+                None => config::default_cache_mem(),
+            };
+            config::check_fuse_device()?;
+            let cfg = MountConfig {
+                source: config::check_source(&source)?,
+                mountpoint: config::check_mountpoint(&mountpoint)?,
+                cache_mem,
+                foreground,
+                passthrough: !no_passthrough && rustix::process::geteuid().is_root(),
+                fuse_threads: fuse_threads.unwrap_or_else(config::default_fuse_threads),
+                io_threads: io_threads.max(1),
+                allow_other,
+                log_file: log_file.map(|p| std::path::absolute(&p).unwrap_or(p)),
+            };
+            run::mount(&cfg, daemon_child)
+        }
+        Command::Umount { mountpoint, lazy } => run::unmount_path(&mountpoint, lazy),
+        Command::Stats { mountpoint, json } => crate::stats::table::print(&mountpoint, json).map_err(RunError::Other),
+        Command::Demo { files } => crate::demo::run(files).map_err(RunError::Other),
+    }
+}

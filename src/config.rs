@@ -1,0 +1,204 @@
+//! Typed mount configuration, its defaults, and validation of user input.
+//!
+//! Owns: `MountConfig`, size parsing, and every check that turns bad input into one readable
+//! line before anything is mounted (source, mountpoint, /dev/fuse, sizes). Must never mount,
+//! spawn or change anything: it only reads and decides.
+
+use std::path::{Path, PathBuf};
+
+/// Why a configuration cannot be used. Each message is one line a user can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A size string that does not parse.
+    #[error("invalid size {0:?}: use a number with an optional K, M, G or T suffix (powers of 1024), e.g. 8G")]
+    BadSize(String),
+    /// The source directory is unusable.
+    #[error("source {path}: {why}")]
+    Source {
+        /// The path given.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// The mountpoint is unusable.
+    #[error("mountpoint {path}: {why}")]
+    Mountpoint {
+        /// The path given.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// The FUSE device cannot be used.
+    #[error("{0}")]
+    Fuse(String),
+}
+
+/// Everything a mount needs.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    /// Dataset directory (canonical).
+    pub source: PathBuf,
+    /// Where the mount appears (canonical).
+    pub mountpoint: PathBuf,
+    /// Byte budget of the RAM tier.
+    pub cache_mem: u64,
+    /// Stay attached to the terminal instead of becoming a daemon.
+    pub foreground: bool,
+    /// Offer kernel passthrough for fully cached files.
+    pub passthrough: bool,
+    /// Threads receiving FUSE requests.
+    pub fuse_threads: usize,
+    /// Threads serving cache misses from the source.
+    pub io_threads: usize,
+    /// Let other users access the mount (off by default).
+    pub allow_other: bool,
+    /// Where a daemon writes its log (none: discarded).
+    pub log_file: Option<PathBuf>,
+}
+
+/// Share of available memory taken by default for the RAM tier.
+const DEFAULT_CACHE_SHARE: f64 = 0.5;
+/// Budget used when /proc/meminfo cannot be read.
+const FALLBACK_CACHE_BYTES: u64 = 1 << 30;
+
+/// Default RAM budget: half of the memory available now.
+pub fn default_cache_mem() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(FALLBACK_CACHE_BYTES, |kib| ((kib * 1024) as f64 * DEFAULT_CACHE_SHARE) as u64)
+}
+
+/// Default number of FUSE threads: one per core, at least two.
+pub fn default_fuse_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
+}
+
+/// Default I/O threads: enough parallel source reads to keep network or slow storage busy.
+pub const DEFAULT_IO_THREADS: usize = 16;
+
+/// Parses `8G`, `512M`, `1.5G`, `4096`, `64KiB` (binary multiples).
+pub fn parse_size(text: &str) -> Result<u64, ConfigError> {
+    let bad = || ConfigError::BadSize(text.to_owned());
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let shift = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(bad()),
+    };
+    let bytes = value * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
+}
+
+/// Canonical source directory, or why it cannot be used.
+pub fn check_source(path: &Path) -> Result<PathBuf, ConfigError> {
+    let fail = |why: String| ConfigError::Source { path: path.to_owned(), why };
+    let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
+    if !meta.is_dir() {
+        return Err(fail("not a directory".into()));
+    }
+    std::fs::read_dir(path).map_err(|e| fail(format!("cannot be listed: {e}")))?;
+    path.canonicalize().map_err(|e| fail(e.to_string()))
+}
+
+/// Canonical mountpoint, or why it cannot be used: it must be an empty directory that is not
+/// already a mount point.
+pub fn check_mountpoint(path: &Path) -> Result<PathBuf, ConfigError> {
+    let fail = |why: String| ConfigError::Mountpoint { path: path.to_owned(), why };
+    let meta = std::fs::metadata(path).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            fail("a dead FUSE mount is still attached here; run `prepfs umount` on it first".into())
+        } else {
+            fail(e.to_string())
+        }
+    })?;
+    if !meta.is_dir() {
+        return Err(fail("not a directory".into()));
+    }
+    let canonical = path.canonicalize().map_err(|e| fail(e.to_string()))?;
+    if is_mount_point(&canonical) {
+        return Err(fail("already a mount point".into()));
+    }
+    let mut entries = std::fs::read_dir(&canonical).map_err(|e| fail(e.to_string()))?;
+    if entries.next().is_some() {
+        return Err(fail("not empty".into()));
+    }
+    Ok(canonical)
+}
+
+/// Checks that the FUSE device exists and that this user can use it (directly or via
+/// fusermount3).
+pub fn check_fuse_device() -> Result<(), ConfigError> {
+    if !Path::new("/dev/fuse").exists() {
+        return Err(ConfigError::Fuse("/dev/fuse does not exist: load the fuse module (modprobe fuse) or run where FUSE is available".into()));
+    }
+    if rustix::process::geteuid().is_root() {
+        return Ok(());
+    }
+    let has_fusermount = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").exists() || d.join("fusermount").exists()));
+    if !has_fusermount {
+        return Err(ConfigError::Fuse("mounting as a normal user needs fusermount3 (Debian/Ubuntu: apt install fuse3), or run as root".into()));
+    }
+    Ok(())
+}
+
+/// Whether `path` (canonical) is a mount point, according to /proc/self/mountinfo.
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let wanted = path.to_string_lossy();
+    info.lines().filter_map(|l| l.split(' ').nth(4)).any(|m| unescape_mountinfo(m) == wanted)
+}
+
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
+            let code = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(code);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("4096").ok(), Some(4096));
+        assert_eq!(parse_size("8G").ok(), Some(8 << 30));
+        assert_eq!(parse_size("512m").ok(), Some(512 << 20));
+        assert_eq!(parse_size("64KiB").ok(), Some(64 << 10));
+        assert_eq!(parse_size("1.5G").ok(), Some(3 << 29));
+        for bad in ["", "G", "12X", "-1G", "1..2G", "8 GB extra"] {
+            assert!(parse_size(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape_mountinfo("/mnt/with\\040space"), "/mnt/with space");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+    }
+}

@@ -1,0 +1,391 @@
+//! The filesystem core: read-only semantics of the mount, free of any FUSE type.
+//!
+//! Owns: lookup/getattr/readlink/open/read/release/opendir/readdir/statfs, file and directory
+//! handles, the hidden control directory `.prepfs` with its snapshot files, and the staleness rule
+//! (a changed source file is a new cache key; the old entry is dropped on the next open). Tests
+//! drive it directly; the `fuse` adapter only translates. Reaches data only through `Source` and
+//! the cache. Must never block a caller of `read_cached` on the source, and never serve bytes of
+//! two versions of one file through one handle.
+
+#[cfg(test)]
+mod tests;
+
+use std::ffi::{OsStr, OsString};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::cache::{CachedFile, NeverEvictCache, ReadBytes};
+use crate::error::FsError;
+use crate::inode::{self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE};
+use crate::shards::ShardedMap;
+use crate::source::{Kind, Meta, Source, SourceFile, SpaceStats};
+use crate::stats::{self, Gauges, Metrics};
+
+/// How long the kernel may trust names and attributes of source entries. The tree is read-only
+/// through the mount; changes made in the source are picked up on open (see `open`).
+const SOURCE_TTL: Duration = Duration::from_secs(3600);
+
+/// Options of the core that the CLI can change.
+#[derive(Debug, Clone)]
+pub struct FsOptions {
+    /// Byte budget of the RAM tier.
+    pub cache_budget: u64,
+    /// Offer kernel passthrough for fully cached files (needs root and Linux >= 6.9).
+    pub passthrough: bool,
+    /// Owner shown for the virtual control files.
+    pub owner: (u32, u32),
+}
+
+/// Attributes of one node, with how long the kernel may cache them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attr {
+    /// Inode number.
+    pub ino: u64,
+    /// Node kind.
+    pub kind: Kind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Allocated 512-byte blocks.
+    pub blocks: u64,
+    /// Permission bits.
+    pub perm: u16,
+    /// Link count.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Access time, ns since the epoch.
+    pub atime_ns: i64,
+    /// Modification time, ns since the epoch.
+    pub mtime_ns: i64,
+    /// Status change time, ns since the epoch.
+    pub ctime_ns: i64,
+    /// How long the kernel may cache this answer.
+    pub valid_for: Duration,
+}
+
+/// How the kernel should serve an opened file's reads.
+pub enum Serve {
+    /// Every read comes to the daemon (direct I/O: the page cache does not keep a second copy).
+    Daemon,
+    /// The kernel reads the fully cached bytes itself from this entry's memfd.
+    Passthrough(Arc<CachedFile>),
+}
+
+/// A successful open.
+pub struct Opened {
+    /// The handle for later reads and the release.
+    pub fh: u64,
+    /// How reads are served.
+    pub serve: Serve,
+}
+
+/// One directory entry as listed.
+#[derive(Debug, Clone)]
+pub struct DirItem {
+    /// Inode number of the entry.
+    pub ino: u64,
+    /// Kind of the entry.
+    pub kind: Kind,
+    /// Name of the entry.
+    pub name: OsString,
+}
+
+enum Handle {
+    File { source: Arc<dyn SourceFile>, cached: Arc<CachedFile> },
+    Snapshot(Arc<[u8]>),
+    Dir(DirSnapshot),
+}
+
+/// The names of a directory as seen at opendir.
+struct DirSnapshot {
+    /// The directory itself (interns children); the root stands in for the control directory.
+    node: Arc<Node>,
+    /// Inode numbers shown for `.` and `..`.
+    dots: (u64, u64),
+    /// Names, kinds, and fixed inode numbers for virtual entries.
+    names: Vec<(OsString, Kind, Option<u64>)>,
+}
+
+/// The state of one mount.
+pub struct Fs {
+    source: Arc<dyn Source>,
+    options: FsOptions,
+    inodes: InodeTable,
+    cache: NeverEvictCache,
+    handles: ShardedMap<u64, Arc<Handle>>,
+    next_fh: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+impl Fs {
+    /// A mount over `source`. Does no I/O: the mount is ready at once.
+    pub fn new(source: Arc<dyn Source>, options: FsOptions) -> Fs {
+        let metrics = Arc::new(Metrics::default());
+        Fs {
+            source,
+            cache: NeverEvictCache::new(options.cache_budget, metrics.clone()),
+            options,
+            inodes: InodeTable::default(),
+            handles: ShardedMap::default(),
+            next_fh: AtomicU64::new(1),
+            metrics,
+        }
+    }
+
+    /// The mount's metrics registry.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn node(&self, ino: u64) -> Result<Arc<Node>, FsError> {
+        self.inodes.get(ino).ok_or(FsError::NotFound)
+    }
+
+    fn stat_node(&self, node: &Node) -> Result<Meta, FsError> {
+        let meta = self.source.stat(&node.path).map_err(|e| FsError::from_source(&e))?;
+        // The name now refers to something else: this inode is gone.
+        if meta.kind != node.kind {
+            return Err(FsError::NotFound);
+        }
+        Ok(meta)
+    }
+
+    fn source_attr(ino: u64, meta: &Meta) -> Attr {
+        Attr {
+            ino,
+            kind: meta.kind,
+            size: meta.identity.size,
+            blocks: meta.blocks,
+            perm: meta.perm,
+            nlink: meta.nlink,
+            uid: meta.uid,
+            gid: meta.gid,
+            atime_ns: meta.atime_ns,
+            mtime_ns: meta.identity.mtime_ns,
+            ctime_ns: meta.identity.ctime_ns,
+            valid_for: SOURCE_TTL,
+        }
+    }
+
+    fn virtual_attr(&self, ino: u64) -> Option<Attr> {
+        let (kind, perm, size) = match ino {
+            CONTROL_DIR => (Kind::Directory, 0o555, 0),
+            STATS_FILE | METRICS_FILE => (Kind::File, 0o444, self.render(ino)?.len() as u64),
+            _ => return None,
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        Some(Attr {
+            ino,
+            kind,
+            size,
+            blocks: size.div_ceil(512),
+            perm,
+            nlink: if kind == Kind::Directory { 2 } else { 1 },
+            uid: self.options.owner.0,
+            gid: self.options.owner.1,
+            atime_ns: now,
+            mtime_ns: now,
+            ctime_ns: now,
+            valid_for: Duration::ZERO,
+        })
+    }
+
+    /// The current content of a virtual file.
+    fn render(&self, ino: u64) -> Option<Vec<u8>> {
+        let samples = self.metrics.samples(&self.gauges());
+        match ino {
+            STATS_FILE => Some(stats::render_json(&samples).into_bytes()),
+            METRICS_FILE => Some(stats::render_prometheus(&samples).into_bytes()),
+            _ => None,
+        }
+    }
+
+    /// Cache and table figures for the stats files.
+    pub fn gauges(&self) -> Gauges {
+        Gauges { open_handles: self.handles.len() as u64, inodes: self.inodes.len() as u64, ..self.cache.gauges() }
+    }
+
+    /// Resolves `name` in directory `parent`.
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr, FsError> {
+        match parent {
+            ROOT if name == CONTROL_DIR_NAME => return self.virtual_attr(CONTROL_DIR).ok_or(FsError::NotFound),
+            CONTROL_DIR => {
+                let ino = match name.to_str() {
+                    Some("stats.json") => STATS_FILE,
+                    Some("metrics") => METRICS_FILE,
+                    _ => return Err(FsError::NotFound),
+                };
+                return self.virtual_attr(ino).ok_or(FsError::NotFound);
+            }
+            _ => {}
+        }
+        let parent = self.node(parent)?;
+        if parent.kind != Kind::Directory {
+            return Err(FsError::NotDirectory);
+        }
+        let path = inode::validate_name(name)?;
+        let child_path = if parent.ino == ROOT { path.to_path_buf() } else { parent.path.join(path) };
+        let meta = self.source.stat(&child_path).map_err(|e| FsError::from_source(&e))?;
+        let node = self.inodes.intern(&parent, name, meta.kind);
+        Ok(Self::source_attr(node.ino, &meta))
+    }
+
+    /// Attributes of inode `ino`.
+    pub fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
+        if let Some(attr) = self.virtual_attr(ino) {
+            return Ok(attr);
+        }
+        let node = self.node(ino)?;
+        let meta = self.stat_node(&node)?;
+        Ok(Self::source_attr(ino, &meta))
+    }
+
+    /// The stored target of symlink `ino`.
+    pub fn readlink(&self, ino: u64) -> Result<OsString, FsError> {
+        let node = self.node(ino)?;
+        if node.kind != Kind::Symlink {
+            return Err(FsError::InvalidName);
+        }
+        self.source.read_link(&node.path).map_err(|e| FsError::from_source(&e))
+    }
+
+    /// Opens `ino` for reading; `write` (any write, truncate or append intent) is refused.
+    pub fn open(&self, ino: u64, write: bool) -> Result<Opened, FsError> {
+        if write {
+            return Err(FsError::ReadOnly);
+        }
+        if let Some(content) = self.render(ino) {
+            let fh = self.add_handle(Handle::Snapshot(content.into()));
+            return Ok(Opened { fh, serve: Serve::Daemon });
+        }
+        let node = self.node(ino)?;
+        match node.kind {
+            Kind::File => {}
+            Kind::Directory => return Err(FsError::IsDirectory),
+            Kind::Symlink | Kind::Other => return Err(FsError::AccessDenied),
+        }
+        let source = self.source.open(&node.path).map_err(|e| FsError::from_source(&e))?;
+        let identity = source.identity();
+        {
+            let mut last = node.last_identity.lock();
+            if let Some(old) = *last {
+                if old != identity {
+                    self.cache.forget(&old);
+                    self.metrics.stale_detections.inc();
+                    tracing::info!(path = %node.path.display(), "source file changed; old cache entry dropped");
+                }
+            }
+            *last = Some(identity);
+        }
+        let cached = self.cache.file(identity);
+        let serve = if self.options.passthrough && cached.passthrough_fd().is_some() {
+            Serve::Passthrough(cached.clone())
+        } else {
+            Serve::Daemon
+        };
+        let fh = self.add_handle(Handle::File { source, cached });
+        Ok(Opened { fh, serve })
+    }
+
+    fn add_handle(&self, handle: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.insert(fh, Arc::new(handle));
+        fh
+    }
+
+    fn handle(&self, fh: u64) -> Result<Arc<Handle>, FsError> {
+        self.handles.get(&fh).ok_or(FsError::BadHandle)
+    }
+
+    /// Answers a read without waiting on the source: `None` when it needs [`Fs::read`].
+    pub fn read_cached(&self, fh: u64, offset: u64, size: u32) -> Option<Result<ReadBytes, FsError>> {
+        let handle = match self.handle(fh) {
+            Ok(h) => h,
+            Err(e) => return Some(Err(e)),
+        };
+        match &*handle {
+            Handle::File { cached, .. } => cached.read_cached(offset, size).map(Ok),
+            Handle::Snapshot(content) => Some(Ok(snapshot_range(content, offset, size))),
+            Handle::Dir(_) => Some(Err(FsError::IsDirectory)),
+        }
+    }
+
+    /// Answers a read, fetching from the source where the cache misses. May block.
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<ReadBytes, FsError> {
+        match &*self.handle(fh)? {
+            Handle::File { source, cached } => cached.read(source.as_ref(), offset, size),
+            Handle::Snapshot(content) => Ok(snapshot_range(content, offset, size)),
+            Handle::Dir(_) => Err(FsError::IsDirectory),
+        }
+    }
+
+    /// Forgets a file or directory handle.
+    pub fn release(&self, fh: u64) -> Result<(), FsError> {
+        self.handles.remove(&fh).map(|_| ()).ok_or(FsError::BadHandle)
+    }
+
+    /// Opens directory `ino`, taking a snapshot of its names.
+    pub fn opendir(&self, ino: u64) -> Result<u64, FsError> {
+        if ino == CONTROL_DIR {
+            let names = vec![
+                ("stats.json".into(), Kind::File, Some(STATS_FILE)),
+                ("metrics".into(), Kind::File, Some(METRICS_FILE)),
+            ];
+            let node = self.node(ROOT)?;
+            return Ok(self.add_handle(Handle::Dir(DirSnapshot { node, dots: (CONTROL_DIR, ROOT), names })));
+        }
+        let node = self.node(ino)?;
+        if node.kind != Kind::Directory {
+            return Err(FsError::NotDirectory);
+        }
+        let entries = self.source.list(&node.path).map_err(|e| FsError::from_source(&e))?;
+        let names = entries
+            .into_iter()
+            // `.prepfs` is reachable but never listed: loaders such as torchvision's ImageFolder
+            // treat every listed directory as a class.
+            .filter(|e| !(ino == ROOT && e.name == CONTROL_DIR_NAME))
+            .map(|e| (e.name, e.kind, None))
+            .collect();
+        let dots = (node.ino, node.parent);
+        Ok(self.add_handle(Handle::Dir(DirSnapshot { node, dots, names })))
+    }
+
+    /// Entries of an open directory from position `offset` on (`.` and `..` first), handed to
+    /// `take` with the offset that resumes after each; `take` returns true to stop.
+    pub fn readdir(&self, fh: u64, offset: u64, mut take: impl FnMut(u64, DirItem) -> bool) -> Result<(), FsError> {
+        let handle = self.handle(fh)?;
+        let Handle::Dir(dir) = &*handle else { return Err(FsError::NotDirectory) };
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        for position in start..dir.names.len().saturating_add(2) {
+            let item = match position {
+                0 => DirItem { ino: dir.dots.0, kind: Kind::Directory, name: ".".into() },
+                1 => DirItem { ino: dir.dots.1, kind: Kind::Directory, name: "..".into() },
+                _ => {
+                    let (name, kind, fixed) = &dir.names[position - 2];
+                    let ino = fixed.unwrap_or_else(|| self.inodes.intern(&dir.node, name, *kind).ino);
+                    DirItem { ino, kind: *kind, name: name.clone() }
+                }
+            };
+            if take(position as u64 + 1, item) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Capacity of the filesystem holding the source.
+    pub fn statfs(&self) -> Result<SpaceStats, FsError> {
+        self.source.space().map_err(|e| FsError::from_source(&e))
+    }
+}
+
+fn snapshot_range(content: &Arc<[u8]>, offset: u64, size: u32) -> ReadBytes {
+    let start = usize::try_from(offset).unwrap_or(usize::MAX).min(content.len());
+    let end = start.saturating_add(size as usize).min(content.len());
+    ReadBytes::Owned(content[start..end].to_vec())
+}

@@ -1,0 +1,159 @@
+//! The inode table: stable inode numbers for source paths, created lazily on lookup.
+//!
+//! Owns: the mapping inode number <-> (parent, name) <-> relative source path, the reserved
+//! numbers of the virtual control files, and name validation. Nothing is walked at mount: an
+//! inode exists once the kernel (or a readdir) has asked for its name. Numbers are never reused
+//! for the life of the mount. Must never touch the source: it only names things.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::error::FsError;
+use crate::source::{Identity, Kind};
+
+/// Inode of the mount root (the FUSE protocol fixes it at 1).
+pub const ROOT: u64 = 1;
+/// Inode of the hidden control directory `.prepfs`.
+pub const CONTROL_DIR: u64 = 2;
+/// Inode of `.prepfs/stats.json`.
+pub const STATS_FILE: u64 = 3;
+/// Inode of `.prepfs/metrics` (Prometheus text).
+pub const METRICS_FILE: u64 = 4;
+/// First inode handed to a source entry; the gap leaves room for more virtual files.
+const FIRST_SOURCE_INODE: u64 = 64;
+
+/// Name of the control directory in the mount root (reachable, never listed).
+pub const CONTROL_DIR_NAME: &str = ".prepfs";
+
+/// Longest accepted name component, as Linux NAME_MAX.
+const NAME_MAX: usize = 255;
+
+/// A source entry known to the mount.
+#[derive(Debug)]
+pub struct Node {
+    /// This node's inode number.
+    pub ino: u64,
+    /// The parent directory's inode number (the root is its own parent).
+    pub parent: u64,
+    /// Path relative to the source root (`.` for the root).
+    pub path: PathBuf,
+    /// Kind when the node was created; a kind change in the source makes a new node.
+    pub kind: Kind,
+    /// The identity seen by the most recent open, to detect a changed source file.
+    pub last_identity: Mutex<Option<Identity>>,
+}
+
+#[derive(Default)]
+struct Tables {
+    by_ino: HashMap<u64, Arc<Node>>,
+    by_name: HashMap<(u64, OsString), u64>,
+    next: u64,
+}
+
+/// All nodes of one mount.
+pub struct InodeTable {
+    tables: RwLock<Tables>,
+}
+
+impl Default for InodeTable {
+    fn default() -> Self {
+        let root = Arc::new(Node {
+            ino: ROOT,
+            parent: ROOT,
+            path: PathBuf::from("."),
+            kind: Kind::Directory,
+            last_identity: Mutex::new(None),
+        });
+        let mut tables = Tables { next: FIRST_SOURCE_INODE, ..Tables::default() };
+        tables.by_ino.insert(ROOT, root);
+        InodeTable { tables: RwLock::new(tables) }
+    }
+}
+
+impl InodeTable {
+    /// The node with inode number `ino`.
+    pub fn get(&self, ino: u64) -> Option<Arc<Node>> {
+        self.tables.read().by_ino.get(&ino).cloned()
+    }
+
+    /// The node for `name` in `parent`, created with a fresh number if new or if its kind changed.
+    pub fn intern(&self, parent: &Node, name: &OsStr, kind: Kind) -> Arc<Node> {
+        let key = (parent.ino, name.to_owned());
+        {
+            let tables = self.tables.read();
+            if let Some(node) = tables.by_name.get(&key).and_then(|ino| tables.by_ino.get(ino)) {
+                if node.kind == kind {
+                    return node.clone();
+                }
+            }
+        }
+        let mut tables = self.tables.write();
+        if let Some(node) = tables.by_name.get(&key).and_then(|ino| tables.by_ino.get(ino)) {
+            if node.kind == kind {
+                return node.clone();
+            }
+        }
+        let ino = tables.next;
+        tables.next += 1;
+        let path = if parent.ino == ROOT { PathBuf::from(name) } else { parent.path.join(name) };
+        let node = Arc::new(Node { ino, parent: parent.ino, path, kind, last_identity: Mutex::new(None) });
+        tables.by_ino.insert(ino, node.clone());
+        tables.by_name.insert(key, ino);
+        node
+    }
+
+    /// Number of source nodes known (the root included).
+    pub fn len(&self) -> usize {
+        self.tables.read().by_ino.len()
+    }
+
+    /// Whether only the root is known.
+    pub fn is_empty(&self) -> bool {
+        self.len() <= 1
+    }
+}
+
+/// Checks that `name` is a single, ordinary path component.
+pub fn validate_name(name: &OsStr) -> Result<&Path, FsError> {
+    let bytes = name.as_bytes();
+    if bytes.len() > NAME_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') || bytes.contains(&0) {
+        return Err(FsError::InvalidName);
+    }
+    Ok(Path::new(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_escape_or_are_empty_are_rejected() {
+        for bad in ["", ".", "..", "a/b", "/etc", "a\0b"] {
+            assert_eq!(validate_name(OsStr::new(bad)).err(), Some(FsError::InvalidName), "{bad:?}");
+        }
+        assert_eq!(validate_name(OsStr::new(&"x".repeat(256))).err(), Some(FsError::NameTooLong));
+        assert!(validate_name(OsStr::new("ünïcode ✓.jpg")).is_ok());
+    }
+
+    #[test]
+    fn inode_numbers_are_stable_and_change_with_kind() {
+        let table = InodeTable::default();
+        let root = table.get(ROOT).expect("root exists");
+        let a = table.intern(&root, OsStr::new("a"), Kind::Directory);
+        let again = table.intern(&root, OsStr::new("a"), Kind::Directory);
+        assert_eq!(a.ino, again.ino);
+        let file = table.intern(&a, OsStr::new("f"), Kind::File);
+        assert_eq!(file.path, Path::new("a/f"));
+        let replaced = table.intern(&root, OsStr::new("a"), Kind::File);
+        assert_ne!(replaced.ino, a.ino, "a kind change must not reuse the old inode");
+        assert_eq!(table.get(a.ino).map(|n| n.ino), Some(a.ino), "old number stays valid");
+    }
+}

@@ -1,0 +1,19 @@
+//! prepfs: a read-only FUSE filesystem for deep-learning training data.
+//!
+//! The mount serves a dataset directory from a never-evict RAM cache and shows its statistics in
+//! `.prepfs/` inside the mount. `fs` holds the semantics and never sees FUSE; `fuse` is the only
+//! module that does. See DESIGN in the repository's shared notes for the map.
+
+pub mod cache;
+pub mod cli;
+pub mod config;
+pub mod demo;
+pub mod error;
+pub mod fs;
+pub mod fuse;
+pub mod inode;
+pub mod run;
+pub mod shards;
+pub mod source;
+pub mod stats;
+pub mod workers;

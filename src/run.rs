@@ -1,0 +1,275 @@
+//! Mount lifecycle: start, daemonize with readiness, signals, clean unmount.
+//!
+//! Owns: turning a validated `MountConfig` into a live mount (`Mounted`), the daemon protocol
+//! (the parent returns only once the mount answers, or prints the child's error), SIGTERM/SIGINT/
+//! SIGHUP handling, and `umount`. Must never leave a mount behind on an error path, and never do
+//! work proportional to the dataset or cache size before the mount is ready.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::config::{ConfigError, MountConfig};
+use crate::fs::{Fs, FsOptions};
+use crate::fuse::{Adapter, Config, MountOption, Session, SessionACL, SessionUnmounter};
+use crate::source::LocalSource;
+use crate::workers::IoWorkers;
+
+/// Line a daemon child prints on stdout once its mount answers.
+const READY_LINE: &str = "prepfs-ready";
+/// How long a new mount may take to answer its first request.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// Queue depth of cache misses waiting for an I/O thread (bounded: back-pressure on the kernel).
+const IO_QUEUE_DEPTH: usize = 256;
+
+/// A failure of a lifecycle command, printed as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Bad user input.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The mount could not be established.
+    #[error("cannot mount on {mountpoint}: {why}")]
+    Mount {
+        /// Where.
+        mountpoint: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// Unmounting failed.
+    #[error("cannot unmount {mountpoint}: {why}")]
+    Unmount {
+        /// Where.
+        mountpoint: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// Anything else, already phrased for the user.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A live mount served by background threads.
+pub struct Mounted {
+    unmounter: Unmounter,
+    session: JoinHandle<std::io::Result<()>>,
+    fs: Arc<Fs>,
+}
+
+/// Unmounts one mount; cheap to clone, usable from any thread (signal handling).
+#[derive(Clone)]
+pub struct Unmounter {
+    mountpoint: PathBuf,
+    inner: Arc<Mutex<SessionUnmounter>>,
+}
+
+impl Unmounter {
+    /// Unmounts; if the mount is busy, detaches it lazily so it disappears once released.
+    pub fn unmount(&self) -> Result<(), RunError> {
+        match self.inner.lock().unmount() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                tracing::info!(error = %e, "unmount refused; detaching lazily");
+                unmount_path(&self.mountpoint, true)
+            }
+        }
+    }
+}
+
+impl Mounted {
+    /// The mount's core (for in-process callers such as the demo).
+    pub fn fs(&self) -> &Arc<Fs> {
+        &self.fs
+    }
+
+    /// A handle that unmounts from another thread.
+    pub fn unmounter(&self) -> Unmounter {
+        self.unmounter.clone()
+    }
+
+    /// Waits until the mount is gone (unmounted by anyone) and the session threads have exited.
+    pub fn wait(self) -> Result<(), RunError> {
+        let result = self.session.join().map_err(|_| RunError::Other("FUSE session thread panicked".into()))?;
+        result.map_err(|e| RunError::Other(format!("FUSE session ended with an error: {e}")))
+    }
+
+    /// Unmounts and waits for the session to end.
+    pub fn unmount(self) -> Result<(), RunError> {
+        self.unmounter.unmount()?;
+        self.wait()
+    }
+}
+
+/// Mounts `cfg` and serves it from background threads; returns once the mount answers.
+pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
+    let mount_error = |why: String| RunError::Mount { mountpoint: cfg.mountpoint.clone(), why };
+    let source = LocalSource::open(&cfg.source).map_err(|e| mount_error(format!("source {}: {e}", cfg.source.display())))?;
+    let owner = (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw());
+    let fs = Arc::new(Fs::new(
+        Arc::new(source),
+        FsOptions { cache_budget: cfg.cache_mem, passthrough: cfg.passthrough, owner },
+    ));
+    let workers = IoWorkers::new(cfg.io_threads, IO_QUEUE_DEPTH).map_err(|e| mount_error(format!("cannot start I/O threads: {e}")))?;
+    let adapter = Adapter::new(fs.clone(), workers, cfg.passthrough);
+
+    let options = vec![
+        MountOption::RO,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+        MountOption::NoAtime,
+        MountOption::DefaultPermissions,
+        MountOption::FSName(format!("prepfs:{}", cfg.source.display())),
+        MountOption::Subtype("prepfs".into()),
+    ];
+    let mut config = Config::default();
+    config.mount_options = options;
+    // The ACL sets allow_other on the mount when, and only when, the user asked for it.
+    config.acl = if cfg.allow_other { SessionACL::All } else { SessionACL::Owner };
+    config.n_threads = Some(cfg.fuse_threads.max(1));
+    config.clone_fd = true;
+
+    let mut session = Session::new(adapter, &cfg.mountpoint, &config).map_err(|e| mount_error(explain_mount_error(&e)))?;
+    let unmounter = Unmounter { mountpoint: cfg.mountpoint.clone(), inner: Arc::new(Mutex::new(session.unmount_callable())) };
+    let session = std::thread::Builder::new()
+        .name("prepfs-session".into())
+        .spawn(move || session.run())
+        .map_err(|e| mount_error(format!("cannot start the session thread: {e}")))?;
+    let mounted = Mounted { unmounter, session, fs };
+    if let Err(e) = wait_until_answering(&cfg.mountpoint) {
+        let _ = mounted.unmount();
+        return Err(mount_error(e));
+    }
+    tracing::info!(source = %cfg.source.display(), mountpoint = %cfg.mountpoint.display(), cache_mem = cfg.cache_mem, "mounted");
+    Ok(mounted)
+}
+
+fn explain_mount_error(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => format!("{e} (mounting needs root, or fusermount3 and a mountpoint you own)"),
+        Some(libc::ENOENT) if !rustix::process::geteuid().is_root() => format!("{e} (is fusermount3 installed? apt install fuse3)"),
+        _ => e.to_string(),
+    }
+}
+
+fn wait_until_answering(mountpoint: &Path) -> Result<(), String> {
+    let probe = mountpoint.join(crate::inode::CONTROL_DIR_NAME).join("stats.json");
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        match std::fs::metadata(&probe) {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() > deadline => return Err(format!("mount did not answer within {READY_TIMEOUT:?}: {e}")),
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// `prepfs mount`: daemonizes unless `cfg.foreground`; returns once the mount is ready (daemon)
+/// or once it has been unmounted (foreground).
+pub fn mount(cfg: &MountConfig, daemon_child: bool) -> Result<(), RunError> {
+    if !cfg.foreground && !daemon_child {
+        return spawn_daemon();
+    }
+    // Signals first: a SIGTERM during start-up must still end in a clean unmount.
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP])
+        .map_err(|e| RunError::Other(format!("cannot install signal handlers: {e}")))?;
+    let mounted = start(cfg)?;
+    if daemon_child {
+        detach_from_parent(cfg)?;
+    }
+    let unmounter = mounted.unmounter();
+    let handle = signals.handle();
+    let watcher = std::thread::Builder::new()
+        .name("prepfs-signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                tracing::info!(signal, "signal received; unmounting");
+                if let Err(e) = unmounter.unmount() {
+                    tracing::error!(error = %e, "unmount on signal failed");
+                }
+            }
+        })
+        .map_err(|e| RunError::Other(format!("cannot start the signal thread: {e}")))?;
+    let result = mounted.wait();
+    handle.close();
+    let _ = watcher.join();
+    tracing::info!("unmounted; exiting");
+    result
+}
+
+/// Re-runs this command as a detached child with `--daemon-child`, relays its readiness or its
+/// error, and exits accordingly.
+fn spawn_daemon() -> Result<(), RunError> {
+    let exe = std::env::current_exe().map_err(|e| RunError::Other(format!("cannot find the prepfs binary: {e}")))?;
+    let mut child = Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .arg("--daemon-child")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| RunError::Other(format!("cannot start the daemon: {e}")))?;
+    let mut ready = false;
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines() {
+            if line.map(|l| l.trim() == READY_LINE).unwrap_or(false) {
+                ready = true;
+                break;
+            }
+        }
+    }
+    if ready {
+        return Ok(());
+    }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    let _ = child.wait();
+    let line = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("the daemon exited before the mount was ready");
+    Err(RunError::Other(line.trim_start_matches("prepfs: ").to_owned()))
+}
+
+/// In the daemon child, once mounted: new session, report readiness, and let go of the parent's
+/// pipes (stdout/stderr become the log file or /dev/null).
+fn detach_from_parent(cfg: &MountConfig) -> Result<(), RunError> {
+    let _ = rustix::process::setsid();
+    println!("{READY_LINE}");
+    let sink = match &cfg.log_file {
+        Some(path) => std::fs::OpenOptions::new().create(true).append(true).open(path),
+        None => std::fs::OpenOptions::new().write(true).open("/dev/null"),
+    }
+    .map_err(|e| RunError::Other(format!("cannot open the log file: {e}")))?;
+    let _ = rustix::stdio::dup2_stdout(&sink);
+    let _ = rustix::stdio::dup2_stderr(&sink);
+    Ok(())
+}
+
+/// `prepfs umount`: unmounts `mountpoint` (root: umount2, lazily if busy; users: fusermount3).
+pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<(), RunError> {
+    let fail = |why: String| RunError::Unmount { mountpoint: mountpoint.to_owned(), why };
+    if rustix::process::geteuid().is_root() {
+        let flags = if lazy { rustix::mount::UnmountFlags::DETACH } else { rustix::mount::UnmountFlags::empty() };
+        return match rustix::mount::unmount(mountpoint, flags) {
+            Ok(()) => Ok(()),
+            Err(rustix::io::Errno::INVAL) => Err(fail("not a mount point".into())),
+            Err(rustix::io::Errno::BUSY) => Err(fail("busy (a process uses it); retry, or use --lazy".into())),
+            Err(e) => Err(fail(e.to_string())),
+        };
+    }
+    let mut cmd = Command::new("fusermount3");
+    cmd.arg("-u");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let out = cmd.arg(mountpoint).output().map_err(|e| fail(format!("cannot run fusermount3: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(fail(String::from_utf8_lossy(&out.stderr).trim().to_owned()))
+    }
+}

@@ -1,0 +1,176 @@
+//! `LocalSource`: a local directory tree, every access resolved beneath one root descriptor.
+//!
+//! Owns: the root directory handle and the syscalls that reach the dataset. Every path is resolved
+//! with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS), so neither `..`,
+//! an absolute symlink, nor a directory swapped for a link mid-flight can lead outside the root.
+//! Must never use `std::fs` on a user-influenced path and never follow a symlink.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
+use std::sync::Arc;
+
+use rustix::fs::{Dir, FileType, Mode, OFlags, ResolveFlags, Stat};
+
+use super::{DirEntry, Identity, Kind, Meta, Source, SourceFile, SpaceStats};
+
+/// openat2 resolution rules for every source path: stay beneath the root, follow no link.
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS);
+
+/// A dataset directory on a local (or network, or slow) filesystem.
+#[derive(Debug)]
+pub struct LocalSource {
+    root: OwnedFd,
+}
+
+impl LocalSource {
+    /// Opens `root` (which must be a directory) as the resolution anchor.
+    pub fn open(root: &Path) -> io::Result<LocalSource> {
+        let fd = rustix::fs::open(
+            root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        // Probe openat2 once so an old kernel fails at mount time with a clear error.
+        openat2_beneath(&fd, Path::new("."), OFlags::PATH).map_err(|e| {
+            io::Error::new(e.kind(), format!("openat2 beneath the source root failed: {e}"))
+        })?;
+        Ok(LocalSource { root: fd })
+    }
+
+    fn open_path(&self, path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+        openat2_beneath(&self.root, path, flags)
+    }
+}
+
+fn openat2_beneath(root: &OwnedFd, path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+    let path = if path.as_os_str().is_empty() { Path::new(".") } else { path };
+    let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    loop {
+        match rustix::fs::openat2(root, path, flags, Mode::empty(), RESOLVE) {
+            // openat2 returns EAGAIN when a concurrent rename raced the resolution: retry.
+            Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => continue,
+            other => return other.map_err(io::Error::from),
+        }
+    }
+}
+
+fn kind_of(file_type: FileType) -> Kind {
+    match file_type {
+        FileType::RegularFile => Kind::File,
+        FileType::Directory => Kind::Directory,
+        FileType::Symlink => Kind::Symlink,
+        _ => Kind::Other,
+    }
+}
+
+fn ns(secs: i64, nsec: u64) -> i64 {
+    secs.saturating_mul(1_000_000_000).saturating_add(nsec as i64)
+}
+
+fn identity_of(st: &Stat) -> Identity {
+    Identity {
+        dev: st.st_dev,
+        ino: st.st_ino,
+        size: st.st_size.max(0) as u64,
+        mtime_ns: ns(st.st_mtime, st.st_mtime_nsec),
+        ctime_ns: ns(st.st_ctime, st.st_ctime_nsec),
+    }
+}
+
+fn meta_of(st: &Stat) -> Meta {
+    Meta {
+        kind: kind_of(FileType::from_raw_mode(st.st_mode)),
+        perm: (st.st_mode & 0o7777) as u16,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        blocks: st.st_blocks.max(0) as u64,
+        atime_ns: ns(st.st_atime, st.st_atime_nsec),
+        identity: identity_of(st),
+    }
+}
+
+impl Source for LocalSource {
+    fn stat(&self, path: &Path) -> io::Result<Meta> {
+        let fd = self.open_path(path, OFlags::PATH)?;
+        Ok(meta_of(&rustix::fs::fstat(&fd)?))
+    }
+
+    fn list(&self, path: &Path) -> io::Result<Vec<DirEntry>> {
+        let fd = self.open_path(path, OFlags::RDONLY | OFlags::DIRECTORY)?;
+        let mut dir = Dir::read_from(&fd)?;
+        let mut out = Vec::new();
+        while let Some(entry) = dir.read() {
+            let entry = entry?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let kind = match entry.file_type() {
+                // Some filesystems do not fill d_type: ask, without following links.
+                FileType::Unknown => {
+                    let st = rustix::fs::statat(&fd, entry.file_name(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+                    kind_of(FileType::from_raw_mode(st.st_mode))
+                }
+                other => kind_of(other),
+            };
+            out.push(DirEntry { name: OsStr::from_bytes(name).to_owned(), kind });
+        }
+        Ok(out)
+    }
+
+    fn read_link(&self, path: &Path) -> io::Result<OsString> {
+        let fd = self.open_path(path, OFlags::PATH)?;
+        let target = rustix::fs::readlinkat(&fd, c"", Vec::new())?;
+        Ok(OsString::from_vec(target.into_bytes()))
+    }
+
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn SourceFile>> {
+        // NONBLOCK: should a fifo be swapped in for a file, open must not hang a FUSE thread.
+        let fd = self.open_path(path, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)?;
+        let st = rustix::fs::fstat(&fd)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(Arc::new(LocalFile { fd, identity: identity_of(&st) }))
+    }
+
+    fn space(&self) -> io::Result<SpaceStats> {
+        let st = rustix::fs::fstatvfs(&self.root)?;
+        Ok(SpaceStats {
+            blocks: st.f_blocks,
+            blocks_free: st.f_bfree,
+            blocks_available: st.f_bavail,
+            files: st.f_files,
+            files_free: st.f_ffree,
+            block_size: st.f_frsize as u32,
+            name_max: st.f_namemax as u32,
+        })
+    }
+}
+
+/// An open regular file of a `LocalSource`.
+#[derive(Debug)]
+struct LocalFile {
+    fd: OwnedFd,
+    identity: Identity,
+}
+
+impl SourceFile for LocalFile {
+    fn identity(&self) -> Identity {
+        self.identity
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        Ok(rustix::io::pread(&self.fd, buf, offset)?)
+    }
+
+    fn current_identity(&self) -> io::Result<Identity> {
+        Ok(identity_of(&rustix::fs::fstat(&self.fd)?))
+    }
+}

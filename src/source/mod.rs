@@ -1,0 +1,135 @@
+//! Where dataset bytes come from: the `Source` seam and its file identity.
+//!
+//! Owns: the `Source`/`SourceFile` traits, `Identity` (what makes two reads "the same file
+//! version") and `Meta`. The real implementation (`local`) resolves every path beneath one root
+//! directory handle; the test double (`faulty`) injects failures. Must never hand out a path or
+//! descriptor that resolves outside the source root, and never cache anything itself.
+
+pub mod local;
+
+#[cfg(test)]
+pub mod faulty;
+
+use std::ffi::OsString;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use local::LocalSource;
+
+/// The version of a source file: bytes cached under one identity are never served for another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Identity {
+    /// Device of the source file.
+    pub dev: u64,
+    /// Inode of the source file on that device.
+    pub ino: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i64,
+    /// Status change time, nanoseconds since the epoch.
+    pub ctime_ns: i64,
+}
+
+/// The kind of a source entry, as the namespace exposes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Directory,
+    /// A symbolic link (shown, never followed by prepfs).
+    Symlink,
+    /// Anything else (fifo, socket, device): listed, never opened.
+    Other,
+}
+
+/// Metadata of one source entry (lstat semantics: links are not followed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Meta {
+    /// Entry kind.
+    pub kind: Kind,
+    /// Permission bits (mode & 0o7777).
+    pub perm: u16,
+    /// Hard link count.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Allocated 512-byte blocks.
+    pub blocks: u64,
+    /// Access time, nanoseconds since the epoch.
+    pub atime_ns: i64,
+    /// File identity (carries size, mtime and ctime).
+    pub identity: Identity,
+}
+
+/// One name in a source directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// The entry's name (a single path component).
+    pub name: OsString,
+    /// The entry's kind.
+    pub kind: Kind,
+}
+
+/// Capacity figures of the filesystem holding the source.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SpaceStats {
+    /// Total blocks.
+    pub blocks: u64,
+    /// Free blocks.
+    pub blocks_free: u64,
+    /// Blocks available to unprivileged users.
+    pub blocks_available: u64,
+    /// Total inodes.
+    pub files: u64,
+    /// Free inodes.
+    pub files_free: u64,
+    /// Block size in bytes.
+    pub block_size: u32,
+    /// Longest name.
+    pub name_max: u32,
+}
+
+/// A dataset directory that prepfs serves read-only. Paths are relative to its root; `.` is
+/// the root itself.
+pub trait Source: Send + Sync + 'static {
+    /// Metadata of `path`, without following a final symlink.
+    fn stat(&self, path: &Path) -> io::Result<Meta>;
+    /// The entries of directory `path`, without `.` and `..`.
+    fn list(&self, path: &Path) -> io::Result<Vec<DirEntry>>;
+    /// The target of symlink `path`, as stored (never resolved).
+    fn read_link(&self, path: &Path) -> io::Result<OsString>;
+    /// Opens regular file `path` for reading.
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn SourceFile>>;
+    /// Capacity of the filesystem holding the source.
+    fn space(&self) -> io::Result<SpaceStats>;
+}
+
+/// An open source file. Reads are positional, so one handle serves concurrent readers.
+pub trait SourceFile: Send + Sync {
+    /// The identity observed when the file was opened.
+    fn identity(&self) -> Identity;
+    /// Reads at `offset` into `buf`; returns the number of bytes read (0 at end of file).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// The identity of the open file now (to detect changes made during a read).
+    fn current_identity(&self) -> io::Result<Identity>;
+}
+
+/// Fills `buf` from `offset`, retrying short reads; returns how many bytes were read before end
+/// of file.
+pub fn read_full(file: &dyn SourceFile, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}

@@ -1,0 +1,375 @@
+//! Statistics: one metrics registry, rendered into `.prepfs/stats.json` and `.prepfs/metrics`.
+//!
+//! Owns: every metric's name, unit and meaning (defined once in `Metrics::samples`), lock-free
+//! counters and latency histograms, and the two renderers. Both files render the same sample list,
+//! so they cannot disagree. Must never take a lock or block: request paths only add to atomics.
+
+mod histogram;
+pub mod table;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use serde_json::{Map, Value};
+
+pub use histogram::Histogram;
+
+/// A monotonically increasing count.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    /// Adds one.
+    pub fn inc(&self) {
+        self.add(1);
+    }
+    /// The current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The filesystem operations counted per kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Name lookup.
+    Lookup,
+    /// Attribute query.
+    Getattr,
+    /// Symlink target query.
+    Readlink,
+    /// File open.
+    Open,
+    /// File read.
+    Read,
+    /// File release (last close).
+    Release,
+    /// Directory open.
+    Opendir,
+    /// Directory listing.
+    Readdir,
+    /// Directory release.
+    Releasedir,
+    /// Filesystem capacity query.
+    Statfs,
+    /// Extended attribute query or listing.
+    Xattr,
+    /// Any attempt to modify the mount (answered EROFS).
+    Modify,
+}
+
+impl Op {
+    /// Every op, in rendering order.
+    pub const ALL: [Op; 12] = [
+        Op::Lookup,
+        Op::Getattr,
+        Op::Readlink,
+        Op::Open,
+        Op::Read,
+        Op::Release,
+        Op::Opendir,
+        Op::Readdir,
+        Op::Releasedir,
+        Op::Statfs,
+        Op::Xattr,
+        Op::Modify,
+    ];
+
+    /// The op's name in both stats files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Lookup => "lookup",
+            Op::Getattr => "getattr",
+            Op::Readlink => "readlink",
+            Op::Open => "open",
+            Op::Read => "read",
+            Op::Release => "release",
+            Op::Opendir => "opendir",
+            Op::Readdir => "readdir",
+            Op::Releasedir => "releasedir",
+            Op::Statfs => "statfs",
+            Op::Xattr => "xattr",
+            Op::Modify => "modify",
+        }
+    }
+}
+
+/// Requests and errors of one op.
+#[derive(Debug, Default)]
+pub struct OpCounters {
+    /// Requests received.
+    pub requests: Counter,
+    /// Requests answered with an error.
+    pub errors: Counter,
+}
+
+/// Every counter of one mount. Request paths hold an `Arc<Metrics>` and only add.
+#[derive(Debug)]
+pub struct Metrics {
+    started: Instant,
+    ops: [OpCounters; Op::ALL.len()],
+    /// Bytes returned by read requests answered by the daemon.
+    pub bytes_served: Counter,
+    /// Block reads answered from the cache (checksum verified).
+    pub cache_hits: Counter,
+    /// Block reads that had to go to the source.
+    pub cache_misses: Counter,
+    /// Blocks read from the source but not admitted because the memory budget was full.
+    pub admission_rejected: Counter,
+    /// Cached blocks whose checksum did not match (dropped and refetched).
+    pub integrity_errors: Counter,
+    /// Opens that found the source file changed since its bytes were cached.
+    pub stale_detections: Counter,
+    /// Bytes read from the source.
+    pub source_bytes: Counter,
+    /// Block fetches from the source.
+    pub source_reads: Counter,
+    /// Source reads that failed (answered EIO).
+    pub source_errors: Counter,
+    /// Opens answered with kernel passthrough to a fully cached file.
+    pub passthrough_opens: Counter,
+    /// Latency of read requests answered by the daemon, from arrival to reply.
+    pub read_latency: Histogram,
+    /// Latency of one block fetch from the source.
+    pub source_latency: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            started: Instant::now(),
+            ops: Default::default(),
+            bytes_served: Counter::default(),
+            cache_hits: Counter::default(),
+            cache_misses: Counter::default(),
+            admission_rejected: Counter::default(),
+            integrity_errors: Counter::default(),
+            stale_detections: Counter::default(),
+            source_bytes: Counter::default(),
+            source_reads: Counter::default(),
+            source_errors: Counter::default(),
+            passthrough_opens: Counter::default(),
+            read_latency: Histogram::default(),
+            source_latency: Histogram::default(),
+        }
+    }
+}
+
+/// Figures owned elsewhere (the cache) that the stats files show beside the counters.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Gauges {
+    /// Bytes held by the RAM tier.
+    pub cache_bytes: u64,
+    /// The RAM tier's hard budget.
+    pub cache_budget_bytes: u64,
+    /// Blocks held by the RAM tier.
+    pub cache_blocks: u64,
+    /// Files with at least one cached block.
+    pub cache_files: u64,
+    /// Files whose every block is cached.
+    pub cache_complete_files: u64,
+    /// Open file and directory handles.
+    pub open_handles: u64,
+    /// Inodes known to the mount.
+    pub inodes: u64,
+}
+
+/// Whether a sample only grows or may go down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampleKind {
+    /// Monotonic.
+    Counter,
+    /// Point-in-time value.
+    Gauge,
+}
+
+/// One rendered metric value.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// Position in stats.json, dot separated (`cache.hits`).
+    pub json_path: String,
+    /// Prometheus metric name without the `prepfs_` prefix.
+    pub prom_name: &'static str,
+    /// Prometheus labels.
+    pub labels: Vec<(&'static str, String)>,
+    /// Counter or gauge.
+    pub kind: SampleKind,
+    /// One line: meaning and unit.
+    pub help: &'static str,
+    /// The value.
+    pub value: f64,
+}
+
+impl Metrics {
+    /// Counts one request of `op`, and an error if `failed`.
+    pub fn record(&self, op: Op, failed: bool) {
+        let c = &self.ops[op as usize];
+        c.requests.inc();
+        if failed {
+            c.errors.inc();
+        }
+    }
+
+    /// Counters of `op`.
+    pub fn op(&self, op: Op) -> &OpCounters {
+        &self.ops[op as usize]
+    }
+
+    /// Every metric with its name, unit and meaning: the single definition both files render.
+    pub fn samples(&self, g: &Gauges) -> Vec<Sample> {
+        use SampleKind::{Counter as C, Gauge as G};
+        let mut out = Vec::new();
+        let mut push = |json_path: &str, prom_name, kind, help, value: f64| {
+            out.push(Sample { json_path: json_path.to_owned(), prom_name, labels: Vec::new(), kind, help, value })
+        };
+        push("uptime_seconds", "uptime_seconds", G, "Seconds since the mount became ready.", self.started.elapsed().as_secs_f64());
+        push("bytes_served", "bytes_served_total", C, "Bytes returned by reads answered by the daemon (passthrough reads bypass it).", self.bytes_served.get() as f64);
+        let (hits, misses) = (self.cache_hits.get(), self.cache_misses.get());
+        push("cache.hits", "cache_hits_total", C, "Block reads answered from the cache, checksum verified.", hits as f64);
+        push("cache.misses", "cache_misses_total", C, "Block reads that went to the source.", misses as f64);
+        let hit_rate = if hits + misses == 0 { 0.0 } else { hits as f64 / (hits + misses) as f64 };
+        push("cache.hit_rate", "cache_hit_ratio", G, "hits / (hits + misses), 0..1.", hit_rate);
+        push("cache.admission_rejected", "cache_admission_rejected_total", C, "Blocks not admitted because the budget was full (never-evict).", self.admission_rejected.get() as f64);
+        push("cache.integrity_errors", "cache_integrity_errors_total", C, "Cached blocks whose checksum failed; dropped and refetched.", self.integrity_errors.get() as f64);
+        push("cache.bytes", "cache_bytes", G, "Bytes held by the RAM tier.", g.cache_bytes as f64);
+        push("cache.budget_bytes", "cache_budget_bytes", G, "Hard byte budget of the RAM tier.", g.cache_budget_bytes as f64);
+        push("cache.blocks", "cache_blocks", G, "Blocks (up to 1 MiB each) held by the RAM tier.", g.cache_blocks as f64);
+        push("cache.files", "cache_files", G, "Files with at least one cached block.", g.cache_files as f64);
+        push("cache.complete_files", "cache_complete_files", G, "Files whose every block is cached.", g.cache_complete_files as f64);
+        push("cache.passthrough_opens", "passthrough_opens_total", C, "Opens served by kernel passthrough from a fully cached file.", self.passthrough_opens.get() as f64);
+        push("stale_detections", "stale_detections_total", C, "Opens or reads that found the source file changed; old cache entries dropped.", self.stale_detections.get() as f64);
+        push("source.bytes_read", "source_bytes_read_total", C, "Bytes read from the source.", self.source_bytes.get() as f64);
+        push("source.reads", "source_reads_total", C, "Block fetches from the source.", self.source_reads.get() as f64);
+        push("source.errors", "source_errors_total", C, "Source reads that failed (answered EIO).", self.source_errors.get() as f64);
+        for (prefix, prom, help, h) in [
+            ("source.read_latency_us", "source_read_latency_microseconds", "Latency of one block fetch from the source, microseconds.", &self.source_latency),
+            ("read_latency_us", "read_latency_microseconds", "Latency of a read request answered by the daemon, microseconds.", &self.read_latency),
+        ] {
+            for (q, v) in [("p50", 0.5), ("p99", 0.99)] {
+                out.push(Sample {
+                    json_path: format!("{prefix}.{q}"),
+                    prom_name: prom,
+                    labels: vec![("quantile", v.to_string())],
+                    kind: G,
+                    help,
+                    value: h.quantile_us(v),
+                });
+            }
+            out.push(Sample { json_path: format!("{prefix}.count"), prom_name: prom, labels: vec![("quantile", "count".into())], kind: G, help, value: h.count() as f64 });
+        }
+        out.push(Sample { json_path: "open_handles".into(), prom_name: "open_handles", labels: vec![], kind: G, help: "Open file and directory handles.", value: g.open_handles as f64 });
+        out.push(Sample { json_path: "inodes".into(), prom_name: "inodes", labels: vec![], kind: G, help: "Inodes known to the mount (created lazily).", value: g.inodes as f64 });
+        for op in Op::ALL {
+            let c = self.op(op);
+            for (what, prom, help, value) in [
+                ("requests", "requests_total", "Requests received, by op.", c.requests.get()),
+                ("errors", "errors_total", "Requests answered with an error, by op.", c.errors.get()),
+            ] {
+                out.push(Sample {
+                    json_path: format!("ops.{}.{what}", op.name()),
+                    prom_name: prom,
+                    labels: vec![("op", op.name().to_owned())],
+                    kind: C,
+                    help,
+                    value: value as f64,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// Renders samples as the nested JSON document of `.prepfs/stats.json`.
+pub fn render_json(samples: &[Sample]) -> String {
+    let mut root = Map::new();
+    for s in samples {
+        let value = if s.value.fract() == 0.0 && s.value.abs() < 9.0e15 {
+            Value::from(s.value as i64)
+        } else {
+            serde_json::Number::from_f64(s.value).map(Value::Number).unwrap_or(Value::Null)
+        };
+        insert_path(&mut root, &s.json_path, value);
+    }
+    let mut text = serde_json::to_string_pretty(&Value::Object(root)).unwrap_or_else(|_| "{}".into());
+    text.push('\n');
+    text
+}
+
+/// Inserts `value` at dotted `path`. A path through an existing leaf is skipped; the
+/// `stats_paths_never_collide` test keeps the sample table free of those.
+fn insert_path(root: &mut Map<String, Value>, path: &str, value: Value) {
+    let mut node = root;
+    let mut parts = path.split('.').peekable();
+    while let Some(part) = parts.next() {
+        if parts.peek().is_none() {
+            node.insert(part.to_owned(), value);
+            return;
+        }
+        let entry = node.entry(part.to_owned()).or_insert_with(|| Value::Object(Map::new()));
+        let Value::Object(map) = entry else { return };
+        node = map;
+    }
+}
+
+/// Renders samples in the Prometheus text exposition format of `.prepfs/metrics`.
+pub fn render_prometheus(samples: &[Sample]) -> String {
+    let mut out = String::new();
+    let mut described = std::collections::HashSet::new();
+    for s in samples {
+        let name = format!("prepfs_{}", s.prom_name);
+        if described.insert(name.clone()) {
+            let kind = match s.kind {
+                SampleKind::Counter => "counter",
+                SampleKind::Gauge => "gauge",
+            };
+            out.push_str(&format!("# HELP {name} {}\n# TYPE {name} {kind}\n", s.help));
+        }
+        out.push_str(&name);
+        if !s.labels.is_empty() {
+            let labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            out.push_str(&format!("{{{}}}", labels.join(",")));
+        }
+        out.push_str(&format!(" {}\n", s.value));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_paths_never_collide() {
+        let m = Metrics::default();
+        let samples = m.samples(&Gauges::default());
+        let paths: Vec<&str> = samples.iter().map(|s| s.json_path.as_str()).collect();
+        for a in &paths {
+            for b in &paths {
+                assert!(!b.starts_with(&format!("{a}.")), "{a} is both a leaf and a branch of {b}");
+            }
+        }
+        let json: Value = serde_json::from_str(&render_json(&samples)).expect("valid json");
+        assert!(json["cache"]["hits"].is_number());
+        assert!(json["ops"]["read"]["requests"].is_number());
+    }
+
+    #[test]
+    fn counters_move_in_both_renderings() {
+        let m = Metrics::default();
+        m.cache_hits.add(3);
+        m.record(Op::Read, true);
+        let samples = m.samples(&Gauges { cache_bytes: 42, ..Gauges::default() });
+        let json: Value = serde_json::from_str(&render_json(&samples)).expect("valid json");
+        assert_eq!(json["cache"]["hits"], 3);
+        assert_eq!(json["cache"]["bytes"], 42);
+        assert_eq!(json["ops"]["read"]["errors"], 1);
+        let prom = render_prometheus(&samples);
+        assert!(prom.contains("prepfs_cache_hits_total 3\n"));
+        assert!(prom.contains("prepfs_errors_total{op=\"read\"} 1\n"));
+        assert_eq!(prom.matches("# TYPE prepfs_requests_total counter").count(), 1);
+    }
+}
