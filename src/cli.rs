@@ -91,8 +91,13 @@ pub fn main() -> ExitCode {
 }
 
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,prepfs=info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,prepfs=info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
 }
 
 fn dispatch(command: Command) -> Result<(), RunError> {
@@ -128,7 +133,9 @@ fn dispatch(command: Command) -> Result<(), RunError> {
             run::mount(&cfg, daemon_child)
         }
         Command::Umount { mountpoint, lazy } => run::unmount_path(&mountpoint, lazy),
-        Command::Stats { mountpoint, json } => crate::stats::table::print(&mountpoint, json).map_err(RunError::Other),
+        Command::Stats { mountpoint, json } => {
+            crate::stats::table::print(&mountpoint, json).map_err(RunError::Other)
+        }
         Command::Demo { files } => crate::demo::run(files).map_err(RunError::Other),
     }
 }

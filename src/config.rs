@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// A size string that does not parse.
-    #[error("invalid size {0:?}: use a number with an optional K, M, G or T suffix (powers of 1024), e.g. 8G")]
+    #[error(
+        "invalid size {0:?}: use a number with an optional K, M, G or T suffix (powers of 1024), e.g. 8G"
+    )]
     BadSize(String),
     /// The source directory is unusable.
     #[error("source {path}: {why}")]
@@ -70,7 +72,9 @@ pub fn default_cache_mem() -> u64 {
                 .find_map(|l| l.strip_prefix("MemAvailable:"))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         })
-        .map_or(FALLBACK_CACHE_BYTES, |kib| ((kib * 1024) as f64 * DEFAULT_CACHE_SHARE) as u64)
+        .map_or(FALLBACK_CACHE_BYTES, |kib| {
+            ((kib * 1024) as f64 * DEFAULT_CACHE_SHARE) as u64
+        })
 }
 
 /// Default number of FUSE threads: one per core, at least two.
@@ -85,10 +89,17 @@ pub const DEFAULT_IO_THREADS: usize = 16;
 pub fn parse_size(text: &str) -> Result<u64, ConfigError> {
     let bad = || ConfigError::BadSize(text.to_owned());
     let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
     let value: f64 = number.parse().map_err(|_| bad())?;
-    let shift = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+    let shift = match unit
+        .trim()
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
         "" => 0,
         "K" => 10,
         "M" => 20,
@@ -105,7 +116,10 @@ pub fn parse_size(text: &str) -> Result<u64, ConfigError> {
 
 /// Canonical source directory, or why it cannot be used.
 pub fn check_source(path: &Path) -> Result<PathBuf, ConfigError> {
-    let fail = |why: String| ConfigError::Source { path: path.to_owned(), why };
+    let fail = |why: String| ConfigError::Source {
+        path: path.to_owned(),
+        why,
+    };
     let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
     if !meta.is_dir() {
         return Err(fail("not a directory".into()));
@@ -117,7 +131,10 @@ pub fn check_source(path: &Path) -> Result<PathBuf, ConfigError> {
 /// Canonical mountpoint, or why it cannot be used: it must be an empty directory that is not
 /// already a mount point.
 pub fn check_mountpoint(path: &Path) -> Result<PathBuf, ConfigError> {
-    let fail = |why: String| ConfigError::Mountpoint { path: path.to_owned(), why };
+    let fail = |why: String| ConfigError::Mountpoint {
+        path: path.to_owned(),
+        why,
+    };
     let meta = std::fs::metadata(path).map_err(|e| {
         if e.raw_os_error() == Some(libc::ENOTCONN) {
             fail("a dead FUSE mount is still attached here; run `prepfs umount` on it first".into())
@@ -148,8 +165,10 @@ pub fn check_fuse_device() -> Result<(), ConfigError> {
     if rustix::process::geteuid().is_root() {
         return Ok(());
     }
-    let has_fusermount = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").exists() || d.join("fusermount").exists()));
+    let has_fusermount = std::env::var_os("PATH").is_some_and(|p| {
+        std::env::split_paths(&p)
+            .any(|d| d.join("fusermount3").exists() || d.join("fusermount").exists())
+    });
     if !has_fusermount {
         return Err(ConfigError::Fuse("mounting as a normal user needs fusermount3 (Debian/Ubuntu: apt install fuse3), or run as root".into()));
     }
@@ -158,9 +177,13 @@ pub fn check_fuse_device() -> Result<(), ConfigError> {
 
 /// Whether `path` (canonical) is a mount point, according to /proc/self/mountinfo.
 pub fn is_mount_point(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
     let wanted = path.to_string_lossy();
-    info.lines().filter_map(|l| l.split(' ').nth(4)).any(|m| unescape_mountinfo(m) == wanted)
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| unescape_mountinfo(m) == wanted)
 }
 
 fn unescape_mountinfo(field: &str) -> String {
@@ -168,8 +191,14 @@ fn unescape_mountinfo(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
-            let code = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let code =
+                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
             out.push(code);
             i += 4;
         } else {

@@ -28,15 +28,26 @@ const DEMO_CACHE_BYTES: u64 = 512 << 20;
 pub fn run(files: usize) -> Result<(), String> {
     let interrupted = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, interrupted.clone()).map_err(|e| format!("cannot install signal handler: {e}"))?;
+        signal_hook::flag::register(signal, interrupted.clone())
+            .map_err(|e| format!("cannot install signal handler: {e}"))?;
     }
-    let work = tempfile::Builder::new().prefix("prepfs-demo-").tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+    let work = tempfile::Builder::new()
+        .prefix("prepfs-demo-")
+        .tempdir()
+        .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
     let source = work.path().join("dataset");
     let mountpoint = work.path().join("mnt");
     std::fs::create_dir(&mountpoint).map_err(|e| e.to_string())?;
-    println!("Building {files} JPEG images in {CLASSES} classes under {}", source.display());
+    println!(
+        "Building {files} JPEG images in {CLASSES} classes under {}",
+        source.display()
+    );
     let paths = build_dataset(&source, files, &interrupted)?;
-    let bytes: u64 = paths.iter().filter_map(|p| std::fs::metadata(source.join(p)).ok()).map(|m| m.len()).sum();
+    let bytes: u64 = paths
+        .iter()
+        .filter_map(|p| std::fs::metadata(source.join(p)).ok())
+        .map(|m| m.len())
+        .sum();
 
     config::check_fuse_device().map_err(|e| e.to_string())?;
     let cfg = MountConfig {
@@ -51,7 +62,12 @@ pub fn run(files: usize) -> Result<(), String> {
         log_file: None,
     };
     let mounted = run::start(&cfg).map_err(|e| e.to_string())?;
-    println!("Mounted at {} ({:.1} MB dataset, {} MB cache budget)\n", mountpoint.display(), bytes as f64 / 1e6, DEMO_CACHE_BYTES >> 20);
+    println!(
+        "Mounted at {} ({:.1} MB dataset, {} MB cache budget)\n",
+        mountpoint.display(),
+        bytes as f64 / 1e6,
+        DEMO_CACHE_BYTES >> 20
+    );
     let outcome = read_epochs(&source, &mountpoint, &paths, &interrupted);
     if outcome.is_ok() {
         println!("\nprepfs stats {}:", mountpoint.display());
@@ -59,16 +75,25 @@ pub fn run(files: usize) -> Result<(), String> {
     }
     let unmounted = mounted.unmount().map_err(|e| e.to_string());
     outcome.and(unmounted)?;
-    println!("\nUnmounted and cleaned up. Mount your own data with: prepfs mount DATASET MOUNTPOINT");
+    println!(
+        "\nUnmounted and cleaned up. Mount your own data with: prepfs mount DATASET MOUNTPOINT"
+    );
     Ok(())
 }
 
 fn bar(len: u64, what: &str) -> ProgressBar {
-    let style = ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} files {per_sec}").unwrap_or_else(|_| ProgressStyle::default_bar());
-    ProgressBar::new(len).with_style(style.progress_chars("=> ")).with_message(what.to_owned())
+    let style = ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} files {per_sec}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    ProgressBar::new(len)
+        .with_style(style.progress_chars("=> "))
+        .with_message(what.to_owned())
 }
 
-fn build_dataset(root: &Path, files: usize, interrupted: &AtomicBool) -> Result<Vec<PathBuf>, String> {
+fn build_dataset(
+    root: &Path,
+    files: usize,
+    interrupted: &AtomicBool,
+) -> Result<Vec<PathBuf>, String> {
     let mut rng = fastrand::Rng::with_seed(7);
     let progress = bar(files as u64, "building");
     let mut paths = Vec::with_capacity(files);
@@ -95,11 +120,22 @@ fn build_dataset(root: &Path, files: usize, interrupted: &AtomicBool) -> Result<
 fn synthetic_photo(rng: &mut fastrand::Rng, width: u32, height: u32) -> Result<Vec<u8>, String> {
     let base = [rng.f32() * 255.0, rng.f32() * 255.0, rng.f32() * 255.0];
     let blobs: Vec<(f32, f32, f32, [f32; 3])> = (0..4)
-        .map(|_| (rng.f32() * width as f32, rng.f32() * height as f32, 20.0 + rng.f32() * 60.0, [rng.f32() * 255.0, rng.f32() * 255.0, rng.f32() * 255.0]))
+        .map(|_| {
+            (
+                rng.f32() * width as f32,
+                rng.f32() * height as f32,
+                20.0 + rng.f32() * 60.0,
+                [rng.f32() * 255.0, rng.f32() * 255.0, rng.f32() * 255.0],
+            )
+        })
         .collect();
     let img = RgbImage::from_fn(width, height, |x, y| {
         let (fx, fy) = (x as f32 / width as f32, y as f32 / height as f32);
-        let mut px = [base[0] * (1.0 - fx * 0.5), base[1] * (0.5 + fy * 0.5), base[2] * (0.7 + 0.3 * (fx * 6.0).sin())];
+        let mut px = [
+            base[0] * (1.0 - fx * 0.5),
+            base[1] * (0.5 + fy * 0.5),
+            base[2] * (0.7 + 0.3 * (fx * 6.0).sin()),
+        ];
         for (bx, by, r, colour) in &blobs {
             let d = ((x as f32 - bx).powi(2) + (y as f32 - by).powi(2)).sqrt();
             let w = (1.0 - d / r).max(0.0);
@@ -111,17 +147,30 @@ fn synthetic_photo(rng: &mut fastrand::Rng, width: u32, height: u32) -> Result<V
         Rgb(px.map(|v| (v + grain).clamp(0.0, 255.0) as u8))
     });
     let mut out = Vec::new();
-    JpegEncoder::new_with_quality(&mut out, 90).encode_image(&img).map_err(|e| format!("JPEG encoding failed: {e}"))?;
+    JpegEncoder::new_with_quality(&mut out, 90)
+        .encode_image(&img)
+        .map_err(|e| format!("JPEG encoding failed: {e}"))?;
     Ok(out)
 }
 
 fn cache_counts(mountpoint: &Path) -> (u64, u64) {
     let path = mountpoint.join(CONTROL_DIR_NAME).join("stats.json");
-    let stats: Value = std::fs::read_to_string(path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or(Value::Null);
-    (stats["cache"]["hits"].as_u64().unwrap_or(0), stats["cache"]["misses"].as_u64().unwrap_or(0))
+    let stats: Value = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    (
+        stats["cache"]["hits"].as_u64().unwrap_or(0),
+        stats["cache"]["misses"].as_u64().unwrap_or(0),
+    )
 }
 
-fn read_epochs(source: &Path, mountpoint: &Path, paths: &[PathBuf], interrupted: &AtomicBool) -> Result<(), String> {
+fn read_epochs(
+    source: &Path,
+    mountpoint: &Path,
+    paths: &[PathBuf],
+    interrupted: &AtomicBool,
+) -> Result<(), String> {
     let mut order: Vec<&PathBuf> = paths.iter().collect();
     let mut rng = fastrand::Rng::with_seed(42);
     for epoch in 1..=2 {
@@ -135,10 +184,15 @@ fn read_epochs(source: &Path, mountpoint: &Path, paths: &[PathBuf], interrupted:
                 progress.abandon();
                 return Err("interrupted; unmounted and cleaned up".into());
             }
-            let through_mount = std::fs::read(mountpoint.join(rel)).map_err(|e| format!("{}: {e}", rel.display()))?;
-            let original = std::fs::read(source.join(rel)).map_err(|e| format!("{}: {e}", rel.display()))?;
+            let through_mount = std::fs::read(mountpoint.join(rel))
+                .map_err(|e| format!("{}: {e}", rel.display()))?;
+            let original =
+                std::fs::read(source.join(rel)).map_err(|e| format!("{}: {e}", rel.display()))?;
             if through_mount != original {
-                return Err(format!("{}: bytes through the mount differ from the source", rel.display()));
+                return Err(format!(
+                    "{}: bytes through the mount differ from the source",
+                    rel.display()
+                ));
             }
             bytes += through_mount.len() as u64;
             progress.inc(1);
@@ -147,7 +201,11 @@ fn read_epochs(source: &Path, mountpoint: &Path, paths: &[PathBuf], interrupted:
         let secs = started.elapsed().as_secs_f64();
         let (hits, misses) = cache_counts(mountpoint);
         let (h, m) = (hits - hits0, misses - misses0);
-        let rate = if h + m == 0 { 0.0 } else { 100.0 * h as f64 / (h + m) as f64 };
+        let rate = if h + m == 0 {
+            0.0
+        } else {
+            100.0 * h as f64 / (h + m) as f64
+        };
         println!(
             "epoch {epoch}: {} files, {:.1} MB in {secs:.2} s, every byte matched the source; cache hit rate {rate:.1}%",
             order.len(),

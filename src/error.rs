@@ -72,9 +72,7 @@ impl FsError {
             Some(libc::EISDIR) => FsError::IsDirectory,
             Some(libc::ENAMETOOLONG) => FsError::NameTooLong,
             // EXDEV/ELOOP: openat2 refused to resolve beyond the root or through a symlink.
-            Some(libc::EACCES | libc::EPERM | libc::EXDEV | libc::ELOOP) => {
-                FsError::AccessDenied
-            }
+            Some(libc::EACCES | libc::EPERM | libc::EXDEV | libc::ELOOP) => FsError::AccessDenied,
             _ => FsError::Io,
         }
     }

@@ -94,7 +94,10 @@ impl Mounted {
 
     /// Waits until the mount is gone (unmounted by anyone) and the session threads have exited.
     pub fn wait(self) -> Result<(), RunError> {
-        let result = self.session.join().map_err(|_| RunError::Other("FUSE session thread panicked".into()))?;
+        let result = self
+            .session
+            .join()
+            .map_err(|_| RunError::Other("FUSE session thread panicked".into()))?;
         result.map_err(|e| RunError::Other(format!("FUSE session ended with an error: {e}")))
     }
 
@@ -107,14 +110,26 @@ impl Mounted {
 
 /// Mounts `cfg` and serves it from background threads; returns once the mount answers.
 pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
-    let mount_error = |why: String| RunError::Mount { mountpoint: cfg.mountpoint.clone(), why };
-    let source = LocalSource::open(&cfg.source).map_err(|e| mount_error(format!("source {}: {e}", cfg.source.display())))?;
-    let owner = (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw());
+    let mount_error = |why: String| RunError::Mount {
+        mountpoint: cfg.mountpoint.clone(),
+        why,
+    };
+    let source = LocalSource::open(&cfg.source)
+        .map_err(|e| mount_error(format!("source {}: {e}", cfg.source.display())))?;
+    let owner = (
+        rustix::process::getuid().as_raw(),
+        rustix::process::getgid().as_raw(),
+    );
     let fs = Arc::new(Fs::new(
         Arc::new(source),
-        FsOptions { cache_budget: cfg.cache_mem, passthrough: cfg.passthrough, owner },
+        FsOptions {
+            cache_budget: cfg.cache_mem,
+            passthrough: cfg.passthrough,
+            owner,
+        },
     ));
-    let workers = IoWorkers::new(cfg.io_threads, IO_QUEUE_DEPTH).map_err(|e| mount_error(format!("cannot start I/O threads: {e}")))?;
+    let workers = IoWorkers::new(cfg.io_threads, IO_QUEUE_DEPTH)
+        .map_err(|e| mount_error(format!("cannot start I/O threads: {e}")))?;
     let adapter = Adapter::new(fs.clone(), workers, cfg.passthrough);
 
     let options = vec![
@@ -129,17 +144,29 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
     let mut config = Config::default();
     config.mount_options = options;
     // The ACL sets allow_other on the mount when, and only when, the user asked for it.
-    config.acl = if cfg.allow_other { SessionACL::All } else { SessionACL::Owner };
+    config.acl = if cfg.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
     config.n_threads = Some(cfg.fuse_threads.max(1));
     config.clone_fd = true;
 
-    let mut session = Session::new(adapter, &cfg.mountpoint, &config).map_err(|e| mount_error(explain_mount_error(&e)))?;
-    let unmounter = Unmounter { mountpoint: cfg.mountpoint.clone(), inner: Arc::new(Mutex::new(session.unmount_callable())) };
+    let mut session = Session::new(adapter, &cfg.mountpoint, &config)
+        .map_err(|e| mount_error(explain_mount_error(&e)))?;
+    let unmounter = Unmounter {
+        mountpoint: cfg.mountpoint.clone(),
+        inner: Arc::new(Mutex::new(session.unmount_callable())),
+    };
     let session = std::thread::Builder::new()
         .name("prepfs-session".into())
         .spawn(move || session.run())
         .map_err(|e| mount_error(format!("cannot start the session thread: {e}")))?;
-    let mounted = Mounted { unmounter, session, fs };
+    let mounted = Mounted {
+        unmounter,
+        session,
+        fs,
+    };
     if let Err(e) = wait_until_answering(&cfg.mountpoint) {
         let _ = mounted.unmount();
         return Err(mount_error(e));
@@ -150,19 +177,29 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
 
 fn explain_mount_error(e: &std::io::Error) -> String {
     match e.raw_os_error() {
-        Some(libc::EPERM) | Some(libc::EACCES) => format!("{e} (mounting needs root, or fusermount3 and a mountpoint you own)"),
-        Some(libc::ENOENT) if !rustix::process::geteuid().is_root() => format!("{e} (is fusermount3 installed? apt install fuse3)"),
+        Some(libc::EPERM) | Some(libc::EACCES) => {
+            format!("{e} (mounting needs root, or fusermount3 and a mountpoint you own)")
+        }
+        Some(libc::ENOENT) if !rustix::process::geteuid().is_root() => {
+            format!("{e} (is fusermount3 installed? apt install fuse3)")
+        }
         _ => e.to_string(),
     }
 }
 
 fn wait_until_answering(mountpoint: &Path) -> Result<(), String> {
-    let probe = mountpoint.join(crate::inode::CONTROL_DIR_NAME).join("stats.json");
+    let probe = mountpoint
+        .join(crate::inode::CONTROL_DIR_NAME)
+        .join("stats.json");
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         match std::fs::metadata(&probe) {
             Ok(_) => return Ok(()),
-            Err(e) if Instant::now() > deadline => return Err(format!("mount did not answer within {READY_TIMEOUT:?}: {e}")),
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!(
+                    "mount did not answer within {READY_TIMEOUT:?}: {e}"
+                ));
+            }
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
     }
@@ -175,8 +212,12 @@ pub fn mount(cfg: &MountConfig, daemon_child: bool) -> Result<(), RunError> {
         return spawn_daemon();
     }
     // Signals first: a SIGTERM during start-up must still end in a clean unmount.
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP])
-        .map_err(|e| RunError::Other(format!("cannot install signal handlers: {e}")))?;
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ])
+    .map_err(|e| RunError::Other(format!("cannot install signal handlers: {e}")))?;
     let mounted = start(cfg)?;
     if daemon_child {
         detach_from_parent(cfg)?;
@@ -204,7 +245,8 @@ pub fn mount(cfg: &MountConfig, daemon_child: bool) -> Result<(), RunError> {
 /// Re-runs this command as a detached child with `--daemon-child`, relays its readiness or its
 /// error, and exits accordingly.
 fn spawn_daemon() -> Result<(), RunError> {
-    let exe = std::env::current_exe().map_err(|e| RunError::Other(format!("cannot find the prepfs binary: {e}")))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| RunError::Other(format!("cannot find the prepfs binary: {e}")))?;
     let mut child = Command::new(exe)
         .args(std::env::args_os().skip(1))
         .arg("--daemon-child")
@@ -230,8 +272,14 @@ fn spawn_daemon() -> Result<(), RunError> {
         let _ = e.read_to_string(&mut err);
     }
     let _ = child.wait();
-    let line = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("the daemon exited before the mount was ready");
-    Err(RunError::Other(line.trim_start_matches("prepfs: ").to_owned()))
+    let line = err
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("the daemon exited before the mount was ready");
+    Err(RunError::Other(
+        line.trim_start_matches("prepfs: ").to_owned(),
+    ))
 }
 
 /// In the daemon child, once mounted: new session, report readiness, and let go of the parent's
@@ -240,7 +288,10 @@ fn detach_from_parent(cfg: &MountConfig) -> Result<(), RunError> {
     let _ = rustix::process::setsid();
     println!("{READY_LINE}");
     let sink = match &cfg.log_file {
-        Some(path) => std::fs::OpenOptions::new().create(true).append(true).open(path),
+        Some(path) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path),
         None => std::fs::OpenOptions::new().write(true).open("/dev/null"),
     }
     .map_err(|e| RunError::Other(format!("cannot open the log file: {e}")))?;
@@ -251,13 +302,22 @@ fn detach_from_parent(cfg: &MountConfig) -> Result<(), RunError> {
 
 /// `prepfs umount`: unmounts `mountpoint` (root: umount2, lazily if busy; users: fusermount3).
 pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<(), RunError> {
-    let fail = |why: String| RunError::Unmount { mountpoint: mountpoint.to_owned(), why };
+    let fail = |why: String| RunError::Unmount {
+        mountpoint: mountpoint.to_owned(),
+        why,
+    };
     if rustix::process::geteuid().is_root() {
-        let flags = if lazy { rustix::mount::UnmountFlags::DETACH } else { rustix::mount::UnmountFlags::empty() };
+        let flags = if lazy {
+            rustix::mount::UnmountFlags::DETACH
+        } else {
+            rustix::mount::UnmountFlags::empty()
+        };
         return match rustix::mount::unmount(mountpoint, flags) {
             Ok(()) => Ok(()),
             Err(rustix::io::Errno::INVAL) => Err(fail("not a mount point".into())),
-            Err(rustix::io::Errno::BUSY) => Err(fail("busy (a process uses it); retry, or use --lazy".into())),
+            Err(rustix::io::Errno::BUSY) => Err(fail(
+                "busy (a process uses it); retry, or use --lazy".into(),
+            )),
             Err(e) => Err(fail(e.to_string())),
         };
     }
@@ -266,7 +326,10 @@ pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<(), RunError> {
     if lazy {
         cmd.arg("-z");
     }
-    let out = cmd.arg(mountpoint).output().map_err(|e| fail(format!("cannot run fusermount3: {e}")))?;
+    let out = cmd
+        .arg(mountpoint)
+        .output()
+        .map_err(|e| fail(format!("cannot run fusermount3: {e}")))?;
     if out.status.success() {
         Ok(())
     } else {

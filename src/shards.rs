@@ -43,7 +43,11 @@ impl<K: Hash + Eq, V: Clone> ShardedMap<K, V> {
         if let Some(v) = self.get(&key) {
             return v;
         }
-        self.shard(&key).write().entry(key).or_insert_with(make).clone()
+        self.shard(&key)
+            .write()
+            .entry(key)
+            .or_insert_with(make)
+            .clone()
     }
 
     /// Inserts or replaces the value under `key`.

@@ -27,10 +27,15 @@ impl IoWorkers {
         let threads = (0..threads.max(1))
             .map(|i| {
                 let rx = rx.clone();
-                std::thread::Builder::new().name(format!("prepfs-io-{i}")).spawn(move || work(&rx))
+                std::thread::Builder::new()
+                    .name(format!("prepfs-io-{i}"))
+                    .spawn(move || work(&rx))
             })
             .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(IoWorkers { queue: Some(tx), threads })
+        Ok(IoWorkers {
+            queue: Some(tx),
+            threads,
+        })
     }
 
     /// Queues `job`, waiting for room if the queue is full. Runs it inline if the pool is gone.

@@ -22,7 +22,10 @@ impl Block {
     /// Wraps freshly fetched bytes, computing their checksums.
     pub fn new(data: Vec<u8>) -> Block {
         let sums = checksums(&data);
-        Block { data: data.into_boxed_slice(), sums }
+        Block {
+            data: data.into_boxed_slice(),
+            sums,
+        }
     }
 }
 
@@ -41,7 +44,8 @@ pub fn verify(data: &[u8], sums: &[u64], range: std::ops::Range<usize>) -> bool 
     (first..=last).all(|seg| {
         let start = seg * SEGMENT_SIZE;
         let end = (start + SEGMENT_SIZE).min(data.len());
-        sums.get(seg).is_some_and(|&sum| end <= data.len() && xxh3_64(&data[start..end]) == sum)
+        sums.get(seg)
+            .is_some_and(|&sum| end <= data.len() && xxh3_64(&data[start..end]) == sum)
     })
 }
 
@@ -57,9 +61,16 @@ mod tests {
         assert!(verify(&data, &sums, 0..data.len()));
         data[SEGMENT_SIZE + 5] ^= 1;
         assert!(!verify(&data, &sums, 0..data.len()));
-        assert!(verify(&data, &sums, 0..SEGMENT_SIZE), "untouched segment still verifies");
+        assert!(
+            verify(&data, &sums, 0..SEGMENT_SIZE),
+            "untouched segment still verifies"
+        );
         assert!(!verify(&data, &sums, SEGMENT_SIZE..SEGMENT_SIZE + 1));
-        assert!(verify(&data, &sums, 3 * SEGMENT_SIZE..3 * SEGMENT_SIZE + 10));
+        assert!(verify(
+            &data,
+            &sums,
+            3 * SEGMENT_SIZE..3 * SEGMENT_SIZE + 10
+        ));
         assert!(verify(&data, &sums, 7..7), "empty range");
     }
 }

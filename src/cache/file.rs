@@ -100,7 +100,11 @@ pub struct CachedFile {
 }
 
 impl CachedFile {
-    pub(super) fn new(identity: Identity, ledger: Arc<Ledger>, metrics: Arc<Metrics>) -> CachedFile {
+    pub(super) fn new(
+        identity: Identity,
+        ledger: Arc<Ledger>,
+        metrics: Arc<Metrics>,
+    ) -> CachedFile {
         let blocks = identity.size.div_ceil(BLOCK_SIZE) as usize;
         CachedFile {
             identity,
@@ -124,7 +128,10 @@ impl CachedFile {
     }
 
     fn memfd_bytes(&self) -> Option<&[u8]> {
-        self.memfd.get().and_then(Option::as_ref).map(MemfdBody::bytes)
+        self.memfd
+            .get()
+            .and_then(Option::as_ref)
+            .map(MemfdBody::bytes)
     }
 
     fn block_span(&self, index: usize) -> Range<u64> {
@@ -135,14 +142,19 @@ impl CachedFile {
     /// The blocks touched by `len` bytes at `offset`, each with the byte range inside it; empty
     /// at or past end of file.
     fn pieces(&self, offset: u64, len: u32) -> Vec<(usize, Range<usize>)> {
-        let end = offset.saturating_add(u64::from(len)).min(self.identity.size);
+        let end = offset
+            .saturating_add(u64::from(len))
+            .min(self.identity.size);
         let mut out = Vec::with_capacity(2);
         let mut pos = offset;
         while pos < end {
             let index = (pos / BLOCK_SIZE) as usize;
             let block_start = index as u64 * BLOCK_SIZE;
             let piece_end = end.min(block_start + BLOCK_SIZE);
-            out.push((index, (pos - block_start) as usize..(piece_end - block_start) as usize));
+            out.push((
+                index,
+                (pos - block_start) as usize..(piece_end - block_start) as usize,
+            ));
             pos = piece_end;
         }
         out
@@ -157,18 +169,31 @@ impl CachedFile {
     /// caller must use [`CachedFile::read`] (off the FUSE thread: it may wait on the source).
     pub fn read_cached(self: &Arc<Self>, offset: u64, len: u32) -> Option<ReadBytes> {
         let pieces = self.pieces(offset, len);
-        if !pieces.iter().all(|(i, _)| self.slots[*i].lock().stored.is_some()) {
+        if !pieces
+            .iter()
+            .all(|(i, _)| self.slots[*i].lock().stored.is_some())
+        {
             return None;
         }
-        self.assemble(pieces, |index, range| self.hit(index, range).ok_or(FsError::Io)).ok()
+        self.assemble(pieces, |index, range| {
+            self.hit(index, range).ok_or(FsError::Io)
+        })
+        .ok()
     }
 
     /// Answers a read, fetching missing blocks from `source` (which must be this version).
-    pub fn read(self: &Arc<Self>, source: &dyn SourceFile, offset: u64, len: u32) -> Result<ReadBytes, FsError> {
+    pub fn read(
+        self: &Arc<Self>,
+        source: &dyn SourceFile,
+        offset: u64,
+        len: u32,
+    ) -> Result<ReadBytes, FsError> {
         let pieces = self.pieces(offset, len);
-        self.assemble(pieces, |index, range| match self.hit(index, range.clone()) {
-            Some(bytes) => Ok(bytes),
-            None => self.fetch_piece(index, range, source),
+        self.assemble(pieces, |index, range| {
+            match self.hit(index, range.clone()) {
+                Some(bytes) => Ok(bytes),
+                None => self.fetch_piece(index, range, source),
+            }
         })
     }
 
@@ -195,9 +220,8 @@ impl CachedFile {
     fn hit(self: &Arc<Self>, index: usize, range: Range<usize>) -> Option<ReadBytes> {
         let stored = self.slots[index].lock().stored.clone()?;
         let bytes = match &stored {
-            Stored::Heap(block) => {
-                block::verify(&block.data, &block.sums, range.clone()).then(|| ReadBytes::Shared(block.clone(), range.clone()))
-            }
+            Stored::Heap(block) => block::verify(&block.data, &block.sums, range.clone())
+                .then(|| ReadBytes::Shared(block.clone(), range.clone())),
             Stored::Memfd(sums) => {
                 let span = self.block_span(index);
                 let data = &self.memfd_bytes()?[span.start as usize..span.end as usize];
@@ -213,14 +237,22 @@ impl CachedFile {
             }
             None => {
                 self.metrics.integrity_errors.inc();
-                tracing::warn!(block = index, "cached block failed its checksum; dropped, refetching");
+                tracing::warn!(
+                    block = index,
+                    "cached block failed its checksum; dropped, refetching"
+                );
                 self.drop_block(index);
                 None
             }
         }
     }
 
-    fn fetch_piece(self: &Arc<Self>, index: usize, range: Range<usize>, source: &dyn SourceFile) -> Result<ReadBytes, FsError> {
+    fn fetch_piece(
+        self: &Arc<Self>,
+        index: usize,
+        range: Range<usize>,
+        source: &dyn SourceFile,
+    ) -> Result<ReadBytes, FsError> {
         loop {
             let (flight, leader) = {
                 let mut slot = self.slots[index].lock();
@@ -275,7 +307,10 @@ impl CachedFile {
         // belong to another version, so they are neither cached nor served.
         if n != buf.len() || source.current_identity().ok() != Some(self.identity) {
             self.metrics.stale_detections.inc();
-            tracing::warn!(offset = span.start, "source file changed while being read; answering EIO");
+            tracing::warn!(
+                offset = span.start,
+                "source file changed while being read; answering EIO"
+            );
             return Err(FsError::Io);
         }
         Ok(Arc::new(Block::new(buf)))
@@ -283,7 +318,11 @@ impl CachedFile {
 
     /// Admits a fetched block if the budget allows; returns how it is stored.
     fn admit(&self, index: usize, block: &Arc<Block>) -> Option<Stored> {
-        let bytes = if self.uses_memfd() { (block.data.len() as u64).div_ceil(PAGE) * PAGE } else { block.data.len() as u64 };
+        let bytes = if self.uses_memfd() {
+            (block.data.len() as u64).div_ceil(PAGE) * PAGE
+        } else {
+            block.data.len() as u64
+        };
         if !self.ledger.try_reserve(bytes) {
             self.metrics.admission_rejected.inc();
             return None;
@@ -291,10 +330,15 @@ impl CachedFile {
         let stored = if self.uses_memfd() {
             let body = self.memfd.get_or_init(|| {
                 MemfdBody::create(self.identity.size as usize)
-                    .inspect_err(|e| tracing::warn!(error = %e, "cannot create a memfd; file not cached"))
+                    .inspect_err(
+                        |e| tracing::warn!(error = %e, "cannot create a memfd; file not cached"),
+                    )
                     .ok()
             });
-            match body.as_ref().map(|b| b.write_at(&block.data, self.block_span(index).start)) {
+            match body
+                .as_ref()
+                .map(|b| b.write_at(&block.data, self.block_span(index).start))
+            {
                 Some(Ok(())) => Stored::Memfd(Arc::from(&*block.sums)),
                 failed => {
                     if let Some(Err(e)) = failed {
@@ -321,7 +365,9 @@ impl CachedFile {
     }
 
     fn drop_block(&self, index: usize) {
-        let Some(stored) = self.slots[index].lock().stored.take() else { return };
+        let Some(stored) = self.slots[index].lock().stored.take() else {
+            return;
+        };
         let len = match stored {
             Stored::Heap(block) => block.data.len() as u64,
             Stored::Memfd(_) => {
@@ -351,7 +397,9 @@ impl CachedFile {
         let body = self.memfd.get()?.as_ref()?;
         if !self.verified_complete.load(Ordering::Acquire) {
             for index in 0..self.slots.len() {
-                let Some(Stored::Memfd(sums)) = self.slots[index].lock().stored.clone() else { return None };
+                let Some(Stored::Memfd(sums)) = self.slots[index].lock().stored.clone() else {
+                    return None;
+                };
                 let span = self.block_span(index);
                 let data = &body.bytes()[span.start as usize..span.end as usize];
                 if !block::verify(data, &sums, 0..data.len()) {
@@ -366,14 +414,17 @@ impl CachedFile {
     }
 
     #[cfg(test)]
-    pub(super) fn corrupt_for_test(&self, index: usize) {
+    pub(crate) fn corrupt_for_test(&self, index: usize) {
         let span = self.block_span(index);
         let mut slot = self.slots[index].lock();
         match slot.stored.as_mut() {
             Some(Stored::Heap(block)) => {
                 let mut data = block.data.to_vec();
                 data[0] ^= 0xff;
-                *block = Arc::new(Block { data: data.into_boxed_slice(), sums: block.sums.clone() });
+                *block = Arc::new(Block {
+                    data: data.into_boxed_slice(),
+                    sums: block.sums.clone(),
+                });
             }
             Some(Stored::Memfd(_)) => {
                 if let Some(body) = self.memfd.get().and_then(Option::as_ref) {
@@ -390,7 +441,9 @@ impl Drop for CachedFile {
     fn drop(&mut self) {
         let present = *self.present.get_mut();
         self.ledger.release(*self.admitted_bytes.get_mut());
-        self.ledger.blocks.fetch_sub(present as u64, Ordering::Relaxed);
+        self.ledger
+            .blocks
+            .fetch_sub(present as u64, Ordering::Relaxed);
         if present > 0 {
             self.ledger.files.fetch_sub(1, Ordering::Relaxed);
         }

@@ -29,14 +29,25 @@ unsafe impl Sync for MemfdBody {}
 impl MemfdBody {
     /// Creates an empty (sparse) memfd of `len` bytes, its size sealed, and maps it.
     pub fn create(len: usize) -> std::io::Result<MemfdBody> {
-        let fd = rustix::fs::memfd_create("prepfs-cache", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        let fd = rustix::fs::memfd_create(
+            "prepfs-cache",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )?;
         rustix::fs::ftruncate(&fd, len as u64)?;
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         // SAFETY: a fresh shared read-only mapping of a memfd whose size is sealed at `len`.
         let ptr = unsafe {
-            rustix::mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ, MapFlags::SHARED, &fd, 0)?
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ,
+                MapFlags::SHARED,
+                &fd,
+                0,
+            )?
         };
-        let map = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| std::io::Error::other("mmap returned null"))?;
+        let map = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| std::io::Error::other("mmap returned null"))?;
         Ok(MemfdBody { fd, map, len })
     }
 

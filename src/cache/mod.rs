@@ -51,7 +51,8 @@ impl Ledger {
     fn try_reserve(&self, bytes: u64) -> bool {
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|&total| total <= self.budget)
+                used.checked_add(bytes)
+                    .filter(|&total| total <= self.budget)
             })
             .is_ok()
     }
@@ -71,13 +72,21 @@ pub struct NeverEvictCache {
 impl NeverEvictCache {
     /// An empty cache that will hold at most `budget` bytes.
     pub fn new(budget: u64, metrics: Arc<Metrics>) -> NeverEvictCache {
-        NeverEvictCache { ledger: Arc::new(Ledger::new(budget)), files: ShardedMap::default(), metrics }
+        NeverEvictCache {
+            ledger: Arc::new(Ledger::new(budget)),
+            files: ShardedMap::default(),
+            metrics,
+        }
     }
 
     /// The cache entry of one file version, created empty on first use.
     pub fn file(&self, identity: Identity) -> Arc<CachedFile> {
         self.files.get_or_insert_with(identity, || {
-            Arc::new(CachedFile::new(identity, self.ledger.clone(), self.metrics.clone()))
+            Arc::new(CachedFile::new(
+                identity,
+                self.ledger.clone(),
+                self.metrics.clone(),
+            ))
         })
     }
 

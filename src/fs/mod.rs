@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use crate::cache::{CachedFile, NeverEvictCache, ReadBytes};
 use crate::error::FsError;
-use crate::inode::{self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE};
+use crate::inode::{
+    self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE,
+};
 use crate::shards::ShardedMap;
 use crate::source::{Kind, Meta, Source, SourceFile, SpaceStats};
 use crate::stats::{self, Gauges, Metrics};
@@ -94,7 +96,10 @@ pub struct DirItem {
 }
 
 enum Handle {
-    File { source: Arc<dyn SourceFile>, cached: Arc<CachedFile> },
+    File {
+        source: Arc<dyn SourceFile>,
+        cached: Arc<CachedFile>,
+    },
     Snapshot(Arc<[u8]>),
     Dir(DirSnapshot),
 }
@@ -145,7 +150,10 @@ impl Fs {
     }
 
     fn stat_node(&self, node: &Node) -> Result<Meta, FsError> {
-        let meta = self.source.stat(&node.path).map_err(|e| FsError::from_source(&e))?;
+        let meta = self
+            .source
+            .stat(&node.path)
+            .map_err(|e| FsError::from_source(&e))?;
         // The name now refers to something else: this inode is gone.
         if meta.kind != node.kind {
             return Err(FsError::NotFound);
@@ -207,13 +215,19 @@ impl Fs {
 
     /// Cache and table figures for the stats files.
     pub fn gauges(&self) -> Gauges {
-        Gauges { open_handles: self.handles.len() as u64, inodes: self.inodes.len() as u64, ..self.cache.gauges() }
+        Gauges {
+            open_handles: self.handles.len() as u64,
+            inodes: self.inodes.len() as u64,
+            ..self.cache.gauges()
+        }
     }
 
     /// Resolves `name` in directory `parent`.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr, FsError> {
         match parent {
-            ROOT if name == CONTROL_DIR_NAME => return self.virtual_attr(CONTROL_DIR).ok_or(FsError::NotFound),
+            ROOT if name == CONTROL_DIR_NAME => {
+                return self.virtual_attr(CONTROL_DIR).ok_or(FsError::NotFound);
+            }
             CONTROL_DIR => {
                 let ino = match name.to_str() {
                     Some("stats.json") => STATS_FILE,
@@ -229,8 +243,15 @@ impl Fs {
             return Err(FsError::NotDirectory);
         }
         let path = inode::validate_name(name)?;
-        let child_path = if parent.ino == ROOT { path.to_path_buf() } else { parent.path.join(path) };
-        let meta = self.source.stat(&child_path).map_err(|e| FsError::from_source(&e))?;
+        let child_path = if parent.ino == ROOT {
+            path.to_path_buf()
+        } else {
+            parent.path.join(path)
+        };
+        let meta = self
+            .source
+            .stat(&child_path)
+            .map_err(|e| FsError::from_source(&e))?;
         let node = self.inodes.intern(&parent, name, meta.kind);
         Ok(Self::source_attr(node.ino, &meta))
     }
@@ -251,7 +272,9 @@ impl Fs {
         if node.kind != Kind::Symlink {
             return Err(FsError::InvalidName);
         }
-        self.source.read_link(&node.path).map_err(|e| FsError::from_source(&e))
+        self.source
+            .read_link(&node.path)
+            .map_err(|e| FsError::from_source(&e))
     }
 
     /// Opens `ino` for reading; `write` (any write, truncate or append intent) is refused.
@@ -261,7 +284,10 @@ impl Fs {
         }
         if let Some(content) = self.render(ino) {
             let fh = self.add_handle(Handle::Snapshot(content.into()));
-            return Ok(Opened { fh, serve: Serve::Daemon });
+            return Ok(Opened {
+                fh,
+                serve: Serve::Daemon,
+            });
         }
         let node = self.node(ino)?;
         match node.kind {
@@ -269,7 +295,10 @@ impl Fs {
             Kind::Directory => return Err(FsError::IsDirectory),
             Kind::Symlink | Kind::Other => return Err(FsError::AccessDenied),
         }
-        let source = self.source.open(&node.path).map_err(|e| FsError::from_source(&e))?;
+        let source = self
+            .source
+            .open(&node.path)
+            .map_err(|e| FsError::from_source(&e))?;
         let identity = source.identity();
         {
             let mut last = node.last_identity.lock();
@@ -303,7 +332,12 @@ impl Fs {
     }
 
     /// Answers a read without waiting on the source: `None` when it needs [`Fs::read`].
-    pub fn read_cached(&self, fh: u64, offset: u64, size: u32) -> Option<Result<ReadBytes, FsError>> {
+    pub fn read_cached(
+        &self,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> Option<Result<ReadBytes, FsError>> {
         let handle = match self.handle(fh) {
             Ok(h) => h,
             Err(e) => return Some(Err(e)),
@@ -326,7 +360,10 @@ impl Fs {
 
     /// Forgets a file or directory handle.
     pub fn release(&self, fh: u64) -> Result<(), FsError> {
-        self.handles.remove(&fh).map(|_| ()).ok_or(FsError::BadHandle)
+        self.handles
+            .remove(&fh)
+            .map(|_| ())
+            .ok_or(FsError::BadHandle)
     }
 
     /// Opens directory `ino`, taking a snapshot of its names.
@@ -337,13 +374,20 @@ impl Fs {
                 ("metrics".into(), Kind::File, Some(METRICS_FILE)),
             ];
             let node = self.node(ROOT)?;
-            return Ok(self.add_handle(Handle::Dir(DirSnapshot { node, dots: (CONTROL_DIR, ROOT), names })));
+            return Ok(self.add_handle(Handle::Dir(DirSnapshot {
+                node,
+                dots: (CONTROL_DIR, ROOT),
+                names,
+            })));
         }
         let node = self.node(ino)?;
         if node.kind != Kind::Directory {
             return Err(FsError::NotDirectory);
         }
-        let entries = self.source.list(&node.path).map_err(|e| FsError::from_source(&e))?;
+        let entries = self
+            .source
+            .list(&node.path)
+            .map_err(|e| FsError::from_source(&e))?;
         let names = entries
             .into_iter()
             // `.prepfs` is reachable but never listed: loaders such as torchvision's ImageFolder
@@ -357,18 +401,38 @@ impl Fs {
 
     /// Entries of an open directory from position `offset` on (`.` and `..` first), handed to
     /// `take` with the offset that resumes after each; `take` returns true to stop.
-    pub fn readdir(&self, fh: u64, offset: u64, mut take: impl FnMut(u64, DirItem) -> bool) -> Result<(), FsError> {
+    pub fn readdir(
+        &self,
+        fh: u64,
+        offset: u64,
+        mut take: impl FnMut(u64, DirItem) -> bool,
+    ) -> Result<(), FsError> {
         let handle = self.handle(fh)?;
-        let Handle::Dir(dir) = &*handle else { return Err(FsError::NotDirectory) };
+        let Handle::Dir(dir) = &*handle else {
+            return Err(FsError::NotDirectory);
+        };
         let start = usize::try_from(offset).unwrap_or(usize::MAX);
         for position in start..dir.names.len().saturating_add(2) {
             let item = match position {
-                0 => DirItem { ino: dir.dots.0, kind: Kind::Directory, name: ".".into() },
-                1 => DirItem { ino: dir.dots.1, kind: Kind::Directory, name: "..".into() },
+                0 => DirItem {
+                    ino: dir.dots.0,
+                    kind: Kind::Directory,
+                    name: ".".into(),
+                },
+                1 => DirItem {
+                    ino: dir.dots.1,
+                    kind: Kind::Directory,
+                    name: "..".into(),
+                },
                 _ => {
                     let (name, kind, fixed) = &dir.names[position - 2];
-                    let ino = fixed.unwrap_or_else(|| self.inodes.intern(&dir.node, name, *kind).ino);
-                    DirItem { ino, kind: *kind, name: name.clone() }
+                    let ino =
+                        fixed.unwrap_or_else(|| self.inodes.intern(&dir.node, name, *kind).ino);
+                    DirItem {
+                        ino,
+                        kind: *kind,
+                        name: name.clone(),
+                    }
                 }
             };
             if take(position as u64 + 1, item) {
@@ -385,7 +449,9 @@ impl Fs {
 }
 
 fn snapshot_range(content: &Arc<[u8]>, offset: u64, size: u32) -> ReadBytes {
-    let start = usize::try_from(offset).unwrap_or(usize::MAX).min(content.len());
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(content.len());
     let end = start.saturating_add(size as usize).min(content.len());
     ReadBytes::Owned(content[start..end].to_vec())
 }

@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -56,7 +56,12 @@ impl Adapter {
         result.map_err(|e| Errno::from_i32(e.errno()))
     }
 
-    fn backing_id(&self, ino: u64, cached: &crate::cache::CachedFile, reply: &ReplyOpen) -> std::io::Result<Arc<(Identity, BackingId)>> {
+    fn backing_id(
+        &self,
+        ino: u64,
+        cached: &crate::cache::CachedFile,
+        reply: &ReplyOpen,
+    ) -> std::io::Result<Arc<(Identity, BackingId)>> {
         let identity = cached.identity();
         if let Some(b) = self.backing.get(&ino).filter(|b| b.0 == identity) {
             return Ok(b);
@@ -65,7 +70,9 @@ impl Adapter {
         if let Some(b) = self.backing.get(&ino).filter(|b| b.0 == identity) {
             return Ok(b);
         }
-        let fd = cached.passthrough_fd().ok_or_else(|| std::io::Error::other("entry no longer complete"))?;
+        let fd = cached
+            .passthrough_fd()
+            .ok_or_else(|| std::io::Error::other("entry no longer complete"))?;
         let id = Arc::new((identity, reply.open_backing(fd)?));
         self.backing.insert(ino, id.clone());
         Ok(id)
@@ -74,7 +81,11 @@ impl Adapter {
 
 fn system_time(ns: i64) -> SystemTime {
     let d = Duration::from_nanos(ns.unsigned_abs());
-    if ns >= 0 { UNIX_EPOCH + d } else { UNIX_EPOCH - d }
+    if ns >= 0 {
+        UNIX_EPOCH + d
+    } else {
+        UNIX_EPOCH - d
+    }
 }
 
 fn file_type(kind: Kind) -> FileType {
@@ -114,14 +125,22 @@ const DAEMON_OPEN: FopenFlags = FopenFlags::FOPEN_DIRECT_IO.union(FopenFlags::FO
 impl Filesystem for Adapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // mmap (numpy memmap, safetensors) must keep working on direct-I/O files (Linux >= 6.6).
-        if config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_err() {
-            tracing::warn!("kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: mmap of files through the mount may fail");
+        if config
+            .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            .is_err()
+        {
+            tracing::warn!(
+                "kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: mmap of files through the mount may fail"
+            );
         }
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
         if self.passthrough.load(Ordering::Relaxed) {
-            let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok() && config.set_max_stack_depth(1).is_ok();
+            let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok();
             if !ok {
-                tracing::info!("kernel passthrough unavailable; every read is served by the daemon");
+                tracing::info!(
+                    "kernel passthrough unavailable; every read is served by the daemon"
+                );
                 self.passthrough.store(false, Ordering::Relaxed);
             }
         }
@@ -161,7 +180,11 @@ impl Filesystem for Adapter {
                 match self.backing_id(ino.0, cached, &reply) {
                     Ok(b) => {
                         self.fs.metrics().passthrough_opens.inc();
-                        return reply.opened_passthrough(FileHandle(opened.fh), FopenFlags::FOPEN_NOFLUSH, &b.1);
+                        return reply.opened_passthrough(
+                            FileHandle(opened.fh),
+                            FopenFlags::FOPEN_NOFLUSH,
+                            &b.1,
+                        );
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "passthrough refused by the kernel; serving reads from the daemon");
@@ -209,7 +232,14 @@ impl Filesystem for Adapter {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         reply.ok();
     }
 
@@ -230,22 +260,42 @@ impl Filesystem for Adapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let result = if flags.acc_mode() != OpenAccMode::O_RDONLY { Err(FsError::ReadOnly) } else { self.fs.opendir(ino.0) };
+        let result = if flags.acc_mode() != OpenAccMode::O_RDONLY {
+            Err(FsError::ReadOnly)
+        } else {
+            self.fs.opendir(ino.0)
+        };
         match self.done(Op::Opendir, result) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(e),
         }
     }
 
-    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let result = self.fs.readdir(fh.0, offset, |next, item| reply.add(INodeNo(item.ino), next, file_type(item.kind), &item.name));
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let result = self.fs.readdir(fh.0, offset, |next, item| {
+            reply.add(INodeNo(item.ino), next, file_type(item.kind), &item.name)
+        });
         match self.done(Op::Readdir, result) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
 
-    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
         match self.done(Op::Releasedir, self.fs.release(fh.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -254,23 +304,47 @@ impl Filesystem for Adapter {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         match self.done(Op::Statfs, self.fs.statfs()) {
-            Ok(s) => reply.statfs(s.blocks, s.blocks_free, s.blocks_available, s.files, s.files_free, s.block_size, s.name_max, s.block_size),
+            Ok(s) => reply.statfs(
+                s.blocks,
+                s.blocks_free,
+                s.blocks_available,
+                s.files,
+                s.files_free,
+                s.block_size,
+                s.name_max,
+                s.block_size,
+            ),
             Err(e) => reply.error(e),
         }
     }
 
-    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
         let _ = self.done::<()>(Op::Xattr, Err(FsError::NoAttribute));
         reply.error(Errno::from_i32(FsError::NoAttribute.errno()));
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
         self.fs.metrics().record(Op::Xattr, false);
-        if size == 0 { reply.size(0) } else { reply.data(&[]) }
+        if size == 0 {
+            reply.size(0)
+        } else {
+            reply.data(&[])
+        }
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        let result = if mask.contains(AccessFlags::W_OK) { Err(FsError::ReadOnly) } else { self.fs.getattr(ino.0).map(|_| ()) };
+        let result = if mask.contains(AccessFlags::W_OK) {
+            Err(FsError::ReadOnly)
+        } else {
+            self.fs.getattr(ino.0).map(|_| ())
+        };
         match self.done(Op::Getattr, result) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -300,10 +374,27 @@ impl Filesystem for Adapter {
     ) {
         reply.error(self.refuse());
     }
-    fn mknod(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, _mode: u32, _umask: u32, _rdev: u32, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
         reply.error(self.refuse());
     }
-    fn mkdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
         reply.error(self.refuse());
     }
     fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
@@ -312,13 +403,36 @@ impl Filesystem for Adapter {
     fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
         reply.error(self.refuse());
     }
-    fn symlink(&self, _req: &Request, _parent: INodeNo, _link_name: &OsStr, _target: &Path, reply: ReplyEntry) {
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
         reply.error(self.refuse());
     }
-    fn rename(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, _newparent: INodeNo, _newname: &OsStr, _flags: RenameFlags, reply: ReplyEmpty) {
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
         reply.error(self.refuse());
     }
-    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
         reply.error(self.refuse());
     }
     fn write(
@@ -335,16 +449,43 @@ impl Filesystem for Adapter {
     ) {
         reply.error(self.refuse());
     }
-    fn create(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, _mode: u32, _umask: u32, _flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
         reply.error(self.refuse());
     }
-    fn setxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _value: &[u8], _flags: i32, _position: u32, reply: ReplyEmpty) {
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
         reply.error(self.refuse());
     }
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
         reply.error(self.refuse());
     }
-    fn fallocate(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _offset: u64, _length: u64, _mode: i32, reply: ReplyEmpty) {
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
         reply.error(self.refuse());
     }
 }

@@ -69,9 +69,14 @@ impl Default for InodeTable {
             kind: Kind::Directory,
             last_identity: Mutex::new(None),
         });
-        let mut tables = Tables { next: FIRST_SOURCE_INODE, ..Tables::default() };
+        let mut tables = Tables {
+            next: FIRST_SOURCE_INODE,
+            ..Tables::default()
+        };
         tables.by_ino.insert(ROOT, root);
-        InodeTable { tables: RwLock::new(tables) }
+        InodeTable {
+            tables: RwLock::new(tables),
+        }
     }
 }
 
@@ -86,22 +91,40 @@ impl InodeTable {
         let key = (parent.ino, name.to_owned());
         {
             let tables = self.tables.read();
-            if let Some(node) = tables.by_name.get(&key).and_then(|ino| tables.by_ino.get(ino)) {
+            if let Some(node) = tables
+                .by_name
+                .get(&key)
+                .and_then(|ino| tables.by_ino.get(ino))
+            {
                 if node.kind == kind {
                     return node.clone();
                 }
             }
         }
         let mut tables = self.tables.write();
-        if let Some(node) = tables.by_name.get(&key).and_then(|ino| tables.by_ino.get(ino)) {
+        if let Some(node) = tables
+            .by_name
+            .get(&key)
+            .and_then(|ino| tables.by_ino.get(ino))
+        {
             if node.kind == kind {
                 return node.clone();
             }
         }
         let ino = tables.next;
         tables.next += 1;
-        let path = if parent.ino == ROOT { PathBuf::from(name) } else { parent.path.join(name) };
-        let node = Arc::new(Node { ino, parent: parent.ino, path, kind, last_identity: Mutex::new(None) });
+        let path = if parent.ino == ROOT {
+            PathBuf::from(name)
+        } else {
+            parent.path.join(name)
+        };
+        let node = Arc::new(Node {
+            ino,
+            parent: parent.ino,
+            path,
+            kind,
+            last_identity: Mutex::new(None),
+        });
         tables.by_ino.insert(ino, node.clone());
         tables.by_name.insert(key, ino);
         node
@@ -124,7 +147,12 @@ pub fn validate_name(name: &OsStr) -> Result<&Path, FsError> {
     if bytes.len() > NAME_MAX {
         return Err(FsError::NameTooLong);
     }
-    if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') || bytes.contains(&0) {
+    if bytes.is_empty()
+        || bytes == b"."
+        || bytes == b".."
+        || bytes.contains(&b'/')
+        || bytes.contains(&0)
+    {
         return Err(FsError::InvalidName);
     }
     Ok(Path::new(name))
@@ -137,9 +165,16 @@ mod tests {
     #[test]
     fn names_that_escape_or_are_empty_are_rejected() {
         for bad in ["", ".", "..", "a/b", "/etc", "a\0b"] {
-            assert_eq!(validate_name(OsStr::new(bad)).err(), Some(FsError::InvalidName), "{bad:?}");
+            assert_eq!(
+                validate_name(OsStr::new(bad)).err(),
+                Some(FsError::InvalidName),
+                "{bad:?}"
+            );
         }
-        assert_eq!(validate_name(OsStr::new(&"x".repeat(256))).err(), Some(FsError::NameTooLong));
+        assert_eq!(
+            validate_name(OsStr::new(&"x".repeat(256))).err(),
+            Some(FsError::NameTooLong)
+        );
         assert!(validate_name(OsStr::new("ünïcode ✓.jpg")).is_ok());
     }
 
@@ -153,7 +188,14 @@ mod tests {
         let file = table.intern(&a, OsStr::new("f"), Kind::File);
         assert_eq!(file.path, Path::new("a/f"));
         let replaced = table.intern(&root, OsStr::new("a"), Kind::File);
-        assert_ne!(replaced.ino, a.ino, "a kind change must not reuse the old inode");
-        assert_eq!(table.get(a.ino).map(|n| n.ino), Some(a.ino), "old number stays valid");
+        assert_ne!(
+            replaced.ino, a.ino,
+            "a kind change must not reuse the old inode"
+        );
+        assert_eq!(
+            table.get(a.ino).map(|n| n.ino),
+            Some(a.ino),
+            "old number stays valid"
+        );
     }
 }

@@ -35,7 +35,13 @@ impl FaultySource {
     /// Wraps `inner`; the returned plan controls the faults.
     pub fn new(inner: Arc<dyn Source>) -> (FaultySource, Arc<FaultPlan>) {
         let plan = Arc::new(FaultPlan::default());
-        (FaultySource { inner, plan: plan.clone() }, plan)
+        (
+            FaultySource {
+                inner,
+                plan: plan.clone(),
+            },
+            plan,
+        )
     }
 
     fn check(&self) -> io::Result<()> {
@@ -62,7 +68,10 @@ impl Source for FaultySource {
     fn open(&self, path: &Path) -> io::Result<Arc<dyn SourceFile>> {
         self.check()?;
         let inner = self.inner.open(path)?;
-        Ok(Arc::new(FaultyFile { inner, plan: self.plan.clone() }))
+        Ok(Arc::new(FaultyFile {
+            inner,
+            plan: self.plan.clone(),
+        }))
     }
     fn space(&self) -> io::Result<SpaceStats> {
         self.check()?;
@@ -82,10 +91,16 @@ impl SourceFile for FaultyFile {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let n = self.plan.reads.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.plan.vanished.load(Ordering::SeqCst) || self.plan.fail_read_number.load(Ordering::SeqCst) == n {
+        if self.plan.vanished.load(Ordering::SeqCst)
+            || self.plan.fail_read_number.load(Ordering::SeqCst) == n
+        {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
-        let len = if self.plan.short_reads.load(Ordering::SeqCst) { buf.len().div_ceil(2) } else { buf.len() };
+        let len = if self.plan.short_reads.load(Ordering::SeqCst) {
+            buf.len().div_ceil(2)
+        } else {
+            buf.len()
+        };
         self.inner.read_at(&mut buf[..len], offset)
     }
 

@@ -37,7 +37,10 @@ impl LocalSource {
         )?;
         // Probe openat2 once so an old kernel fails at mount time with a clear error.
         openat2_beneath(&fd, Path::new("."), OFlags::PATH).map_err(|e| {
-            io::Error::new(e.kind(), format!("openat2 beneath the source root failed: {e}"))
+            io::Error::new(
+                e.kind(),
+                format!("openat2 beneath the source root failed: {e}"),
+            )
         })?;
         Ok(LocalSource { root: fd })
     }
@@ -48,7 +51,11 @@ impl LocalSource {
 }
 
 fn openat2_beneath(root: &OwnedFd, path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
-    let path = if path.as_os_str().is_empty() { Path::new(".") } else { path };
+    let path = if path.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        path
+    };
     let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     loop {
         match rustix::fs::openat2(root, path, flags, Mode::empty(), RESOLVE) {
@@ -69,7 +76,8 @@ fn kind_of(file_type: FileType) -> Kind {
 }
 
 fn ns(secs: i64, nsec: u64) -> i64 {
-    secs.saturating_mul(1_000_000_000).saturating_add(nsec as i64)
+    secs.saturating_mul(1_000_000_000)
+        .saturating_add(nsec as i64)
 }
 
 fn identity_of(st: &Stat) -> Identity {
@@ -114,12 +122,19 @@ impl Source for LocalSource {
             let kind = match entry.file_type() {
                 // Some filesystems do not fill d_type: ask, without following links.
                 FileType::Unknown => {
-                    let st = rustix::fs::statat(&fd, entry.file_name(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+                    let st = rustix::fs::statat(
+                        &fd,
+                        entry.file_name(),
+                        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                    )?;
                     kind_of(FileType::from_raw_mode(st.st_mode))
                 }
                 other => kind_of(other),
             };
-            out.push(DirEntry { name: OsStr::from_bytes(name).to_owned(), kind });
+            out.push(DirEntry {
+                name: OsStr::from_bytes(name).to_owned(),
+                kind,
+            });
         }
         Ok(out)
     }
@@ -137,7 +152,10 @@ impl Source for LocalSource {
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
-        Ok(Arc::new(LocalFile { fd, identity: identity_of(&st) }))
+        Ok(Arc::new(LocalFile {
+            fd,
+            identity: identity_of(&st),
+        }))
     }
 
     fn space(&self) -> io::Result<SpaceStats> {

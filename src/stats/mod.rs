@@ -224,30 +224,153 @@ impl Metrics {
         use SampleKind::{Counter as C, Gauge as G};
         let mut out = Vec::new();
         let mut push = |json_path: &str, prom_name, kind, help, value: f64| {
-            out.push(Sample { json_path: json_path.to_owned(), prom_name, labels: Vec::new(), kind, help, value })
+            out.push(Sample {
+                json_path: json_path.to_owned(),
+                prom_name,
+                labels: Vec::new(),
+                kind,
+                help,
+                value,
+            })
         };
-        push("uptime_seconds", "uptime_seconds", G, "Seconds since the mount became ready.", self.started.elapsed().as_secs_f64());
-        push("bytes_served", "bytes_served_total", C, "Bytes returned by reads answered by the daemon (passthrough reads bypass it).", self.bytes_served.get() as f64);
+        push(
+            "uptime_seconds",
+            "uptime_seconds",
+            G,
+            "Seconds since the mount became ready.",
+            self.started.elapsed().as_secs_f64(),
+        );
+        push(
+            "bytes_served",
+            "bytes_served_total",
+            C,
+            "Bytes returned by reads answered by the daemon (passthrough reads bypass it).",
+            self.bytes_served.get() as f64,
+        );
         let (hits, misses) = (self.cache_hits.get(), self.cache_misses.get());
-        push("cache.hits", "cache_hits_total", C, "Block reads answered from the cache, checksum verified.", hits as f64);
-        push("cache.misses", "cache_misses_total", C, "Block reads that went to the source.", misses as f64);
-        let hit_rate = if hits + misses == 0 { 0.0 } else { hits as f64 / (hits + misses) as f64 };
-        push("cache.hit_rate", "cache_hit_ratio", G, "hits / (hits + misses), 0..1.", hit_rate);
-        push("cache.admission_rejected", "cache_admission_rejected_total", C, "Blocks not admitted because the budget was full (never-evict).", self.admission_rejected.get() as f64);
-        push("cache.integrity_errors", "cache_integrity_errors_total", C, "Cached blocks whose checksum failed; dropped and refetched.", self.integrity_errors.get() as f64);
-        push("cache.bytes", "cache_bytes", G, "Bytes held by the RAM tier.", g.cache_bytes as f64);
-        push("cache.budget_bytes", "cache_budget_bytes", G, "Hard byte budget of the RAM tier.", g.cache_budget_bytes as f64);
-        push("cache.blocks", "cache_blocks", G, "Blocks (up to 1 MiB each) held by the RAM tier.", g.cache_blocks as f64);
-        push("cache.files", "cache_files", G, "Files with at least one cached block.", g.cache_files as f64);
-        push("cache.complete_files", "cache_complete_files", G, "Files whose every block is cached.", g.cache_complete_files as f64);
-        push("cache.passthrough_opens", "passthrough_opens_total", C, "Opens served by kernel passthrough from a fully cached file.", self.passthrough_opens.get() as f64);
-        push("stale_detections", "stale_detections_total", C, "Opens or reads that found the source file changed; old cache entries dropped.", self.stale_detections.get() as f64);
-        push("source.bytes_read", "source_bytes_read_total", C, "Bytes read from the source.", self.source_bytes.get() as f64);
-        push("source.reads", "source_reads_total", C, "Block fetches from the source.", self.source_reads.get() as f64);
-        push("source.errors", "source_errors_total", C, "Source reads that failed (answered EIO).", self.source_errors.get() as f64);
+        push(
+            "cache.hits",
+            "cache_hits_total",
+            C,
+            "Block reads answered from the cache, checksum verified.",
+            hits as f64,
+        );
+        push(
+            "cache.misses",
+            "cache_misses_total",
+            C,
+            "Block reads that went to the source.",
+            misses as f64,
+        );
+        let hit_rate = if hits + misses == 0 {
+            0.0
+        } else {
+            hits as f64 / (hits + misses) as f64
+        };
+        push(
+            "cache.hit_rate",
+            "cache_hit_ratio",
+            G,
+            "hits / (hits + misses), 0..1.",
+            hit_rate,
+        );
+        push(
+            "cache.admission_rejected",
+            "cache_admission_rejected_total",
+            C,
+            "Blocks not admitted because the budget was full (never-evict).",
+            self.admission_rejected.get() as f64,
+        );
+        push(
+            "cache.integrity_errors",
+            "cache_integrity_errors_total",
+            C,
+            "Cached blocks whose checksum failed; dropped and refetched.",
+            self.integrity_errors.get() as f64,
+        );
+        push(
+            "cache.bytes",
+            "cache_bytes",
+            G,
+            "Bytes held by the RAM tier.",
+            g.cache_bytes as f64,
+        );
+        push(
+            "cache.budget_bytes",
+            "cache_budget_bytes",
+            G,
+            "Hard byte budget of the RAM tier.",
+            g.cache_budget_bytes as f64,
+        );
+        push(
+            "cache.blocks",
+            "cache_blocks",
+            G,
+            "Blocks (up to 1 MiB each) held by the RAM tier.",
+            g.cache_blocks as f64,
+        );
+        push(
+            "cache.files",
+            "cache_files",
+            G,
+            "Files with at least one cached block.",
+            g.cache_files as f64,
+        );
+        push(
+            "cache.complete_files",
+            "cache_complete_files",
+            G,
+            "Files whose every block is cached.",
+            g.cache_complete_files as f64,
+        );
+        push(
+            "cache.passthrough_opens",
+            "passthrough_opens_total",
+            C,
+            "Opens served by kernel passthrough from a fully cached file.",
+            self.passthrough_opens.get() as f64,
+        );
+        push(
+            "stale_detections",
+            "stale_detections_total",
+            C,
+            "Opens or reads that found the source file changed; old cache entries dropped.",
+            self.stale_detections.get() as f64,
+        );
+        push(
+            "source.bytes_read",
+            "source_bytes_read_total",
+            C,
+            "Bytes read from the source.",
+            self.source_bytes.get() as f64,
+        );
+        push(
+            "source.reads",
+            "source_reads_total",
+            C,
+            "Block fetches from the source.",
+            self.source_reads.get() as f64,
+        );
+        push(
+            "source.errors",
+            "source_errors_total",
+            C,
+            "Source reads that failed (answered EIO).",
+            self.source_errors.get() as f64,
+        );
         for (prefix, prom, help, h) in [
-            ("source.read_latency_us", "source_read_latency_microseconds", "Latency of one block fetch from the source, microseconds.", &self.source_latency),
-            ("read_latency_us", "read_latency_microseconds", "Latency of a read request answered by the daemon, microseconds.", &self.read_latency),
+            (
+                "source.read_latency_us",
+                "source_read_latency_microseconds",
+                "Latency of one block fetch from the source, microseconds.",
+                &self.source_latency,
+            ),
+            (
+                "read_latency_us",
+                "read_latency_microseconds",
+                "Latency of a read request answered by the daemon, microseconds.",
+                &self.read_latency,
+            ),
         ] {
             for (q, v) in [("p50", 0.5), ("p99", 0.99)] {
                 out.push(Sample {
@@ -259,15 +382,46 @@ impl Metrics {
                     value: h.quantile_us(v),
                 });
             }
-            out.push(Sample { json_path: format!("{prefix}.count"), prom_name: prom, labels: vec![("quantile", "count".into())], kind: G, help, value: h.count() as f64 });
+            out.push(Sample {
+                json_path: format!("{prefix}.count"),
+                prom_name: prom,
+                labels: vec![("quantile", "count".into())],
+                kind: G,
+                help,
+                value: h.count() as f64,
+            });
         }
-        out.push(Sample { json_path: "open_handles".into(), prom_name: "open_handles", labels: vec![], kind: G, help: "Open file and directory handles.", value: g.open_handles as f64 });
-        out.push(Sample { json_path: "inodes".into(), prom_name: "inodes", labels: vec![], kind: G, help: "Inodes known to the mount (created lazily).", value: g.inodes as f64 });
+        out.push(Sample {
+            json_path: "open_handles".into(),
+            prom_name: "open_handles",
+            labels: vec![],
+            kind: G,
+            help: "Open file and directory handles.",
+            value: g.open_handles as f64,
+        });
+        out.push(Sample {
+            json_path: "inodes".into(),
+            prom_name: "inodes",
+            labels: vec![],
+            kind: G,
+            help: "Inodes known to the mount (created lazily).",
+            value: g.inodes as f64,
+        });
         for op in Op::ALL {
             let c = self.op(op);
             for (what, prom, help, value) in [
-                ("requests", "requests_total", "Requests received, by op.", c.requests.get()),
-                ("errors", "errors_total", "Requests answered with an error, by op.", c.errors.get()),
+                (
+                    "requests",
+                    "requests_total",
+                    "Requests received, by op.",
+                    c.requests.get(),
+                ),
+                (
+                    "errors",
+                    "errors_total",
+                    "Requests answered with an error, by op.",
+                    c.errors.get(),
+                ),
             ] {
                 out.push(Sample {
                     json_path: format!("ops.{}.{what}", op.name()),
@@ -290,11 +444,14 @@ pub fn render_json(samples: &[Sample]) -> String {
         let value = if s.value.fract() == 0.0 && s.value.abs() < 9.0e15 {
             Value::from(s.value as i64)
         } else {
-            serde_json::Number::from_f64(s.value).map(Value::Number).unwrap_or(Value::Null)
+            serde_json::Number::from_f64(s.value)
+                .map(Value::Number)
+                .unwrap_or(Value::Null)
         };
         insert_path(&mut root, &s.json_path, value);
     }
-    let mut text = serde_json::to_string_pretty(&Value::Object(root)).unwrap_or_else(|_| "{}".into());
+    let mut text =
+        serde_json::to_string_pretty(&Value::Object(root)).unwrap_or_else(|_| "{}".into());
     text.push('\n');
     text
 }
@@ -309,7 +466,9 @@ fn insert_path(root: &mut Map<String, Value>, path: &str, value: Value) {
             node.insert(part.to_owned(), value);
             return;
         }
-        let entry = node.entry(part.to_owned()).or_insert_with(|| Value::Object(Map::new()));
+        let entry = node
+            .entry(part.to_owned())
+            .or_insert_with(|| Value::Object(Map::new()));
         let Value::Object(map) = entry else { return };
         node = map;
     }
@@ -330,7 +489,11 @@ pub fn render_prometheus(samples: &[Sample]) -> String {
         }
         out.push_str(&name);
         if !s.labels.is_empty() {
-            let labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            let labels: Vec<String> = s
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{v}\""))
+                .collect();
             out.push_str(&format!("{{{}}}", labels.join(",")));
         }
         out.push_str(&format!(" {}\n", s.value));
@@ -349,7 +512,10 @@ mod tests {
         let paths: Vec<&str> = samples.iter().map(|s| s.json_path.as_str()).collect();
         for a in &paths {
             for b in &paths {
-                assert!(!b.starts_with(&format!("{a}.")), "{a} is both a leaf and a branch of {b}");
+                assert!(
+                    !b.starts_with(&format!("{a}.")),
+                    "{a} is both a leaf and a branch of {b}"
+                );
             }
         }
         let json: Value = serde_json::from_str(&render_json(&samples)).expect("valid json");
@@ -362,7 +528,10 @@ mod tests {
         let m = Metrics::default();
         m.cache_hits.add(3);
         m.record(Op::Read, true);
-        let samples = m.samples(&Gauges { cache_bytes: 42, ..Gauges::default() });
+        let samples = m.samples(&Gauges {
+            cache_bytes: 42,
+            ..Gauges::default()
+        });
         let json: Value = serde_json::from_str(&render_json(&samples)).expect("valid json");
         assert_eq!(json["cache"]["hits"], 3);
         assert_eq!(json["cache"]["bytes"], 42);
@@ -370,6 +539,9 @@ mod tests {
         let prom = render_prometheus(&samples);
         assert!(prom.contains("prepfs_cache_hits_total 3\n"));
         assert!(prom.contains("prepfs_errors_total{op=\"read\"} 1\n"));
-        assert_eq!(prom.matches("# TYPE prepfs_requests_total counter").count(), 1);
+        assert_eq!(
+            prom.matches("# TYPE prepfs_requests_total counter").count(),
+            1
+        );
     }
 }
