@@ -92,7 +92,7 @@ pub fn main() -> ExitCode {
 
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,prepfs=info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,prepfs=info,fuser=error"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -1,0 +1,137 @@
+//! Shared harness of the real-mount tests: a source tree in a temporary directory, the `prepfs`
+//! binary mounted over it in the foreground, and an unmount that always runs.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub fn prepfs() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_prepfs"))
+}
+
+/// Deterministic bytes for a file.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut out = vec![0u8; len];
+    rng.fill(&mut out);
+    out
+}
+
+/// Whether `path` is a mount point now.
+pub fn is_mounted(path: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let wanted = path.to_string_lossy().replace(' ', "\\040");
+    mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| m == wanted)
+}
+
+/// A foreground prepfs mount over `src`, unmounted on drop.
+pub struct TestMount {
+    pub dir: tempfile::TempDir,
+    pub src: PathBuf,
+    pub mnt: PathBuf,
+    pub child: Option<Child>,
+}
+
+impl TestMount {
+    /// An empty source directory and mountpoint (call `mount` after filling `src`).
+    pub fn new() -> TestMount {
+        let dir = tempfile::Builder::new()
+            .prefix("prepfs-test-")
+            .tempdir()
+            .expect("tempdir");
+        let src = dir.path().join("src");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&src).expect("mkdir src");
+        std::fs::create_dir(&mnt).expect("mkdir mnt");
+        TestMount {
+            dir,
+            src: src.canonicalize().expect("canonical"),
+            mnt: mnt.canonicalize().expect("canonical"),
+            child: None,
+        }
+    }
+
+    /// Mounts in the foreground with `extra` flags and waits until the mount answers.
+    pub fn mount(&mut self, extra: &[&str]) {
+        let child = prepfs()
+            .arg("mount")
+            .arg(&self.src)
+            .arg(&self.mnt)
+            .arg("--foreground")
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .env("RUST_LOG", "warn,fuser=error")
+            .spawn()
+            .expect("spawn prepfs");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.mnt.join(".prepfs/stats.json").exists() {
+            assert!(Instant::now() < deadline, "mount did not become ready");
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("prepfs exited early: {status}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Path inside the mount.
+    pub fn m(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// Path inside the source.
+    pub fn s(&self, rel: &str) -> PathBuf {
+        self.src.join(rel)
+    }
+
+    /// The parsed stats.json of the mount.
+    pub fn stats(&self) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.m(".prepfs/stats.json")).expect("read stats.json");
+        serde_json::from_str(&text).expect("stats.json parses")
+    }
+
+    /// Unmounts and returns the daemon's exit status.
+    pub fn unmount(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = prepfs().arg("umount").arg(&self.mnt).output();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
+                return child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        self.unmount();
+    }
+}
+
+/// Runs prepfs with `args` and returns its output.
+pub fn run(args: &[&std::ffi::OsStr]) -> Output {
+    prepfs()
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run prepfs")
+}

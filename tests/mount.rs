@@ -1,0 +1,583 @@
+//! Real-mount tests: the `prepfs` binary mounted over generated trees, checked against the
+//! source through the kernel.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{TestMount, is_mounted, pattern};
+
+const MIB: usize = 1 << 20;
+
+/// name -> (type, size, mode, symlink target) for every entry under `root`.
+fn tree(root: &Path) -> BTreeMap<String, (String, u64, u32, Option<String>)> {
+    fn walk(
+        root: &Path,
+        dir: &Path,
+        out: &mut BTreeMap<String, (String, u64, u32, Option<String>)>,
+    ) {
+        for entry in fs::read_dir(dir).expect("read_dir") {
+            let entry = entry.expect("entry");
+            let path = entry.path();
+            let meta = fs::symlink_metadata(&path).expect("lstat");
+            let rel = path
+                .strip_prefix(root)
+                .expect("prefix")
+                .to_string_lossy()
+                .into_owned();
+            let kind = if meta.is_dir() {
+                "dir"
+            } else if meta.is_symlink() {
+                "link"
+            } else {
+                "file"
+            };
+            let target = meta.is_symlink().then(|| {
+                fs::read_link(&path)
+                    .expect("readlink")
+                    .to_string_lossy()
+                    .into_owned()
+            });
+            let size = if meta.is_dir() { 0 } else { meta.len() };
+            out.insert(rel, (kind.to_owned(), size, meta.mode() & 0o7777, target));
+            if meta.is_dir() {
+                walk(root, &path, out);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+#[test]
+fn differential_tree_matches_source_byte_for_byte() {
+    let mut t = TestMount::new();
+    let sizes = [
+        0,
+        1,
+        4095,
+        4096,
+        65_537,
+        MIB - 1,
+        MIB,
+        MIB + 1,
+        2 * MIB + 12_345,
+    ];
+    fs::create_dir_all(t.s("a/b/c")).expect("mkdir");
+    fs::create_dir_all(t.s("empty_dir")).expect("mkdir");
+    fs::create_dir_all(t.s("ünïcödé ✓/日本")).expect("mkdir");
+    for (i, len) in sizes.iter().enumerate() {
+        fs::write(t.s(&format!("a/b/f{i}.bin")), pattern(*len, i as u64)).expect("write");
+    }
+    fs::write(t.s("ünïcödé ✓/日本/画像 1.jpg"), pattern(1234, 99)).expect("write");
+    fs::write(t.s("a/b/c/big.bin"), pattern(200 * MIB, 7)).expect("write big");
+    fs::set_permissions(t.s("a/b/f2.bin"), fs::Permissions::from_mode(0o640)).expect("chmod");
+    std::os::unix::fs::symlink("../b/f1.bin", t.s("a/b/c/rel_link")).expect("symlink");
+    std::os::unix::fs::symlink("/etc/passwd", t.s("abs_link")).expect("symlink");
+    std::os::unix::fs::symlink("loop", t.s("loop")).expect("symlink");
+    t.mount(&["--cache-mem", "512M"]);
+
+    assert_eq!(
+        tree(&t.mnt),
+        tree(&t.src),
+        "names, types, sizes, modes and link targets match"
+    );
+    for pass in 0..2 {
+        for (rel, (kind, ..)) in tree(&t.src) {
+            if kind == "file" {
+                assert!(
+                    fs::read(t.mnt.join(&rel)).expect("read")
+                        == fs::read(t.src.join(&rel)).expect("read"),
+                    "pass {pass}: {rel} differs"
+                );
+            }
+        }
+    }
+    let big_src = fs::File::open(t.s("a/b/c/big.bin")).expect("open");
+    let big_mnt = fs::File::open(t.m("a/b/c/big.bin")).expect("open");
+    let mut rng = fastrand::Rng::with_seed(3);
+    for _ in 0..300 {
+        let offset = rng.u64(0..200 * MIB as u64 + 10);
+        let len = rng.usize(1..3 * MIB);
+        let (mut a, mut b) = (vec![0u8; len], vec![0u8; len]);
+        let na = big_src.read_at(&mut a, offset).expect("pread source");
+        let nb = big_mnt.read_at(&mut b, offset).expect("pread mount");
+        assert_eq!(na, nb, "length at offset {offset}");
+        assert!(a[..na] == b[..nb], "bytes at offset {offset} len {len}");
+    }
+    drop((big_src, big_mnt));
+    // The symlink loop is shown as a link and fails to resolve, as on any filesystem.
+    assert!(
+        fs::symlink_metadata(t.m("loop"))
+            .expect("lstat")
+            .is_symlink()
+    );
+    assert!(fs::read(t.m("loop")).is_err());
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+}
+
+#[test]
+fn concurrent_random_reads_never_mismatch() {
+    let mut t = TestMount::new();
+    let mut files = Vec::new();
+    for i in 0..40u64 {
+        let len = [1000, 100_000, MIB, MIB + 4097, 3 * MIB][i as usize % 5];
+        let data = pattern(len, i);
+        fs::write(t.s(&format!("f{i}")), &data).expect("write");
+        files.push(data);
+    }
+    t.mount(&["--cache-mem", "24M"]);
+    let files = std::sync::Arc::new(files);
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let readers: Vec<_> = (0..8u64)
+        .map(|r| {
+            let (files, mnt) = (files.clone(), t.mnt.clone());
+            std::thread::spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(r);
+                let mut reads = 0u64;
+                while Instant::now() < deadline {
+                    let i = rng.usize(0..files.len());
+                    let data = &files[i];
+                    let f = fs::File::open(mnt.join(format!("f{i}"))).expect("open");
+                    let offset = rng.usize(0..data.len() + 1);
+                    let mut buf = vec![0u8; rng.usize(1..2 * MIB)];
+                    let n = f.read_at(&mut buf, offset as u64).expect("read");
+                    let want = &data[offset.min(data.len())..(offset + buf.len()).min(data.len())];
+                    assert!(&buf[..n] == want, "reader {r}: file {i} offset {offset}");
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    let total: u64 = readers.into_iter().map(|h| h.join().expect("reader")).sum();
+    assert!(total > 100, "readers made progress ({total} reads)");
+    let stats = t.stats();
+    assert!(
+        stats["cache"]["admission_rejected"].as_u64() > Some(0),
+        "a 24M budget under 50M of data rejects some"
+    );
+    assert!(
+        stats["cache"]["bytes"].as_u64() <= Some(24 << 20),
+        "the budget is hard"
+    );
+}
+
+#[test]
+fn rewritten_source_file_is_seen_fresh_on_next_open() {
+    let mut t = TestMount::new();
+    fs::write(t.s("small"), b"old contents").expect("write");
+    fs::write(t.s("large"), pattern(3 * MIB, 1)).expect("write");
+    t.mount(&[]);
+    assert_eq!(fs::read(t.m("small")).expect("read"), b"old contents");
+    assert!(fs::read(t.m("large")).expect("read") == pattern(3 * MIB, 1));
+    assert!(
+        fs::read(t.m("large")).expect("read") == pattern(3 * MIB, 1),
+        "second read: cached"
+    );
+    // Rewrite in place (same inode) and by rename (new inode).
+    fs::write(t.s("small"), b"new, longer contents").expect("rewrite");
+    let tmp = t.s("large.tmp");
+    fs::write(&tmp, pattern(2 * MIB + 5, 2)).expect("write");
+    fs::rename(&tmp, t.s("large")).expect("rename");
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        fs::read(t.m("small")).expect("read"),
+        b"new, longer contents"
+    );
+    assert!(
+        fs::read(t.m("large")).expect("read") == pattern(2 * MIB + 5, 2),
+        "only new bytes"
+    );
+    assert!(t.stats()["stale_detections"].as_u64() >= Some(1));
+}
+
+#[test]
+fn source_file_going_bad_fails_that_read_only() {
+    let mut t = TestMount::new();
+    fs::write(t.s("victim"), pattern(3 * MIB, 5)).expect("write");
+    fs::write(t.s("healthy"), pattern(1000, 6)).expect("write");
+    t.mount(&[]);
+    let f = fs::File::open(t.m("victim")).expect("open");
+    let mut buf = vec![0u8; 4096];
+    f.read_at(&mut buf, 0).expect("first block reads");
+    // Truncate the source behind the open handle: its version is gone.
+    fs::OpenOptions::new()
+        .write(true)
+        .open(t.s("victim"))
+        .expect("open")
+        .set_len(10)
+        .expect("truncate");
+    let err = f
+        .read_at(&mut buf, 2 * MIB as u64)
+        .expect_err("later block of a vanished version");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    assert_eq!(
+        fs::read(t.m("healthy")).expect("mount still serves"),
+        pattern(1000, 6)
+    );
+    assert!(t.stats()["stale_detections"].as_u64() >= Some(1));
+    assert!(t.stats()["ops"]["read"]["errors"].as_u64() >= Some(1));
+}
+
+#[test]
+fn mount_is_read_only() {
+    let mut t = TestMount::new();
+    fs::write(t.s("f"), b"data").expect("write");
+    fs::create_dir(t.s("d")).expect("mkdir");
+    t.mount(&[]);
+    let erofs = |r: std::io::Result<()>, what: &str| {
+        assert_eq!(
+            r.expect_err(what).raw_os_error(),
+            Some(libc::EROFS),
+            "{what}"
+        );
+    };
+    erofs(fs::write(t.m("new"), b"x"), "create");
+    erofs(
+        fs::OpenOptions::new().write(true).open(t.m("f")).map(drop),
+        "open for write",
+    );
+    erofs(
+        fs::OpenOptions::new().append(true).open(t.m("f")).map(drop),
+        "open for append",
+    );
+    erofs(fs::remove_file(t.m("f")), "unlink");
+    erofs(fs::create_dir(t.m("d2")), "mkdir");
+    erofs(fs::remove_dir(t.m("d")), "rmdir");
+    erofs(fs::rename(t.m("f"), t.m("g")), "rename");
+    erofs(
+        fs::set_permissions(t.m("f"), fs::Permissions::from_mode(0o777)),
+        "chmod",
+    );
+    erofs(std::os::unix::fs::symlink("f", t.m("l")), "symlink");
+    erofs(fs::hard_link(t.m("f"), t.m("h")), "link");
+    assert_eq!(fs::read(t.s("f")).expect("source intact"), b"data");
+    let st = rustix::fs::statvfs(&t.mnt).expect("statvfs");
+    assert!(st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY));
+    assert!(st.f_flag.contains(rustix::fs::StatVfsMountFlags::NOSUID));
+    assert!(st.f_flag.contains(rustix::fs::StatVfsMountFlags::NODEV));
+}
+
+#[test]
+fn control_dir_is_hidden_and_stats_move() {
+    let mut t = TestMount::new();
+    fs::create_dir(t.s("class_a")).expect("mkdir");
+    fs::write(t.s("class_a/img.jpg"), pattern(50_000, 1)).expect("write");
+    t.mount(&[]);
+    let names: Vec<String> = fs::read_dir(&t.mnt)
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["class_a"], ".prepfs is not listed");
+    assert!(t.m(".prepfs").is_dir(), "but reachable by path");
+    let mut control: Vec<String> = fs::read_dir(t.m(".prepfs"))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    control.sort();
+    assert_eq!(control, vec!["metrics", "stats.json"]);
+
+    let before = t.stats();
+    fs::read(t.m("class_a/img.jpg")).expect("read");
+    let mid = t.stats();
+    fs::read(t.m("class_a/img.jpg")).expect("read");
+    let after = t.stats();
+    let get = |v: &serde_json::Value, a: &str, b: &str| v[a][b].as_u64().expect("counter");
+    assert_eq!(
+        get(&mid, "cache", "misses") - get(&before, "cache", "misses"),
+        1
+    );
+    assert_eq!(get(&after, "cache", "hits") - get(&mid, "cache", "hits"), 1);
+    assert_eq!(get(&after, "cache", "bytes"), 50_000);
+    assert!(after["bytes_served"].as_u64() >= Some(100_000));
+    assert!(after["read_latency_us"]["p99"].as_f64() > Some(0.0));
+    assert!(after["uptime_seconds"].as_f64() > Some(0.0));
+
+    // A snapshot taken at open does not change while read in small pieces.
+    let mut f = fs::File::open(t.m(".prepfs/stats.json")).expect("open");
+    let mut text = String::new();
+    let mut chunk = [0u8; 7];
+    loop {
+        let n = f.read(&mut chunk).expect("read");
+        if n == 0 {
+            break;
+        }
+        text.push_str(std::str::from_utf8(&chunk[..n]).unwrap_or_default());
+    }
+    serde_json::from_str::<serde_json::Value>(&text)
+        .expect("a piecewise read is one consistent snapshot");
+
+    let metrics = fs::read_to_string(t.m(".prepfs/metrics")).expect("metrics");
+    let mut typed = std::collections::HashSet::new();
+    for line in metrics.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split(' ');
+            typed.insert(parts.next().expect("name").to_owned());
+            assert!(matches!(parts.next(), Some("counter" | "gauge")), "{line}");
+            continue;
+        }
+        if line.starts_with("# HELP ") {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').expect("series and value");
+        value
+            .parse::<f64>()
+            .unwrap_or_else(|_| panic!("numeric value in {line:?}"));
+        let name = series.split('{').next().expect("name");
+        assert!(
+            name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "metric name {name:?}"
+        );
+        assert!(
+            typed.contains(name),
+            "{name} has a TYPE line before its samples"
+        );
+        if let Some(labels) = series.strip_prefix(name) {
+            assert!(
+                labels.is_empty() || (labels.starts_with('{') && labels.ends_with('}')),
+                "{line}"
+            );
+        }
+    }
+    assert!(metrics.contains("prepfs_cache_hits_total "));
+    assert!(metrics.contains("prepfs_requests_total{op=\"read\"} "));
+}
+
+#[test]
+fn mmap_reads_match_source() {
+    let mut t = TestMount::new();
+    fs::write(t.s("small.npy"), pattern(300_000, 1)).expect("write");
+    fs::write(t.s("large.bin"), pattern(5 * MIB + 3, 2)).expect("write");
+    t.mount(&[]);
+    for rel in ["small.npy", "large.bin", "large.bin"] {
+        // The second mapping of large.bin comes after it is fully cached: passthrough (as root).
+        let want = fs::read(t.s(rel)).expect("source");
+        let f = fs::File::open(t.m(rel)).expect("open");
+        let len = want.len();
+        // SAFETY: a fresh read-only private view of a file nobody truncates during the test.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ,
+                rustix::mm::MapFlags::SHARED,
+                &f,
+                0,
+            )
+        }
+        .expect("mmap through the mount");
+        // SAFETY: `ptr` maps `len` readable bytes until munmap below.
+        let got = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) };
+        assert!(got == &want[..], "{rel}: mapped bytes match");
+        // SAFETY: unmapping what was mapped above; `got` is not used after.
+        unsafe { rustix::mm::munmap(ptr, len) }.expect("munmap");
+    }
+}
+
+#[test]
+fn mount_is_lazy_and_ready_before_any_walk() {
+    let mut t = TestMount::new();
+    for d in 0..20 {
+        fs::create_dir(t.s(&format!("d{d}"))).expect("mkdir");
+        for f in 0..1000 {
+            fs::write(t.s(&format!("d{d}/f{f}")), b"").expect("write");
+        }
+    }
+    t.mount(&[]);
+    assert!(
+        t.stats()["inodes"].as_u64() <= Some(2),
+        "no inode was created before the first lookup"
+    );
+    assert_eq!(fs::read_dir(t.m("d7")).expect("readdir").count(), 1000);
+    assert_eq!(
+        t.stats()["inodes"].as_u64(),
+        Some(1 + 1 + 1000),
+        "only what was looked up exists"
+    );
+}
+
+#[test]
+fn sigterm_unmounts_cleanly_and_exits_zero() {
+    let mut t = TestMount::new();
+    fs::write(t.s("f"), b"x").expect("write");
+    t.mount(&[]);
+    let mut child = t.child.take().expect("child");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .expect("SIGTERM");
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "exit status {status}");
+    assert!(!is_mounted(&t.mnt), "no mount left behind");
+    assert_eq!(
+        fs::read_dir(&t.mnt)
+            .expect("mountpoint usable, not ENOTCONN")
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn daemon_returns_when_ready_and_umount_stops_it() {
+    let t = TestMount::new();
+    fs::write(t.s("f"), b"hello").expect("write");
+    let out = common::prepfs()
+        .arg("mount")
+        .arg(&t.src)
+        .arg(&t.mnt)
+        .arg("--cache-mem")
+        .arg("16M")
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "mount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Ready means answering, with no retry needed.
+    assert_eq!(fs::read(t.m("f")).expect("read right away"), b"hello");
+    let table = common::prepfs()
+        .arg("stats")
+        .arg(&t.mnt)
+        .output()
+        .expect("stats");
+    assert!(String::from_utf8_lossy(&table.stdout).contains("cache.budget_bytes"));
+    let out = common::prepfs()
+        .arg("umount")
+        .arg(&t.mnt)
+        .output()
+        .expect("umount");
+    assert!(
+        out.status.success(),
+        "umount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!is_mounted(&t.mnt));
+}
+
+#[test]
+fn bad_input_gets_one_line_and_nothing_mounted() {
+    let t = TestMount::new();
+    fs::write(t.s("file"), b"x").expect("write");
+    let full = t.dir.path().join("full");
+    fs::create_dir(&full).expect("mkdir");
+    fs::write(full.join("occupant"), b"x").expect("write");
+    let missing = t.dir.path().join("missing");
+    let src = t.src.as_os_str();
+    let mnt = t.mnt.as_os_str();
+    let file = t.s("file");
+    let cases: Vec<(&str, Vec<&std::ffi::OsStr>, &str)> = vec![
+        (
+            "missing source",
+            vec!["mount".as_ref(), missing.as_os_str(), mnt],
+            "source",
+        ),
+        (
+            "source is a file",
+            vec!["mount".as_ref(), file.as_os_str(), mnt],
+            "not a directory",
+        ),
+        (
+            "missing mountpoint",
+            vec!["mount".as_ref(), src, missing.as_os_str()],
+            "mountpoint",
+        ),
+        (
+            "mountpoint not empty",
+            vec!["mount".as_ref(), src, full.as_os_str()],
+            "not empty",
+        ),
+        (
+            "bad size",
+            vec![
+                "mount".as_ref(),
+                src,
+                mnt,
+                "--cache-mem".as_ref(),
+                "12X".as_ref(),
+            ],
+            "invalid size",
+        ),
+        (
+            "umount of a non-mount",
+            vec!["umount".as_ref(), mnt],
+            "not a mount point",
+        ),
+        (
+            "stats of a non-mount",
+            vec!["stats".as_ref(), mnt],
+            "prepfs mount",
+        ),
+    ];
+    for (what, args, needle) in cases {
+        let out = common::run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{what}: exit code (stderr {stderr:?})"
+        );
+        assert_eq!(
+            stderr.trim_end().lines().count(),
+            1,
+            "{what}: one line, got {stderr:?}"
+        );
+        assert!(
+            stderr.starts_with("prepfs: ") && stderr.contains(needle),
+            "{what}: {stderr:?}"
+        );
+        assert!(
+            !is_mounted(&t.mnt) && !is_mounted(&full),
+            "{what}: nothing mounted"
+        );
+    }
+    // Already mounted: the second mount is refused, the first keeps working.
+    let mut first = TestMount::new();
+    fs::write(first.s("f"), b"1").expect("write");
+    first.mount(&[]);
+    let out = common::run(&[
+        "mount".as_ref(),
+        first.src.as_os_str(),
+        first.mnt.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already a mount point"));
+    assert_eq!(
+        fs::read(first.m("f")).expect("first mount still serves"),
+        b"1"
+    );
+}
+
+#[test]
+fn normal_user_without_fusermount_gets_a_clear_error() {
+    let t = TestMount::new();
+    for p in [t.dir.path(), t.src.as_path(), t.mnt.as_path()] {
+        rustix::fs::chown(
+            p,
+            Some(rustix::process::Uid::from_raw(65534)),
+            Some(rustix::process::Gid::from_raw(65534)),
+        )
+        .expect("chown");
+    }
+    let out = std::process::Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_prepfs"))
+        .arg("mount")
+        .arg(&t.src)
+        .arg(&t.mnt)
+        .env("PATH", "/nonexistent")
+        .output()
+        .expect("setpriv");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("fusermount3"), "{stderr}");
+    assert!(!is_mounted(&t.mnt));
+}
