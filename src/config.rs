@@ -172,6 +172,16 @@ pub fn check_fuse_device() -> Result<(), ConfigError> {
     if !has_fusermount {
         return Err(ConfigError::Fuse("mounting as a normal user needs fusermount3 (Debian/Ubuntu: apt install fuse3), or run as root".into()));
     }
+    // fuser opens /dev/fuse itself before it falls back to fusermount3, so the device must be
+    // usable by everyone, as the fuse3 package's udev rule makes it (mode 0666).
+    if rustix::fs::access(
+        "/dev/fuse",
+        rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK,
+    )
+    .is_err()
+    {
+        return Err(ConfigError::Fuse("/dev/fuse is not accessible to this user: give it mode 0666 as the fuse3 udev rule does (chmod 0666 /dev/fuse), or run as root".into()));
+    }
     Ok(())
 }
 

@@ -581,3 +581,88 @@ fn normal_user_without_fusermount_gets_a_clear_error() {
     assert!(stderr.contains("fusermount3"), "{stderr}");
     assert!(!is_mounted(&t.mnt));
 }
+
+#[test]
+fn normal_user_mounts_with_fusermount3_and_others_are_kept_out() {
+    let t = TestMount::new();
+    fs::write(t.s("f"), b"user data").expect("write");
+    for p in [
+        t.dir.path(),
+        t.src.as_path(),
+        t.mnt.as_path(),
+        t.s("f").as_path(),
+    ] {
+        rustix::fs::chown(
+            p,
+            Some(rustix::process::Uid::from_raw(65534)),
+            Some(rustix::process::Gid::from_raw(65534)),
+        )
+        .expect("chown");
+    }
+    let as_nobody = |args: &[&std::ffi::OsStr]| {
+        std::process::Command::new("/usr/bin/setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .args(args)
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .expect("setpriv")
+    };
+    let exe = std::ffi::OsStr::new(env!("CARGO_BIN_EXE_prepfs"));
+    let out = as_nobody(&[
+        exe,
+        "mount".as_ref(),
+        t.src.as_os_str(),
+        t.mnt.as_os_str(),
+        "--cache-mem".as_ref(),
+        "8M".as_ref(),
+    ]);
+    assert!(
+        out.status.success(),
+        "user mount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cat = as_nobody(&["/bin/cat".as_ref(), t.s("f").as_os_str()]);
+    let through = as_nobody(&["/bin/cat".as_ref(), t.m("f").as_os_str()]);
+    assert_eq!(
+        through.stdout, cat.stdout,
+        "the owner reads through the mount"
+    );
+    // allow_other is off: even root is refused.
+    assert_eq!(
+        fs::read(t.m("f"))
+            .expect_err("root is another user")
+            .raw_os_error(),
+        Some(libc::EACCES)
+    );
+    let out = as_nobody(&[exe, "umount".as_ref(), t.mnt.as_os_str()]);
+    assert!(
+        out.status.success(),
+        "user umount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!is_mounted(&t.mnt));
+}
+
+#[test]
+fn demo_runs_two_epochs_and_the_second_is_all_hits() {
+    let out = common::prepfs()
+        .args(["demo", "--files", "80"])
+        .env("RUST_LOG", "warn,fuser=error")
+        .output()
+        .expect("demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("epoch 1: 80 files") && stdout.contains("cache hit rate 0.0%"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("epoch 2: 80 files") && stdout.contains("cache hit rate 100.0%"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Unmounted and cleaned up"), "{stdout}");
+}

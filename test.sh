@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs or checks what it needs, then runs
+# every test (unit tests of the core and real-mount tests of the binary).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+say() { printf 'test.sh: %s\n' "$*" >&2; }
+
+command -v cargo >/dev/null || { say "needs a Rust toolchain (https://rustup.rs)"; exit 1; }
+[ -e /dev/fuse ] || { say "/dev/fuse is missing: load the fuse module (modprobe fuse)"; exit 1; }
+[ "$(id -u)" = 0 ] || { say "the mount tests run as root (they also test a normal user via setpriv)"; exit 1; }
+
+# fusermount3 (package fuse3) is how normal users mount; the tests cover that path.
+if ! command -v fusermount3 >/dev/null; then
+  say "installing fuse3 (fusermount3)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq fuse3 >/dev/null
+fi
+# Without udev (containers), /dev/fuse keeps mode 0600; distributions make it 0666 through the
+# fuse3 udev rule, which is what normal-user mounts rely on.
+if [ "$(stat -c %a /dev/fuse)" != 666 ]; then
+  say "giving /dev/fuse the standard mode 0666 (as the fuse3 udev rule does)"
+  chmod 0666 /dev/fuse
+fi
+
+cargo test --locked "$@"
