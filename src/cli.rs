@@ -80,7 +80,13 @@ enum Command {
 /// Parses the command line, runs it, and maps failure to one line on stderr and exit code 1.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // A mount logs its lifecycle at INFO; one-shot commands only warn.
+    let mount = matches!(cli.command, Command::Mount { .. });
+    init_logging(if mount {
+        "warn,prepfs=info,fuser=error"
+    } else {
+        "warn,fuser=error"
+    });
     match dispatch(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -90,9 +96,9 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
+fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,prepfs=info,fuser=error"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -6,6 +6,7 @@
 //! can serve by passthrough once every block is present. Must never return bytes that failed
 //! their checksum, or bytes of another file version: a fetch that sees the source change fails.
 
+use std::any::Any;
 use std::ops::Range;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -97,6 +98,9 @@ pub struct CachedFile {
     present: AtomicUsize,
     /// Set once every block was verified against the memfd after completion.
     verified_complete: AtomicBool,
+    /// What the FUSE adapter registered for passthrough (its backing id), opaque here; released
+    /// with this entry, so the kernel never pins a memfd the budget no longer counts.
+    backing: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
 }
 
 impl CachedFile {
@@ -115,6 +119,7 @@ impl CachedFile {
             admitted_bytes: AtomicU64::new(0),
             present: AtomicUsize::new(0),
             verified_complete: AtomicBool::new(false),
+            backing: Mutex::new(None),
         }
     }
 
@@ -411,6 +416,24 @@ impl CachedFile {
             self.verified_complete.store(true, Ordering::Release);
         }
         Some(body.fd())
+    }
+
+    /// The passthrough registration of this complete file, made once by `register` from its memfd
+    /// and shared by every later open (the kernel wants one backing file per inode).
+    pub fn passthrough_backing<T: Any + Send + Sync>(
+        &self,
+        register: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<T>,
+    ) -> std::io::Result<Arc<T>> {
+        let mut slot = self.backing.lock();
+        if let Some(existing) = slot.clone().and_then(|b| b.downcast::<T>().ok()) {
+            return Ok(existing);
+        }
+        let fd = self
+            .passthrough_fd()
+            .ok_or_else(|| std::io::Error::other("cache entry is not complete"))?;
+        let made = Arc::new(register(fd)?);
+        *slot = Some(made.clone());
+        Ok(made)
     }
 
     #[cfg(test)]

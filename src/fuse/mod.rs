@@ -13,17 +13,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use parking_lot::Mutex;
 
 use crate::error::FsError;
 use crate::fs::{Attr, Fs, Serve};
-use crate::shards::ShardedMap;
-use crate::source::{Identity, Kind};
+use crate::source::Kind;
 use crate::stats::Op;
 use crate::workers::IoWorkers;
 
@@ -34,9 +32,6 @@ pub struct Adapter {
     fs: Arc<Fs>,
     workers: IoWorkers,
     passthrough: AtomicBool,
-    /// One backing id per inode (the kernel requires the same one for concurrent opens).
-    backing: ShardedMap<u64, Arc<(Identity, BackingId)>>,
-    backing_create: Mutex<()>,
 }
 
 impl Adapter {
@@ -46,36 +41,12 @@ impl Adapter {
             fs,
             workers,
             passthrough: AtomicBool::new(passthrough),
-            backing: ShardedMap::default(),
-            backing_create: Mutex::new(()),
         }
     }
 
     fn done<T>(&self, op: Op, result: Result<T, FsError>) -> Result<T, Errno> {
         self.fs.metrics().record(op, result.is_err());
         result.map_err(|e| Errno::from_i32(e.errno()))
-    }
-
-    fn backing_id(
-        &self,
-        ino: u64,
-        cached: &crate::cache::CachedFile,
-        reply: &ReplyOpen,
-    ) -> std::io::Result<Arc<(Identity, BackingId)>> {
-        let identity = cached.identity();
-        if let Some(b) = self.backing.get(&ino).filter(|b| b.0 == identity) {
-            return Ok(b);
-        }
-        let _one_at_a_time = self.backing_create.lock();
-        if let Some(b) = self.backing.get(&ino).filter(|b| b.0 == identity) {
-            return Ok(b);
-        }
-        let fd = cached
-            .passthrough_fd()
-            .ok_or_else(|| std::io::Error::other("entry no longer complete"))?;
-        let id = Arc::new((identity, reply.open_backing(fd)?));
-        self.backing.insert(ino, id.clone());
-        Ok(id)
     }
 }
 
@@ -177,13 +148,13 @@ impl Filesystem for Adapter {
         };
         if let Serve::Passthrough(cached) = &opened.serve {
             if self.passthrough.load(Ordering::Relaxed) {
-                match self.backing_id(ino.0, cached, &reply) {
-                    Ok(b) => {
+                match cached.passthrough_backing(|fd| reply.open_backing(fd)) {
+                    Ok(backing) => {
                         self.fs.metrics().passthrough_opens.inc();
                         return reply.opened_passthrough(
                             FileHandle(opened.fh),
                             FopenFlags::FOPEN_NOFLUSH,
-                            &b.1,
+                            &backing,
                         );
                     }
                     Err(e) => {
