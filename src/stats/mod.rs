@@ -223,7 +223,134 @@ impl Metrics {
     pub fn samples(&self, g: &Gauges) -> Vec<Sample> {
         use SampleKind::{Counter as C, Gauge as G};
         let mut out = Vec::new();
-        let mut push = |json_path: &str, prom_name, kind, help, value: f64| {
+        let (hits, misses) = (self.cache_hits.get(), self.cache_misses.get());
+        let hit_rate = if hits + misses == 0 {
+            0.0
+        } else {
+            hits as f64 / (hits + misses) as f64
+        };
+        let table = [
+            (
+                "uptime_seconds",
+                "uptime_seconds",
+                G,
+                "Seconds since the mount became ready.",
+                self.started.elapsed().as_secs_f64(),
+            ),
+            (
+                "bytes_served",
+                "bytes_served_total",
+                C,
+                "Bytes returned by reads answered by the daemon (passthrough reads bypass it).",
+                self.bytes_served.get() as f64,
+            ),
+            (
+                "cache.hits",
+                "cache_hits_total",
+                C,
+                "Block reads answered from the cache, checksum verified.",
+                hits as f64,
+            ),
+            (
+                "cache.misses",
+                "cache_misses_total",
+                C,
+                "Block reads that went to the source.",
+                misses as f64,
+            ),
+            (
+                "cache.hit_rate",
+                "cache_hit_ratio",
+                G,
+                "hits / (hits + misses), 0..1.",
+                hit_rate,
+            ),
+            (
+                "cache.admission_rejected",
+                "cache_admission_rejected_total",
+                C,
+                "Blocks not admitted because the budget was full (never-evict).",
+                self.admission_rejected.get() as f64,
+            ),
+            (
+                "cache.integrity_errors",
+                "cache_integrity_errors_total",
+                C,
+                "Cached blocks whose checksum failed; dropped and refetched.",
+                self.integrity_errors.get() as f64,
+            ),
+            (
+                "cache.bytes",
+                "cache_bytes",
+                G,
+                "Bytes held by the RAM tier.",
+                g.cache_bytes as f64,
+            ),
+            (
+                "cache.budget_bytes",
+                "cache_budget_bytes",
+                G,
+                "Hard byte budget of the RAM tier.",
+                g.cache_budget_bytes as f64,
+            ),
+            (
+                "cache.blocks",
+                "cache_blocks",
+                G,
+                "Blocks (up to 1 MiB each) held by the RAM tier.",
+                g.cache_blocks as f64,
+            ),
+            (
+                "cache.files",
+                "cache_files",
+                G,
+                "Files with at least one cached block.",
+                g.cache_files as f64,
+            ),
+            (
+                "cache.complete_files",
+                "cache_complete_files",
+                G,
+                "Files whose every block is cached.",
+                g.cache_complete_files as f64,
+            ),
+            (
+                "cache.passthrough_opens",
+                "passthrough_opens_total",
+                C,
+                "Opens served by kernel passthrough from a fully cached file.",
+                self.passthrough_opens.get() as f64,
+            ),
+            (
+                "stale_detections",
+                "stale_detections_total",
+                C,
+                "Opens or reads that found the source file changed; old cache entries dropped.",
+                self.stale_detections.get() as f64,
+            ),
+            (
+                "source.bytes_read",
+                "source_bytes_read_total",
+                C,
+                "Bytes read from the source.",
+                self.source_bytes.get() as f64,
+            ),
+            (
+                "source.reads",
+                "source_reads_total",
+                C,
+                "Block fetches from the source.",
+                self.source_reads.get() as f64,
+            ),
+            (
+                "source.errors",
+                "source_errors_total",
+                C,
+                "Source reads that failed (answered EIO).",
+                self.source_errors.get() as f64,
+            ),
+        ];
+        for (json_path, prom_name, kind, help, value) in table {
             out.push(Sample {
                 json_path: json_path.to_owned(),
                 prom_name,
@@ -231,133 +358,8 @@ impl Metrics {
                 kind,
                 help,
                 value,
-            })
-        };
-        push(
-            "uptime_seconds",
-            "uptime_seconds",
-            G,
-            "Seconds since the mount became ready.",
-            self.started.elapsed().as_secs_f64(),
-        );
-        push(
-            "bytes_served",
-            "bytes_served_total",
-            C,
-            "Bytes returned by reads answered by the daemon (passthrough reads bypass it).",
-            self.bytes_served.get() as f64,
-        );
-        let (hits, misses) = (self.cache_hits.get(), self.cache_misses.get());
-        push(
-            "cache.hits",
-            "cache_hits_total",
-            C,
-            "Block reads answered from the cache, checksum verified.",
-            hits as f64,
-        );
-        push(
-            "cache.misses",
-            "cache_misses_total",
-            C,
-            "Block reads that went to the source.",
-            misses as f64,
-        );
-        let hit_rate = if hits + misses == 0 {
-            0.0
-        } else {
-            hits as f64 / (hits + misses) as f64
-        };
-        push(
-            "cache.hit_rate",
-            "cache_hit_ratio",
-            G,
-            "hits / (hits + misses), 0..1.",
-            hit_rate,
-        );
-        push(
-            "cache.admission_rejected",
-            "cache_admission_rejected_total",
-            C,
-            "Blocks not admitted because the budget was full (never-evict).",
-            self.admission_rejected.get() as f64,
-        );
-        push(
-            "cache.integrity_errors",
-            "cache_integrity_errors_total",
-            C,
-            "Cached blocks whose checksum failed; dropped and refetched.",
-            self.integrity_errors.get() as f64,
-        );
-        push(
-            "cache.bytes",
-            "cache_bytes",
-            G,
-            "Bytes held by the RAM tier.",
-            g.cache_bytes as f64,
-        );
-        push(
-            "cache.budget_bytes",
-            "cache_budget_bytes",
-            G,
-            "Hard byte budget of the RAM tier.",
-            g.cache_budget_bytes as f64,
-        );
-        push(
-            "cache.blocks",
-            "cache_blocks",
-            G,
-            "Blocks (up to 1 MiB each) held by the RAM tier.",
-            g.cache_blocks as f64,
-        );
-        push(
-            "cache.files",
-            "cache_files",
-            G,
-            "Files with at least one cached block.",
-            g.cache_files as f64,
-        );
-        push(
-            "cache.complete_files",
-            "cache_complete_files",
-            G,
-            "Files whose every block is cached.",
-            g.cache_complete_files as f64,
-        );
-        push(
-            "cache.passthrough_opens",
-            "passthrough_opens_total",
-            C,
-            "Opens served by kernel passthrough from a fully cached file.",
-            self.passthrough_opens.get() as f64,
-        );
-        push(
-            "stale_detections",
-            "stale_detections_total",
-            C,
-            "Opens or reads that found the source file changed; old cache entries dropped.",
-            self.stale_detections.get() as f64,
-        );
-        push(
-            "source.bytes_read",
-            "source_bytes_read_total",
-            C,
-            "Bytes read from the source.",
-            self.source_bytes.get() as f64,
-        );
-        push(
-            "source.reads",
-            "source_reads_total",
-            C,
-            "Block fetches from the source.",
-            self.source_reads.get() as f64,
-        );
-        push(
-            "source.errors",
-            "source_errors_total",
-            C,
-            "Source reads that failed (answered EIO).",
-            self.source_errors.get() as f64,
-        );
+            });
+        }
         for (prefix, prom, help, h) in [
             (
                 "source.read_latency_us",
