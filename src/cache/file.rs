@@ -258,6 +258,17 @@ impl CachedFile {
         range: Range<usize>,
         source: &dyn SourceFile,
     ) -> Result<ReadBytes, FsError> {
+        let span = self.block_span(index);
+        if !self.ledger.has_room(self.charge(span.end - span.start)) {
+            // Never-evict and full: this block can never be admitted, so fetching all of it
+            // would only multiply source reads for small or unaligned requests. Read exactly
+            // what was asked for instead.
+            self.metrics.cache_misses.inc();
+            self.metrics.admission_rejected.inc();
+            let start = span.start + range.start as u64;
+            let bytes = self.fetch(start..start + range.len() as u64, source)?;
+            return Ok(ReadBytes::Owned(bytes));
+        }
         loop {
             let (flight, leader) = {
                 let mut slot = self.slots[index].lock();
@@ -279,13 +290,18 @@ impl CachedFile {
             };
             self.metrics.cache_misses.inc();
             let result = if leader {
-                let result = self.fetch(index, source);
+                let result = self.fetch(span.clone(), source).map(|b| Arc::new(Block::new(b)));
                 let mut slot = self.slots[index].lock();
                 if let Ok(block) = &result {
                     slot.stored = self.admit(index, block);
                 }
+                let admitted = slot.stored.is_some();
                 slot.flight = None;
                 drop(slot);
+                if admitted {
+                    // The cache holds these bytes now; the kernel's copy would be a second one.
+                    source.drop_page_cache(span.clone());
+                }
                 flight.finish(result.clone());
                 result
             } else {
@@ -295,8 +311,8 @@ impl CachedFile {
         }
     }
 
-    fn fetch(&self, index: usize, source: &dyn SourceFile) -> Result<Arc<Block>, FsError> {
-        let span = self.block_span(index);
+    /// Bytes `span` of this version from the source; EIO if the read fails or the file changed.
+    fn fetch(&self, span: Range<u64>, source: &dyn SourceFile) -> Result<Vec<u8>, FsError> {
         let mut buf = vec![0u8; (span.end - span.start) as usize];
         let started = Instant::now();
         let read = read_full(source, &mut buf, span.start);
@@ -318,16 +334,21 @@ impl CachedFile {
             );
             return Err(FsError::Io);
         }
-        Ok(Arc::new(Block::new(buf)))
+        Ok(buf)
+    }
+
+    /// What storing `len` bytes of this file costs the budget (a memfd takes whole pages).
+    fn charge(&self, len: u64) -> u64 {
+        if self.uses_memfd() {
+            len.div_ceil(PAGE) * PAGE
+        } else {
+            len
+        }
     }
 
     /// Admits a fetched block if the budget allows; returns how it is stored.
     fn admit(&self, index: usize, block: &Arc<Block>) -> Option<Stored> {
-        let bytes = if self.uses_memfd() {
-            (block.data.len() as u64).div_ceil(PAGE) * PAGE
-        } else {
-            block.data.len() as u64
-        };
+        let bytes = self.charge(block.data.len() as u64);
         if !self.ledger.try_reserve(bytes) {
             self.metrics.admission_rejected.inc();
             return None;
@@ -373,13 +394,9 @@ impl CachedFile {
         let Some(stored) = self.slots[index].lock().stored.take() else {
             return;
         };
-        let len = match stored {
-            Stored::Heap(block) => block.data.len() as u64,
-            Stored::Memfd(_) => {
-                let span = self.block_span(index);
-                (span.end - span.start).div_ceil(PAGE) * PAGE
-            }
-        };
+        let span = self.block_span(index);
+        let len = self.charge(span.end - span.start);
+        drop(stored);
         self.verified_complete.store(false, Ordering::Release);
         let before = self.present.fetch_sub(1, Ordering::AcqRel);
         if before == self.slots.len() {

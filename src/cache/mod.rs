@@ -57,6 +57,11 @@ impl Ledger {
             .is_ok()
     }
 
+    /// Whether `bytes` would fit now (a hint: a concurrent admission may take the room first).
+    fn has_room(&self, bytes: u64) -> bool {
+        self.used.load(Ordering::Acquire).saturating_add(bytes) <= self.budget
+    }
+
     fn release(&self, bytes: u64) {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
     }

@@ -289,6 +289,30 @@ fn full_budget_stops_admitting_and_keeps_serving() {
 }
 
 #[test]
+fn full_cache_reads_only_the_requested_bytes_from_the_source() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("small"), pattern(100_000, 1)).expect("write");
+    std::fs::write(dir.path().join("big"), pattern(3 * BLOCK_SIZE as usize, 2)).expect("write");
+    let fs = local_fs(dir.path(), 0);
+    for (name, len) in [("small", 100_000usize), ("big", 3 * BLOCK_SIZE as usize)] {
+        let before = fs.metrics().source_bytes.get();
+        let fh = fs.open(ino_of(&fs, name), false).expect("open").fh;
+        let mut got = Vec::new();
+        while got.len() < len {
+            got.extend_from_slice(fs.read(fh, got.len() as u64, 8192).expect("read").as_slice());
+        }
+        fs.release(fh).expect("release");
+        assert_eq!(got, pattern(len, if name == "small" { 1 } else { 2 }), "{name}");
+        assert_eq!(
+            fs.metrics().source_bytes.get() - before,
+            len as u64,
+            "{name}: 8 KiB reads of a never-admittable file read each byte from the source once"
+        );
+    }
+    assert_eq!(fs.gauges().cache_bytes, 0);
+}
+
+#[test]
 fn writes_and_bad_handles_are_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("f"), b"x").expect("write");

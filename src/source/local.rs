@@ -7,12 +7,14 @@
 
 use std::ffi::{OsStr, OsString};
 use std::io;
+use std::num::NonZeroU64;
+use std::ops::Range;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 use std::sync::Arc;
 
-use rustix::fs::{Dir, FileType, Mode, OFlags, ResolveFlags, Stat};
+use rustix::fs::{Advice, Dir, FileType, Mode, OFlags, ResolveFlags, Stat};
 
 use super::{DirEntry, Identity, Kind, Meta, Source, SourceFile, SpaceStats};
 
@@ -190,5 +192,11 @@ impl SourceFile for LocalFile {
 
     fn current_identity(&self) -> io::Result<Identity> {
         Ok(identity_of(&rustix::fs::fstat(&self.fd)?))
+    }
+
+    fn drop_page_cache(&self, range: Range<u64>) {
+        if let Some(len) = NonZeroU64::new(range.end.saturating_sub(range.start)) {
+            let _ = rustix::fs::fadvise(&self.fd, range.start, Some(len), Advice::DontNeed);
+        }
     }
 }

@@ -12,6 +12,7 @@ pub mod faulty;
 
 use std::ffi::OsString;
 use std::io;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -117,6 +118,9 @@ pub trait SourceFile: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
     /// The identity of the open file now (to detect changes made during a read).
     fn current_identity(&self) -> io::Result<Identity>;
+    /// Tells the kernel that `range` is cached elsewhere and its page-cache copy can go; a hint,
+    /// so failures are ignored.
+    fn drop_page_cache(&self, _range: Range<u64>) {}
 }
 
 /// Fills `buf` from `offset`, retrying short reads; returns how many bytes were read before end
