@@ -72,7 +72,7 @@ enum Command {
     /// Build a small image dataset, mount it, read two epochs, show the cache at work, clean up.
     Demo {
         /// Number of images to generate.
-        #[arg(long, default_value_t = 600)]
+        #[arg(long, default_value_t = 300)]
         files: usize,
     },
 }

@@ -10,14 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use image::codecs::jpeg::JpegEncoder;
-use image::{Rgb, RgbImage};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
 
 use crate::config::{self, MountConfig};
 use crate::inode::CONTROL_DIR_NAME;
 use crate::run;
+use crate::synthetic;
 
 /// Classes (sub-directories) of the demo dataset, as an ImageFolder expects.
 const CLASSES: usize = 10;
@@ -94,63 +93,14 @@ fn build_dataset(
     files: usize,
     interrupted: &AtomicBool,
 ) -> Result<Vec<PathBuf>, String> {
-    let mut rng = fastrand::Rng::with_seed(7);
+    let samples = synthetic::layout(files, CLASSES, 7);
     let progress = bar(files as u64, "building");
-    let mut paths = Vec::with_capacity(files);
-    for i in 0..files {
-        if interrupted.load(Ordering::Relaxed) {
-            return Err("interrupted".into());
-        }
-        let class = format!("class_{:02}", i % CLASSES);
-        let dir = root.join(&class);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let rel = PathBuf::from(class).join(format!("img_{i:05}.jpg"));
-        let (width, height) = (192 + rng.u32(0..128), 160 + rng.u32(0..96));
-        let jpeg = synthetic_photo(&mut rng, width, height)?;
-        std::fs::write(root.join(&rel), jpeg).map_err(|e| e.to_string())?;
-        paths.push(rel);
+    synthetic::write_all(root, &samples, &|| {
         progress.inc(1);
-    }
+        !interrupted.load(Ordering::Relaxed)
+    })?;
     progress.finish();
-    Ok(paths)
-}
-
-/// A JPEG with smooth gradients, blobs and grain: it compresses and decodes like a photograph,
-/// not like a flat colour or pure noise.
-fn synthetic_photo(rng: &mut fastrand::Rng, width: u32, height: u32) -> Result<Vec<u8>, String> {
-    let base = [rng.f32() * 255.0, rng.f32() * 255.0, rng.f32() * 255.0];
-    let blobs: Vec<(f32, f32, f32, [f32; 3])> = (0..4)
-        .map(|_| {
-            (
-                rng.f32() * width as f32,
-                rng.f32() * height as f32,
-                20.0 + rng.f32() * 60.0,
-                [rng.f32() * 255.0, rng.f32() * 255.0, rng.f32() * 255.0],
-            )
-        })
-        .collect();
-    let img = RgbImage::from_fn(width, height, |x, y| {
-        let (fx, fy) = (x as f32 / width as f32, y as f32 / height as f32);
-        let mut px = [
-            base[0] * (1.0 - fx * 0.5),
-            base[1] * (0.5 + fy * 0.5),
-            base[2] * (0.7 + 0.3 * (fx * 6.0).sin()),
-        ];
-        for (bx, by, r, colour) in &blobs {
-            let d = ((x as f32 - bx).powi(2) + (y as f32 - by).powi(2)).sqrt();
-            let w = (1.0 - d / r).max(0.0);
-            for c in 0..3 {
-                px[c] = px[c] * (1.0 - w) + colour[c] * w;
-            }
-        }
-        let grain = ((x.wrapping_mul(7919) ^ y.wrapping_mul(104_729)) % 23) as f32 - 11.0;
-        Rgb(px.map(|v| (v + grain).clamp(0.0, 255.0) as u8))
-    });
-    let mut out = Vec::new();
-    JpegEncoder::new_with_quality(&mut out, 90)
-        .encode_image(&img)
-        .map_err(|e| format!("JPEG encoding failed: {e}"))?;
-    Ok(out)
+    Ok(samples.into_iter().map(|s| s.path).collect())
 }
 
 fn cache_counts(mountpoint: &Path) -> (u64, u64) {

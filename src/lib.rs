@@ -16,4 +16,5 @@ pub mod run;
 pub mod shards;
 pub mod source;
 pub mod stats;
+pub mod synthetic;
 pub mod workers;
