@@ -1,0 +1,651 @@
+//! Epochs benchmark: multi-epoch training reads through prepfs versus the kernel page cache, on
+//! throttled slow storage, with the same memory for both, with the real PyTorch loader.
+//!
+//! `cargo bench --bench epochs` (root; see BENCHMARKS.md) builds (once) an ext4 image of
+//! photograph-like JPEGs in class folders plus the same samples in tar shards, attaches it to a
+//! loop device, and for each reader (plain reads, the stock PyTorch DataLoader, shards) runs the
+//! epochs twice: against the ext4 mount directly (the page cache) and through a prepfs mount of
+//! it. Each run lives in one memory cgroup (reader, and daemon for prepfs) and one blkio cgroup
+//! throttling reads of the loop device. Memory is fair: M = D x mem-ratio for the data; the limit
+//! is M plus the reader's own measured footprint, and prepfs gets `--cache-mem` = M minus the
+//! daemon's measured footprint. Results: a JSON file, SVG plots and a Markdown table (appended to
+//! BENCHMARKS.md), and the targets of issue 3 checked side by side. `--quick` is the CI smoke
+//! test: a small dataset, two epochs, and one assertion, that prepfs's misses in epoch 2 are
+//! within 5% of the never-evict optimum D - C. Timing is reported, never asserted.
+
+mod dataset;
+mod report;
+mod sandbox;
+
+use std::io::{BufRead, BufReader, Lines, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use sandbox::{Cgroup, Guard, Limits, SlowDisk};
+
+/// The binary under test, built by cargo for this bench.
+const PREPFS: &str = env!("CARGO_BIN_EXE_prepfs");
+const READERS_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/epochs/readers.py");
+const ENSURE_ENV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/ensure-env");
+const BENCHMARKS_MD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/BENCHMARKS.md");
+const RESULTS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/results");
+/// Memory the prepfs side keeps free beyond the measured footprints, taken out of its cache:
+/// the page cache and buffers of source reads in flight (a couple of concurrent 1 MiB fetches,
+/// each a buffer plus its page-cache pages, plus ext4 readahead). Without it the cgroup sits at
+/// its limit with nothing reclaimable but code pages, and thrashes (measured: 500 reads in 11
+/// minutes, memory.failcnt 79 million).
+pub const IN_FLIGHT_HEADROOM: u64 = 8 << 20;
+/// The quick mode's bound on |prepfs misses - (D - C)| / (D - C) in epoch 2.
+const QUICK_MISS_TOLERANCE: f64 = 0.05;
+
+/// What reads the dataset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reader {
+    /// open().read() of every file in a random permutation.
+    Plain,
+    /// torchvision ImageFolder + DataLoader with the standard augmentation, 2 workers.
+    Torch,
+    /// tar shards streamed one after the other, shard order shuffled.
+    Shards,
+}
+
+impl Reader {
+    fn name(self) -> &'static str {
+        match self {
+            Reader::Plain => "plain",
+            Reader::Torch => "torch",
+            Reader::Shards => "shards",
+        }
+    }
+
+    fn subdir(self) -> &'static str {
+        match self {
+            Reader::Shards => "shards",
+            Reader::Plain | Reader::Torch => "images",
+        }
+    }
+
+    fn data_bytes(self, manifest: &dataset::Manifest) -> u64 {
+        match self {
+            Reader::Shards => manifest.shard_bytes,
+            Reader::Plain | Reader::Torch => manifest.file_bytes,
+        }
+    }
+}
+
+/// Where the reader's bytes come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Side {
+    /// The ext4 mount itself: the kernel page cache under the memory limit.
+    PageCache,
+    /// A prepfs mount over it.
+    Prepfs,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::PageCache => "page cache",
+            Side::Prepfs => "prepfs",
+        }
+    }
+}
+
+/// Command-line knobs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Options {
+    pub quick: bool,
+    pub files: usize,
+    pub epochs: u32,
+    pub read_bps: u64,
+    pub read_iops: u64,
+    pub mem_ratio: f64,
+    pub shard_bytes: u64,
+    pub readers: Vec<Reader>,
+    pub seed: u64,
+    #[serde(skip)]
+    pub workdir: PathBuf,
+    #[serde(skip)]
+    pub out: PathBuf,
+    pub args: String,
+}
+
+const USAGE: &str = "usage: cargo bench --bench epochs -- [--quick] [--files N] [--epochs N] \
+[--read-mbps N] [--read-iops N] [--mem-ratio F] [--shard-mib N] [--readers plain,torch,shards] \
+[--seed N] [--workdir DIR] [--out DIR]";
+
+impl Options {
+    fn parse() -> Result<Options, String> {
+        let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+        let quick = args.iter().any(|a| a == "--quick");
+        let mut o = Options {
+            quick,
+            files: if quick { 600 } else { 3000 },
+            epochs: if quick { 2 } else { 4 },
+            read_bps: 80_000_000,
+            read_iops: 800,
+            mem_ratio: 0.5,
+            shard_bytes: if quick { 8 << 20 } else { 64 << 20 },
+            readers: vec![Reader::Plain, Reader::Torch, Reader::Shards],
+            seed: 1,
+            workdir: std::env::var_os("PREPFS_EPOCHS_DIR")
+                .map_or_else(|| PathBuf::from("/var/tmp/prepfs-epochs"), PathBuf::from),
+            out: PathBuf::new(),
+            args: args.join(" "),
+        };
+        let mut out = None;
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            if flag == "--quick" {
+                continue;
+            }
+            if flag == "-h" || flag == "--help" {
+                return Err(USAGE.into());
+            }
+            let value = it
+                .next()
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+            let bad = |_: std::num::ParseIntError| format!("bad value for {flag}: {value}");
+            match flag.as_str() {
+                "--files" => o.files = value.parse().map_err(bad)?,
+                "--epochs" => o.epochs = value.parse().map_err(bad)?,
+                "--read-mbps" => o.read_bps = value.parse::<u64>().map_err(bad)? * 1_000_000,
+                "--read-iops" => o.read_iops = value.parse().map_err(bad)?,
+                "--mem-ratio" => {
+                    o.mem_ratio = value.parse().map_err(|_| format!("bad value for {flag}: {value}"))?
+                }
+                "--shard-mib" => o.shard_bytes = value.parse::<u64>().map_err(bad)? << 20,
+                "--seed" => o.seed = value.parse().map_err(bad)?,
+                "--workdir" => o.workdir = PathBuf::from(value),
+                "--out" => out = Some(PathBuf::from(value)),
+                "--readers" => {
+                    o.readers = value
+                        .split(',')
+                        .map(|r| match r {
+                            "plain" => Ok(Reader::Plain),
+                            "torch" => Ok(Reader::Torch),
+                            "shards" => Ok(Reader::Shards),
+                            other => Err(format!("unknown reader {other}")),
+                        })
+                        .collect::<Result<_, _>>()?;
+                }
+                _ => return Err(format!("unknown option {flag}\n{USAGE}")),
+            }
+        }
+        if o.files == 0 || o.epochs < 2 || !(0.05..=1.0).contains(&o.mem_ratio) {
+            return Err("need --files >= 1, --epochs >= 2 and 0.05 <= --mem-ratio <= 1".into());
+        }
+        o.out = out.unwrap_or_else(|| {
+            if quick {
+                o.workdir.join("quick-results")
+            } else {
+                PathBuf::from(RESULTS_DIR)
+            }
+        });
+        Ok(o)
+    }
+}
+
+/// Memory each side gets, from the calibration run.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Setup {
+    pub reader: Reader,
+    /// D: bytes the reader reads per epoch.
+    pub data_bytes: u64,
+    /// M: memory for data, D x mem-ratio.
+    pub data_memory: u64,
+    /// Peak footprint of the reader (processes, libraries, kernel objects), measured.
+    pub reader_footprint: u64,
+    /// Peak footprint of the prepfs daemon with an empty cache, measured.
+    pub daemon_footprint: u64,
+    /// memory.limit_in_bytes of both runs: M + reader footprint.
+    pub memory_limit: u64,
+    /// Kept free on the prepfs side for reads in flight (`IN_FLIGHT_HEADROOM`).
+    pub in_flight_headroom: u64,
+    /// C: prepfs --cache-mem, M - daemon footprint - in-flight headroom.
+    pub cache_mem: u64,
+}
+
+impl Setup {
+    /// D - C: what a never-evict cache of C must miss per epoch.
+    pub fn optimum_misses(&self) -> u64 {
+        self.data_bytes.saturating_sub(self.cache_mem)
+    }
+}
+
+/// One epoch as measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Epoch {
+    pub epoch: u32,
+    pub seconds: f64,
+    pub items: u64,
+    pub items_per_s: f64,
+    /// Read from the slow device during the epoch (/proc/diskstats).
+    pub device_bytes: u64,
+    /// Bytes prepfs read from its source during the epoch (its own count of misses).
+    pub prepfs_miss_bytes: Option<u64>,
+    /// The run's memory cgroup after the epoch.
+    pub memory_usage: u64,
+    pub memory_failcnt: u64,
+    /// prepfs's stats.json after the epoch.
+    pub prepfs_stats: Option<Value>,
+}
+
+/// All epochs of one reader on one side.
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    pub setup: Setup,
+    pub side: Side,
+    pub epochs: Vec<Epoch>,
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("epochs: {e}");
+        sandbox::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let opts = Options::parse()?;
+    preflight()?;
+    sandbox::install_signal_teardown()?;
+    std::fs::create_dir_all(&opts.workdir).map_err(|e| format!("{}: {e}", opts.workdir.display()))?;
+    sandbox::clear_leftovers(&opts.workdir);
+    let python = ensure_python()?;
+    let (image, manifest) = dataset::prepare(&opts.workdir, opts.files, opts.shard_bytes)?;
+    let disk = SlowDisk::attach(&image, &opts.workdir.join("disk"), false)?;
+    eprintln!(
+        "epochs: {} files ({:.0} MB), {} shards ({:.0} MB) on {} at {} MB/s, {} IOPS",
+        manifest.files,
+        manifest.file_bytes as f64 / 1e6,
+        manifest.shards,
+        manifest.shard_bytes as f64 / 1e6,
+        disk.device.display(),
+        opts.read_bps / 1_000_000,
+        opts.read_iops
+    );
+    let started = Instant::now();
+    let mut runs = Vec::new();
+    for &reader in &opts.readers {
+        let setup = calibrate(&opts, &python, &disk, reader, &manifest)?;
+        eprintln!(
+            "epochs: {}: D {:.0} MB, M {:.0} MB; reader footprint {:.0} MB, daemon {:.0} MB -> limit {:.0} MB, --cache-mem {:.0} MB",
+            reader.name(),
+            mb(setup.data_bytes),
+            mb(setup.data_memory),
+            mb(setup.reader_footprint),
+            mb(setup.daemon_footprint),
+            mb(setup.memory_limit),
+            mb(setup.cache_mem)
+        );
+        for side in [Side::PageCache, Side::Prepfs] {
+            runs.push(run_epochs(&opts, &python, &disk, &setup, side)?);
+        }
+    }
+    drop(disk);
+    eprintln!("epochs: measured in {:.0} s", started.elapsed().as_secs_f64());
+    let outcome = report::write(&opts, &manifest, &runs)?;
+    if opts.quick {
+        quick_check(&runs)?;
+    }
+    println!("{outcome}");
+    Ok(())
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
+}
+
+fn preflight() -> Result<(), String> {
+    if !rustix::process::geteuid().is_root() {
+        return Err("must run as root (loop devices, cgroups, drop_caches)".into());
+    }
+    for path in [
+        "/dev/fuse",
+        "/sys/fs/cgroup/memory/cgroup.procs",
+        "/sys/fs/cgroup/blkio/cgroup.procs",
+        "/proc/sys/vm/drop_caches",
+    ] {
+        if !Path::new(path).exists() {
+            return Err(format!("{path} is missing: this needs FUSE and cgroup v1 memory and blkio"));
+        }
+    }
+    for tool in ["losetup", "mkfs.ext4", "mount", "umount"] {
+        if sandbox::must(Command::new("sh").args(["-c", &format!("command -v {tool}")])).is_err() {
+            return Err(format!("{tool} not found (util-linux / e2fsprogs)"));
+        }
+    }
+    Ok(())
+}
+
+fn ensure_python() -> Result<PathBuf, String> {
+    let status = Command::new(ENSURE_ENV)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run {ENSURE_ENV}: {e}"))?;
+    if !status.status.success() {
+        return Err("the Python environment could not be prepared (see above)".into());
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&status.stdout).trim()))
+}
+
+/// Measures the reader's and the daemon's own memory: one epoch through a prepfs mount with an
+/// empty cache, unthrottled, each in its own cgroup, sampling their footprints.
+fn calibrate(
+    opts: &Options,
+    python: &Path,
+    disk: &SlowDisk,
+    reader: Reader,
+    manifest: &dataset::Manifest,
+) -> Result<Setup, String> {
+    let unlimited = Limits {
+        memory: None,
+        throttle: None,
+    };
+    let daemon_group = Arc::new(Cgroup::create("calibrate-daemon", &unlimited)?);
+    let reader_group = Arc::new(Cgroup::create("calibrate-reader", &unlimited)?);
+    let daemon_watch = daemon_group.watch_footprint();
+    let mount = PrepfsMount::start(&daemon_group, opts, disk, 0)?;
+    let reader_watch = reader_group.watch_footprint();
+    let mut session = ReaderSession::start(&reader_group, python, reader, &mount.mountpoint, 1, opts.seed)?;
+    session.next_epoch()?;
+    session.finish()?;
+    let reader_footprint = reader_watch.finish();
+    mount.stop();
+    let daemon_footprint = daemon_watch.finish();
+    let data_bytes = reader.data_bytes(manifest);
+    let data_memory = (data_bytes as f64 * opts.mem_ratio) as u64;
+    Ok(Setup {
+        reader,
+        data_bytes,
+        data_memory,
+        reader_footprint,
+        daemon_footprint,
+        memory_limit: data_memory + reader_footprint,
+        in_flight_headroom: IN_FLIGHT_HEADROOM,
+        cache_mem: data_memory.saturating_sub(daemon_footprint + IN_FLIGHT_HEADROOM),
+    })
+}
+
+fn run_epochs(
+    opts: &Options,
+    python: &Path,
+    disk: &SlowDisk,
+    setup: &Setup,
+    side: Side,
+) -> Result<Run, String> {
+    sandbox::drop_caches()?;
+    let group = Cgroup::create(
+        &format!("{}-{}", setup.reader.name(), if side == Side::Prepfs { "prepfs" } else { "pagecache" }),
+        &Limits {
+            memory: Some(setup.memory_limit),
+            throttle: Some((disk.devnum.clone(), opts.read_bps, opts.read_iops)),
+        },
+    )?;
+    let mount = match side {
+        Side::Prepfs => Some(PrepfsMount::start(&group, opts, disk, setup.cache_mem)?),
+        Side::PageCache => None,
+    };
+    let root = mount.as_ref().map_or(disk.mountpoint.as_path(), |m| m.mountpoint.as_path());
+    let mut session = ReaderSession::start(&group, python, setup.reader, root, opts.epochs, opts.seed)?;
+    let mut epochs = Vec::new();
+    for _ in 0..opts.epochs {
+        let device_before = disk.bytes_read();
+        let misses_before = mount.as_ref().map(PrepfsMount::miss_bytes);
+        let record = session.next_epoch().map_err(|e| {
+            format!(
+                "{} on {}: {e} (memory.failcnt {}, {})",
+                setup.reader.name(),
+                side.name(),
+                group.memory_value("memory.failcnt"),
+                std::fs::read_to_string(group.memory_path("memory.oom_control"))
+                    .unwrap_or_default()
+                    .replace('\n', ", ")
+            )
+        })?;
+        let stats = mount.as_ref().map(PrepfsMount::stats);
+        let epoch = Epoch {
+            epoch: record.epoch,
+            seconds: record.seconds,
+            items: record.items,
+            items_per_s: record.items as f64 / record.seconds.max(1e-9),
+            device_bytes: disk.bytes_read() - device_before,
+            prepfs_miss_bytes: mount
+                .as_ref()
+                .zip(misses_before)
+                .map(|(m, before)| m.miss_bytes().saturating_sub(before)),
+            memory_usage: group.memory_value("memory.usage_in_bytes"),
+            memory_failcnt: group.memory_value("memory.failcnt"),
+            prepfs_stats: stats,
+        };
+        eprintln!(
+            "epochs: {:>6} {:<10} epoch {}: {:6.2} s, {:7.0} items/s, device {:6.1} MB{}",
+            setup.reader.name(),
+            side.name(),
+            epoch.epoch,
+            epoch.seconds,
+            epoch.items_per_s,
+            mb(epoch.device_bytes),
+            epoch
+                .prepfs_miss_bytes
+                .map(|m| format!(", prepfs misses {:.1} MB (D-C {:.1} MB)", mb(m), mb(setup.optimum_misses())))
+                .unwrap_or_default()
+        );
+        epochs.push(epoch);
+    }
+    session.finish()?;
+    if let Some(m) = mount {
+        m.stop();
+    }
+    Ok(Run {
+        setup: *setup,
+        side,
+        epochs,
+    })
+}
+
+/// The CI smoke test's one assertion: the never-evict cache missed what it must, no more.
+fn quick_check(runs: &[Run]) -> Result<(), String> {
+    let mut checked = 0;
+    for run in runs.iter().filter(|r| r.side == Side::Prepfs && r.setup.reader == Reader::Plain) {
+        let optimum = run.setup.optimum_misses() as f64;
+        for epoch in run.epochs.iter().skip(1) {
+            let misses = epoch.prepfs_miss_bytes.unwrap_or(0) as f64;
+            let off = (misses - optimum).abs() / optimum.max(1.0);
+            if off > QUICK_MISS_TOLERANCE {
+                return Err(format!(
+                    "quick check failed: epoch {} missed {:.1} MB, the never-evict optimum D-C is {:.1} MB ({:.1}% off, bound {:.0}%)",
+                    epoch.epoch,
+                    misses / 1e6,
+                    optimum / 1e6,
+                    off * 100.0,
+                    QUICK_MISS_TOLERANCE * 100.0
+                ));
+            }
+            eprintln!(
+                "epochs: quick check: epoch {} prepfs missed {:.1} MB vs D-C {:.1} MB ({:.2}% off): ok",
+                epoch.epoch,
+                misses / 1e6,
+                optimum / 1e6,
+                off * 100.0
+            );
+            checked += 1;
+        }
+    }
+    if checked == 0 {
+        return Err("quick check: no prepfs run of the plain reader past epoch 1".into());
+    }
+    Ok(())
+}
+
+/// A prepfs mount over the slow disk, its daemon inside a cgroup.
+struct PrepfsMount {
+    mountpoint: PathBuf,
+    child: Child,
+    stop_daemon: Guard,
+    _unmount: Guard,
+}
+
+impl PrepfsMount {
+    fn start(group: &Cgroup, opts: &Options, disk: &SlowDisk, cache_mem: u64) -> Result<PrepfsMount, String> {
+        let mountpoint = opts.workdir.join("mnt");
+        std::fs::create_dir_all(&mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+        let log = opts.workdir.join("prepfs.log");
+        let args: Vec<String> = vec![
+            "mount".into(),
+            disk.mountpoint.display().to_string(),
+            mountpoint.display().to_string(),
+            "--foreground".into(),
+            "--cache-mem".into(),
+            cache_mem.to_string(),
+        ];
+        let log_file = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let mut child = group
+            .command(Path::new(PREPFS), &args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .map_err(|e| format!("cannot start prepfs: {e}"))?;
+        let stop_daemon = sandbox::guard_process(child.id());
+        let unmount = sandbox::guard_mount(&mountpoint);
+        let stats = mountpoint.join(".prepfs/stats.json");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::fs::metadata(&stats).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                return Err(format!("prepfs exited ({status}) before mounting:\n{tail}"));
+            }
+            if Instant::now() > deadline {
+                return Err("prepfs did not mount within 20 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(PrepfsMount {
+            mountpoint,
+            child,
+            stop_daemon,
+            _unmount: unmount,
+        })
+    }
+
+    fn stats(&self) -> Value {
+        std::fs::read(self.mountpoint.join(".prepfs/stats.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null)
+    }
+
+    fn miss_bytes(&self) -> u64 {
+        self.stats()["source"]["bytes_read"].as_u64().unwrap_or(0)
+    }
+
+    /// SIGTERM (a clean unmount), reap, and make sure the mount point is free.
+    fn stop(mut self) {
+        drop(self.stop_daemon);
+        let _ = self.child.wait();
+    }
+}
+
+/// Data the reader prints after each epoch.
+#[derive(Debug, serde::Deserialize)]
+struct EpochRecord {
+    epoch: u32,
+    seconds: f64,
+    items: u64,
+}
+
+/// A running readers.py, stepped one epoch at a time.
+struct ReaderSession {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Lines<BufReader<ChildStdout>>,
+    stop: Option<Guard>,
+}
+
+impl ReaderSession {
+    fn start(
+        group: &Cgroup,
+        python: &Path,
+        reader: Reader,
+        root: &Path,
+        epochs: u32,
+        seed: u64,
+    ) -> Result<ReaderSession, String> {
+        let args: Vec<String> = vec![
+            READERS_PY.into(),
+            "--kind".into(),
+            reader.name().into(),
+            "--root".into(),
+            root.join(reader.subdir()).display().to_string(),
+            "--epochs".into(),
+            epochs.to_string(),
+            "--seed".into(),
+            seed.to_string(),
+        ];
+        let mut child = group
+            .command(python, &args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start the {} reader: {e}", reader.name()))?;
+        let stop = sandbox::guard_process(child.id());
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().ok_or("reader has no stdout")?;
+        let mut session = ReaderSession {
+            child,
+            stdin,
+            lines: BufReader::new(stdout).lines(),
+            stop: Some(stop),
+        };
+        let ready = session.line()?;
+        if ready["ready"] != Value::Bool(true) {
+            return Err(format!("reader said {ready} instead of ready"));
+        }
+        Ok(session)
+    }
+
+    fn line(&mut self) -> Result<Value, String> {
+        match self.lines.next() {
+            Some(Ok(line)) => serde_json::from_str(&line).map_err(|e| format!("reader printed {line:?}: {e}")),
+            _ => Err(format!("reader exited ({})", self.reap()?)),
+        }
+    }
+
+    fn next_epoch(&mut self) -> Result<EpochRecord, String> {
+        let stdin = self.stdin.as_mut().ok_or("reader stdin closed")?;
+        stdin
+            .write_all(b"go\n")
+            .and_then(|()| stdin.flush())
+            .map_err(|e| format!("reader went away: {e}"))?;
+        let line = self.line()?;
+        serde_json::from_value(line.clone()).map_err(|e| format!("reader printed {line}: {e}"))
+    }
+
+    /// Waits for the reader to exit; once reaped its pid may be reused, so it is no longer ours
+    /// to signal.
+    fn reap(&mut self) -> Result<std::process::ExitStatus, String> {
+        let status = self.child.wait().map_err(|e| e.to_string())?;
+        if let Some(guard) = self.stop.take() {
+            guard.disarm();
+        }
+        Ok(status)
+    }
+
+    fn finish(mut self) -> Result<(), String> {
+        drop(self.stdin.take());
+        let status = self.reap()?;
+        if !status.success() {
+            return Err(format!("reader exited ({status})"));
+        }
+        Ok(())
+    }
+}

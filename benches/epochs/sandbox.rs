@@ -1,0 +1,412 @@
+//! The benchmark's slow storage and fair memory: a loop-mounted ext4 image, cgroup v1 memory and
+//! blkio groups, page-cache dropping, device counters, and the teardown of all of it.
+//!
+//! Owns every piece of system state the harness creates. Each piece is registered for teardown
+//! the moment it exists and torn down when its guard drops, on panic, or on SIGINT/SIGTERM/SIGHUP
+//! (a signal thread runs every pending teardown, then exits 130); `clear_leftovers` removes what a
+//! killed run left behind. Must never touch anything it did not create (names carry `PREFIX`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Prefix of every cgroup this harness creates.
+pub const PREFIX: &str = "prepfs-epochs";
+const MEMORY_ROOT: &str = "/sys/fs/cgroup/memory";
+const BLKIO_ROOT: &str = "/sys/fs/cgroup/blkio";
+
+/// One piece of system state to undo.
+#[derive(Debug, Clone)]
+enum Teardown {
+    /// A process: SIGTERM, then SIGKILL if it has not exited after a while.
+    Stop(u32),
+    Unmount(PathBuf),
+    Detach(PathBuf),
+    RemoveCgroup(PathBuf),
+}
+
+static PENDING: Mutex<Vec<(u64, Teardown)>> = Mutex::new(Vec::new());
+/// Set once a signal started the teardown: from then on only the teardown thread exits.
+static TEARING_DOWN: AtomicBool = AtomicBool::new(false);
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+/// Undoes its piece of state when dropped (unless `disarm`ed).
+#[must_use]
+pub struct Guard(u64);
+
+impl Guard {
+    fn new(teardown: Teardown) -> Guard {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        lock_pending().push((id, teardown));
+        Guard(id)
+    }
+
+    /// Forgets the teardown (the state was undone another way).
+    pub fn disarm(self) {
+        take(self.0);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(teardown) = take(self.0) {
+            run(&teardown);
+        }
+    }
+}
+
+fn lock_pending() -> std::sync::MutexGuard<'static, Vec<(u64, Teardown)>> {
+    PENDING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn take(id: u64) -> Option<Teardown> {
+    let mut pending = lock_pending();
+    let at = pending.iter().position(|(i, _)| *i == id)?;
+    Some(pending.remove(at).1)
+}
+
+/// On SIGINT, SIGTERM or SIGHUP: undo everything still pending, newest first, and exit 130.
+pub fn install_signal_teardown() -> Result<(), String> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    std::thread::Builder::new()
+        .name("teardown".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                TEARING_DOWN.store(true, Ordering::SeqCst);
+                eprintln!("\nepochs: signal {signal}; cleaning up mounts, loop devices, cgroups");
+                let pending: Vec<Teardown> =
+                    lock_pending().drain(..).rev().map(|(_, t)| t).collect();
+                for teardown in &pending {
+                    run(teardown);
+                }
+                std::process::exit(130);
+            }
+        })
+        .map_err(|e| format!("cannot start the teardown thread: {e}"))?;
+    Ok(())
+}
+
+/// Exits with `code`, unless a signal's teardown is running: then waits for it to exit 130
+/// (the main thread failing because its processes were just stopped must not cut it short).
+pub fn exit(code: i32) -> ! {
+    if TEARING_DOWN.load(Ordering::SeqCst) {
+        loop {
+            std::thread::park();
+        }
+    }
+    std::process::exit(code)
+}
+
+fn run(teardown: &Teardown) {
+    match teardown {
+        Teardown::Stop(pid) => stop_process(*pid),
+        Teardown::Unmount(path) => {
+            if is_mounted(path) && !quiet(Command::new("umount").arg(path)) {
+                quiet(Command::new("umount").arg("-l").arg(path));
+            }
+        }
+        Teardown::Detach(dev) => {
+            quiet(Command::new("losetup").arg("-d").arg(dev));
+        }
+        Teardown::RemoveCgroup(dir) => remove_cgroup(dir),
+    }
+}
+
+fn quiet(cmd: &mut Command) -> bool {
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie has exited; it only waits for its parent to collect it.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
+}
+
+fn stop_process(pid: u32) {
+    let pid_t = pid as libc::pid_t;
+    // SAFETY: kill(2) has no memory effects; a stale pid at worst gets ESRCH.
+    unsafe { libc::kill(pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if alive(pid) {
+        // SAFETY: as above.
+        unsafe { libc::kill(pid_t, libc::SIGKILL) };
+    }
+}
+
+/// Registers a started process to be stopped at teardown.
+pub fn guard_process(pid: u32) -> Guard {
+    Guard::new(Teardown::Stop(pid))
+}
+
+/// Registers a mount point to be unmounted at teardown.
+pub fn guard_mount(path: &Path) -> Guard {
+    Guard::new(Teardown::Unmount(path.to_owned()))
+}
+
+/// Whether `path` is a mount point (from /proc/self/mountinfo).
+pub fn is_mounted(path: &Path) -> bool {
+    mount_points().iter().any(|m| m == path)
+}
+
+fn mount_points() -> Vec<PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+        .collect()
+}
+
+/// Runs a command that must succeed; its stderr becomes the error.
+pub fn must(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {:?}: {e}", cmd.get_program()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{:?} failed: {}",
+            cmd,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Removes what an interrupted or killed earlier run left: mounts under `workdir`, loop devices
+/// on `workdir`'s images, and this harness's cgroups.
+pub fn clear_leftovers(workdir: &Path) {
+    let mut mounts: Vec<PathBuf> = mount_points()
+        .into_iter()
+        .filter(|m| m.starts_with(workdir))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    for m in mounts {
+        eprintln!("epochs: unmounting leftover {}", m.display());
+        run(&Teardown::Unmount(m));
+    }
+    if let Ok(listing) = must(Command::new("losetup").args(["--list", "--noheadings", "-O", "NAME,BACK-FILE"])) {
+        for line in listing.lines() {
+            let mut cols = line.split_whitespace();
+            if let (Some(dev), Some(back)) = (cols.next(), cols.next())
+                && Path::new(back).starts_with(workdir)
+            {
+                eprintln!("epochs: detaching leftover {dev}");
+                run(&Teardown::Detach(dev.into()));
+            }
+        }
+    }
+    for root in [MEMORY_ROOT, BLKIO_ROOT] {
+        for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with(PREFIX) {
+                remove_cgroup(&entry.path());
+            }
+        }
+    }
+}
+
+/// Drops clean page cache, dentries and inodes system-wide, so the next run starts cold.
+pub fn drop_caches() -> Result<(), String> {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3")
+        .map_err(|e| format!("cannot drop caches: {e}"))
+}
+
+/// An ext4 image attached read-only to a loop device (direct I/O, so the image file's own page
+/// cache never serves reads) and mounted read-only.
+pub struct SlowDisk {
+    /// The loop device, e.g. /dev/loop3.
+    pub device: PathBuf,
+    /// "major:minor" of the loop device, as cgroup files want it.
+    pub devnum: String,
+    /// Where its filesystem is mounted.
+    pub mountpoint: PathBuf,
+    _unmount: Guard,
+    _detach: Guard,
+}
+
+impl SlowDisk {
+    /// Attaches `image` and mounts it at `mountpoint`, read-only unless `writable`.
+    pub fn attach(image: &Path, mountpoint: &Path, writable: bool) -> Result<SlowDisk, String> {
+        let mut losetup = Command::new("losetup");
+        losetup.args(["--find", "--show"]);
+        if !writable {
+            losetup.args(["--read-only", "--direct-io=on"]);
+        }
+        let device = PathBuf::from(must(losetup.arg(image))?);
+        let detach = Guard::new(Teardown::Detach(device.clone()));
+        let name = device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let devnum = std::fs::read_to_string(format!("/sys/block/{name}/dev"))
+            .map_err(|e| format!("{}: {e}", device.display()))?
+            .trim()
+            .to_owned();
+        std::fs::create_dir_all(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+        let options = if writable { "rw,noatime" } else { "ro,noatime" };
+        must(Command::new("mount").args(["-o", options]).arg(&device).arg(mountpoint))?;
+        Ok(SlowDisk {
+            device,
+            devnum,
+            mountpoint: mountpoint.to_owned(),
+            _unmount: guard_mount(mountpoint),
+            _detach: detach,
+        })
+    }
+
+    /// Bytes read from the device since it was attached (/proc/diskstats, sectors of 512 B).
+    pub fn bytes_read(&self) -> u64 {
+        let name = self.device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        std::fs::read_to_string("/proc/diskstats")
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|cols| cols.get(2) == Some(&name.as_str()))
+            .and_then(|cols| cols.get(5).and_then(|s| s.parse::<u64>().ok()))
+            .map_or(0, |sectors| sectors * 512)
+    }
+}
+
+/// What a cgroup does to its members.
+pub struct Limits {
+    /// memory.limit_in_bytes, if any.
+    pub memory: Option<u64>,
+    /// Read throttle on one device: ("major:minor", bytes/s, IOs/s).
+    pub throttle: Option<(String, u64, u64)>,
+}
+
+/// A memory cgroup and a blkio cgroup of the same name, joined together by the processes that
+/// `command` starts.
+pub struct Cgroup {
+    memory: PathBuf,
+    blkio: PathBuf,
+    _guards: [Guard; 2],
+}
+
+impl Cgroup {
+    /// Creates `PREFIX-name` in both hierarchies with `limits`.
+    pub fn create(name: &str, limits: &Limits) -> Result<Cgroup, String> {
+        let dir = format!("{PREFIX}-{name}");
+        let memory = Path::new(MEMORY_ROOT).join(&dir);
+        let blkio = Path::new(BLKIO_ROOT).join(&dir);
+        let mut guards = Vec::new();
+        for path in [&memory, &blkio] {
+            std::fs::create_dir(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            guards.push(Guard::new(Teardown::RemoveCgroup(path.clone())));
+        }
+        let write = |path: PathBuf, value: String| {
+            std::fs::write(&path, &value).map_err(|e| format!("{} <- {value}: {e}", path.display()))
+        };
+        if let Some(bytes) = limits.memory {
+            write(memory.join("memory.limit_in_bytes"), bytes.to_string())?;
+        }
+        if let Some((dev, bps, iops)) = &limits.throttle {
+            write(blkio.join("blkio.throttle.read_bps_device"), format!("{dev} {bps}"))?;
+            write(blkio.join("blkio.throttle.read_iops_device"), format!("{dev} {iops}"))?;
+        }
+        let [a, b]: [Guard; 2] = guards.try_into().map_err(|_| "two guards".to_owned())?;
+        Ok(Cgroup { memory, blkio, _guards: [a, b] })
+    }
+
+    /// A command that joins this cgroup, then runs `program` with `args`.
+    pub fn command(&self, program: &Path, args: &[String]) -> Command {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(r#"echo $$ > "$1/cgroup.procs" && echo $$ > "$2/cgroup.procs" && shift 2 && exec "$@""#)
+            .arg("sh")
+            .arg(&self.memory)
+            .arg(&self.blkio)
+            .arg(program)
+            .args(args);
+        cmd
+    }
+
+    /// memory.stat of this group.
+    pub fn memory_stat(&self) -> HashMap<String, u64> {
+        std::fs::read_to_string(self.memory.join("memory.stat"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter_map(|(k, v)| Some((k.to_owned(), v.trim().parse().ok()?)))
+            .collect()
+    }
+
+    /// One of this group's memory-controller files.
+    pub fn memory_path(&self, file: &str) -> PathBuf {
+        self.memory.join(file)
+    }
+
+    /// A number from one of this group's memory files (0 if unreadable).
+    pub fn memory_value(&self, file: &str) -> u64 {
+        std::fs::read_to_string(self.memory_path(file))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Memory its members cannot give back under pressure, now: anonymous and shared memory,
+    /// mapped files (libraries, code) and kernel objects. Page cache that is not mapped is left
+    /// out: that is what the limit lets the two sides compete for.
+    pub fn footprint(&self) -> u64 {
+        let stat = self.memory_stat();
+        let get = |k: &str| stat.get(k).copied().unwrap_or(0);
+        get("total_rss") + get("total_shmem") + get("total_mapped_file")
+            + self.memory_value("memory.kmem.usage_in_bytes")
+    }
+
+    /// Samples `footprint` every 20 ms until the returned watch is finished.
+    pub fn watch_footprint(self: &Arc<Self>) -> PeakWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (group, flag) = (self.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut peak = 0;
+            while !flag.load(Ordering::Relaxed) {
+                peak = peak.max(group.footprint());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            peak.max(group.footprint())
+        });
+        PeakWatch { stop, thread }
+    }
+}
+
+/// A running footprint sampler.
+pub struct PeakWatch {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<u64>,
+}
+
+impl PeakWatch {
+    /// Stops sampling; the largest footprint seen.
+    pub fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or(0)
+    }
+}
+
+fn remove_cgroup(dir: &Path) {
+    for _ in 0..100 {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<libc::pid_t>().ok()) {
+            // SAFETY: kill(2) has no memory effects.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("epochs: could not remove cgroup {}", dir.display());
+}
