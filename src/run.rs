@@ -110,6 +110,7 @@ impl Mounted {
 
 /// Mounts `cfg` and serves it from background threads; returns once the mount answers.
 pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
+    cap_malloc_arenas();
     let mount_error = |why: String| RunError::Mount {
         mountpoint: cfg.mountpoint.clone(),
         why,
@@ -334,5 +335,19 @@ pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<(), RunError> {
         Ok(())
     } else {
         Err(fail(String::from_utf8_lossy(&out.stderr).trim().to_owned()))
+    }
+}
+
+/// Arenas glibc's malloc may create. By default each busy thread (FUSE and I/O threads, ~20)
+/// gets its own, and each keeps the 1 MiB reply buffers it freed: 19 MB resident was measured
+/// with an empty cache, memory the cache budget then cannot use.
+const MALLOC_ARENAS: libc::c_int = 2;
+
+fn cap_malloc_arenas() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes allocator tuning; it is called before the mount's threads
+    // start, and a failure (0) leaves the default behaviour.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
     }
 }

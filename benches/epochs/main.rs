@@ -39,7 +39,7 @@ const RESULTS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/results"
 /// each a buffer plus its page-cache pages, plus ext4 readahead). Without it the cgroup sits at
 /// its limit with nothing reclaimable but code pages, and thrashes (measured: 500 reads in 11
 /// minutes, memory.failcnt 79 million).
-pub const IN_FLIGHT_HEADROOM: u64 = 8 << 20;
+pub const IN_FLIGHT_HEADROOM: u64 = 16 << 20;
 /// The quick mode's bound on |prepfs misses - (D - C)| / (D - C) in epoch 2.
 const QUICK_MISS_TOLERANCE: f64 = 0.05;
 
@@ -234,6 +234,8 @@ pub struct Epoch {
     /// The run's memory cgroup after the epoch.
     pub memory_usage: u64,
     pub memory_failcnt: u64,
+    /// Major page faults in the cgroup during the epoch: code or data paged back in (thrash).
+    pub major_faults: u64,
     /// prepfs's stats.json after the epoch.
     pub prepfs_stats: Option<Value>,
 }
@@ -337,8 +339,10 @@ fn ensure_python() -> Result<PathBuf, String> {
     Ok(PathBuf::from(String::from_utf8_lossy(&status.stdout).trim()))
 }
 
-/// Measures the reader's and the daemon's own memory: one epoch through a prepfs mount with an
-/// empty cache, unthrottled, each in its own cgroup, sampling their footprints.
+/// Measures the reader's and the daemon's own memory: two epochs through a prepfs mount with an
+/// empty cache, unthrottled, each in its own cgroup. Between them both groups are squeezed, so
+/// what start-up touched once (most of torch's libraries) is dropped; the footprint sampled in
+/// epoch 2 is then the working set each needs, not everything it ever mapped.
 fn calibrate(
     opts: &Options,
     python: &Path,
@@ -352,15 +356,17 @@ fn calibrate(
     };
     let daemon_group = Arc::new(Cgroup::create("calibrate-daemon", &unlimited)?);
     let reader_group = Arc::new(Cgroup::create("calibrate-reader", &unlimited)?);
-    let daemon_watch = daemon_group.watch_footprint();
     let mount = PrepfsMount::start(&daemon_group, opts, disk, 0)?;
-    let reader_watch = reader_group.watch_footprint();
-    let mut session = ReaderSession::start(&reader_group, python, reader, &mount.mountpoint, 1, opts.seed)?;
+    let mut session = ReaderSession::start(&reader_group, python, reader, &mount.mountpoint, 2, opts.seed)?;
     session.next_epoch()?;
-    session.finish()?;
+    daemon_group.squeeze();
+    reader_group.squeeze();
+    let (daemon_watch, reader_watch) = (daemon_group.watch_footprint(), reader_group.watch_footprint());
+    session.next_epoch()?;
     let reader_footprint = reader_watch.finish();
-    mount.stop();
     let daemon_footprint = daemon_watch.finish();
+    session.finish()?;
+    mount.stop();
     let data_bytes = reader.data_bytes(manifest);
     let data_memory = (data_bytes as f64 * opts.mem_ratio) as u64;
     Ok(Setup {
@@ -400,6 +406,7 @@ fn run_epochs(
     for _ in 0..opts.epochs {
         let device_before = disk.bytes_read();
         let misses_before = mount.as_ref().map(PrepfsMount::miss_bytes);
+        let faults_before = major_faults(&group);
         let record = session.next_epoch().map_err(|e| {
             format!(
                 "{} on {}: {e} (memory.failcnt {}, {})",
@@ -424,16 +431,18 @@ fn run_epochs(
                 .map(|(m, before)| m.miss_bytes().saturating_sub(before)),
             memory_usage: group.memory_value("memory.usage_in_bytes"),
             memory_failcnt: group.memory_value("memory.failcnt"),
+            major_faults: major_faults(&group) - faults_before,
             prepfs_stats: stats,
         };
         eprintln!(
-            "epochs: {:>6} {:<10} epoch {}: {:6.2} s, {:7.0} items/s, device {:6.1} MB{}",
+            "epochs: {:>6} {:<10} epoch {}: {:6.2} s, {:7.0} items/s, device {:6.1} MB, {} major faults{}",
             setup.reader.name(),
             side.name(),
             epoch.epoch,
             epoch.seconds,
             epoch.items_per_s,
             mb(epoch.device_bytes),
+            epoch.major_faults,
             epoch
                 .prepfs_miss_bytes
                 .map(|m| format!(", prepfs misses {:.1} MB (D-C {:.1} MB)", mb(m), mb(setup.optimum_misses())))
@@ -450,6 +459,10 @@ fn run_epochs(
         side,
         epochs,
     })
+}
+
+fn major_faults(group: &Cgroup) -> u64 {
+    group.memory_stat().get("total_pgmajfault").copied().unwrap_or(0)
 }
 
 /// The CI smoke test's one assertion: the never-evict cache missed what it must, no more.

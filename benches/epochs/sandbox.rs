@@ -366,6 +366,15 @@ impl Cgroup {
             + self.memory_value("memory.kmem.usage_in_bytes")
     }
 
+    /// Makes the kernel reclaim everything it can from this group now (page cache, mapped files:
+    /// its members then keep only what they touch again), by asking for a limit it cannot meet;
+    /// the limit is then lifted again.
+    pub fn squeeze(&self) {
+        let limit = self.memory_path("memory.limit_in_bytes");
+        let _ = std::fs::write(&limit, "1");
+        let _ = std::fs::write(&limit, "-1");
+    }
+
     /// Samples `footprint` every 20 ms until the returned watch is finished.
     pub fn watch_footprint(self: &Arc<Self>) -> PeakWatch {
         let stop = Arc::new(AtomicBool::new(false));
