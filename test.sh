@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs or checks what it needs, then runs
-# every test (unit tests of the core and real-mount tests of the binary).
+# every test (unit tests of the core and real-mount tests of the binary) and the epochs
+# benchmark's quick mode (real PyTorch on throttled slow storage; asserts misses, not timing).
+# Arguments go to `cargo test` (a test name filter); with arguments the quick mode is skipped.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -23,4 +25,19 @@ if [ "$(stat -c %a /dev/fuse)" != 666 ]; then
   chmod 0666 /dev/fuse
 fi
 
+# The epochs harness: ext4 images on loop devices, and a Python for the cached client venv.
+need_pkgs=()
+command -v mkfs.ext4 >/dev/null || need_pkgs+=(e2fsprogs)
+command -v losetup >/dev/null || need_pkgs+=(mount)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  say "installing ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
 cargo test --locked "$@"
+if [ $# -eq 0 ]; then
+  say "epochs benchmark, quick mode (first run installs torch into ~/.cache/prepfs/venv)"
+  cargo bench --locked --bench epochs -- --quick
+fi

@@ -229,6 +229,8 @@ pub struct Epoch {
     pub items_per_s: f64,
     /// Read from the slow device during the epoch (/proc/diskstats).
     pub device_bytes: u64,
+    /// Read requests the slow device completed during the epoch (what its IOPS limit counts).
+    pub device_reads: u64,
     /// Bytes prepfs read from its source during the epoch (its own count of misses).
     pub prepfs_miss_bytes: Option<u64>,
     /// The run's memory cgroup after the epoch.
@@ -404,7 +406,7 @@ fn run_epochs(
     let mut session = ReaderSession::start(&group, python, setup.reader, root, opts.epochs, opts.seed)?;
     let mut epochs = Vec::new();
     for _ in 0..opts.epochs {
-        let device_before = disk.bytes_read();
+        let (reads_before, bytes_before) = disk.reads();
         let misses_before = mount.as_ref().map(PrepfsMount::miss_bytes);
         let faults_before = major_faults(&group);
         let record = session.next_epoch().map_err(|e| {
@@ -419,12 +421,14 @@ fn run_epochs(
             )
         })?;
         let stats = mount.as_ref().map(PrepfsMount::stats);
+        let (reads_after, bytes_after) = disk.reads();
         let epoch = Epoch {
             epoch: record.epoch,
             seconds: record.seconds,
             items: record.items,
             items_per_s: record.items as f64 / record.seconds.max(1e-9),
-            device_bytes: disk.bytes_read() - device_before,
+            device_bytes: bytes_after - bytes_before,
+            device_reads: reads_after - reads_before,
             prepfs_miss_bytes: mount
                 .as_ref()
                 .zip(misses_before)
@@ -435,13 +439,14 @@ fn run_epochs(
             prepfs_stats: stats,
         };
         eprintln!(
-            "epochs: {:>6} {:<10} epoch {}: {:6.2} s, {:7.0} items/s, device {:6.1} MB, {} major faults{}",
+            "epochs: {:>6} {:<10} epoch {}: {:6.2} s, {:7.0} items/s, device {:6.1} MB in {} reads, {} major faults{}",
             setup.reader.name(),
             side.name(),
             epoch.epoch,
             epoch.seconds,
             epoch.items_per_s,
             mb(epoch.device_bytes),
+            epoch.device_reads,
             epoch.major_faults,
             epoch
                 .prepfs_miss_bytes

@@ -195,7 +195,7 @@ fn markdown(
          page cache dropped before each run. Memory: one cgroup per run holding the reader (and \
          the prepfs daemon), limit = M + the reader's measured footprint, M = {:.2} x D; prepfs \
          --cache-mem C = M - the daemon's measured footprint - {} MiB kept free for reads in flight. Epochs 2+ are medians.\n\n\
-         | reader | side | limit MB | C MB | D-C MB | epoch 1 s | epochs 2+ s | epoch 1 items/s | epochs 2+ items/s | device MB epoch 1 | device MB epochs 2+ | prepfs misses MB epochs 2+ |\n\
+         | reader | side | limit MB | C MB | D-C MB | epoch 1 s | epochs 2+ s | epoch 1 items/s | epochs 2+ items/s | device MB (reads) epoch 1 | device MB (reads) epochs 2+ | prepfs misses MB epochs 2+ |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         command(opts),
         manifest.files,
@@ -210,7 +210,7 @@ fn markdown(
     for run in runs {
         let s = &run.setup;
         md.push_str(&format!(
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {} |\n",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} ({:.0}) | {:.0} ({:.0}) | {} |\n",
             reader_name(s.reader),
             side_name(run.side),
             mb(s.memory_limit as f64),
@@ -221,7 +221,9 @@ fn markdown(
             cold(run, |e| e.items_per_s),
             warm(run, |e| e.items_per_s),
             mb(cold(run, |e| e.device_bytes as f64)),
+            cold(run, |e| e.device_reads as f64),
             mb(warm(run, |e| e.device_bytes as f64)),
+            warm(run, |e| e.device_reads as f64),
             if run.side == Side::Prepfs {
                 format!("{:.0}", mb(warm(run, |e| e.prepfs_miss_bytes.unwrap_or(0) as f64)))
             } else {

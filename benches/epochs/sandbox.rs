@@ -266,16 +266,19 @@ impl SlowDisk {
         })
     }
 
-    /// Bytes read from the device since it was attached (/proc/diskstats, sectors of 512 B).
-    pub fn bytes_read(&self) -> u64 {
+    /// Read requests completed and bytes read by the device since it was attached
+    /// (/proc/diskstats: reads completed, sectors of 512 B read).
+    pub fn reads(&self) -> (u64, u64) {
         let name = self.device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         std::fs::read_to_string("/proc/diskstats")
             .unwrap_or_default()
             .lines()
             .map(|l| l.split_whitespace().collect::<Vec<_>>())
             .find(|cols| cols.get(2) == Some(&name.as_str()))
-            .and_then(|cols| cols.get(5).and_then(|s| s.parse::<u64>().ok()))
-            .map_or(0, |sectors| sectors * 512)
+            .map_or((0, 0), |cols| {
+                let field = |i: usize| cols.get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+                (field(3), field(5) * 512)
+            })
     }
 }
 
