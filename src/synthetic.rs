@@ -28,8 +28,11 @@ pub fn layout(files: usize, classes: usize, seed: u64) -> Vec<Sample> {
     let classes = classes.max(1);
     (0..files)
         .map(|i| Sample {
-            path: PathBuf::from(format!("class_{:02}", i % classes)).join(format!("img_{i:05}.jpg")),
-            seed: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(i as u64),
+            path: PathBuf::from(format!("class_{:02}", i % classes))
+                .join(format!("img_{i:05}.jpg")),
+            seed: seed
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .wrapping_add(i as u64),
         })
         .collect()
 }
@@ -72,7 +75,10 @@ pub fn write_all(
             .collect();
         workers
             .into_iter()
-            .map(|w| w.join().unwrap_or_else(|_| Err("image writer panicked".to_owned())))
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err("image writer panicked".to_owned()))
+            })
             .sum()
     })
 }
@@ -155,7 +161,8 @@ impl Grid {
         let (gx, gy) = (fx * self.cols as f32, fy * self.rows as f32);
         let (x0, y0) = (gx as usize, gy as usize);
         let (tx, ty) = (smooth(gx - x0 as f32), smooth(gy - y0 as f32));
-        let v = |x: usize, y: usize| self.values[y.min(self.rows) * (self.cols + 1) + x.min(self.cols)];
+        let v =
+            |x: usize, y: usize| self.values[y.min(self.rows) * (self.cols + 1) + x.min(self.cols)];
         let top = v(x0, y0) + (v(x0 + 1, y0) - v(x0, y0)) * tx;
         let bottom = v(x0, y0 + 1) + (v(x0 + 1, y0 + 1) - v(x0, y0 + 1)) * tx;
         top + (bottom - top) * ty
@@ -182,6 +189,9 @@ mod tests {
             })
             .collect();
         let mean = sizes.iter().sum::<usize>() / sizes.len();
-        assert!((60_000..=150_000).contains(&mean), "mean size {mean} B, sizes {sizes:?}");
+        assert!(
+            (60_000..=150_000).contains(&mean),
+            "mean size {mean} B, sizes {sizes:?}"
+        );
     }
 }

@@ -31,7 +31,11 @@ pub struct Manifest {
 
 /// The image holding `files` samples (and their shards of about `shard_bytes`), built under
 /// `workdir` unless an identical one is there already.
-pub fn prepare(workdir: &Path, files: usize, shard_bytes: u64) -> Result<(PathBuf, Manifest), String> {
+pub fn prepare(
+    workdir: &Path,
+    files: usize,
+    shard_bytes: u64,
+) -> Result<(PathBuf, Manifest), String> {
     let image = workdir.join(format!(
         "dataset-v{VERSION}-{files}files-{}MiB-shards.img",
         shard_bytes >> 20
@@ -48,9 +52,13 @@ pub fn prepare(workdir: &Path, files: usize, shard_bytes: u64) -> Result<(PathBu
     let _ = std::fs::remove_file(&manifest_path);
     // Generous: ~130 KB per sample at most, twice (files and shards), plus ext4's own overhead.
     let size = files as u64 * 130_000 * 2 * 12 / 10 + (128 << 20);
-    eprintln!("epochs: building {files} images and their shards in {}", image.display());
+    eprintln!(
+        "epochs: building {files} images and their shards in {}",
+        image.display()
+    );
     let file = File::create(&image).map_err(|e| format!("{}: {e}", image.display()))?;
-    file.set_len(size).map_err(|e| format!("{}: {e}", image.display()))?;
+    file.set_len(size)
+        .map_err(|e| format!("{}: {e}", image.display()))?;
     drop(file);
     sandbox::must(
         Command::new("mkfs.ext4")
@@ -70,7 +78,12 @@ pub fn prepare(workdir: &Path, files: usize, shard_bytes: u64) -> Result<(PathBu
         true
     })?;
     progress.finish_and_clear();
-    let (shards, shard_total) = write_shards(&images, &samples, &disk.mountpoint.join("shards"), shard_bytes)?;
+    let (shards, shard_total) = write_shards(
+        &images,
+        &samples,
+        &disk.mountpoint.join("shards"),
+        shard_bytes,
+    )?;
     drop(disk);
     let manifest = Manifest {
         files,
@@ -80,7 +93,8 @@ pub fn prepare(workdir: &Path, files: usize, shard_bytes: u64) -> Result<(PathBu
         shard_target_bytes: shard_bytes,
     };
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| e.to_string())?;
-    std::fs::write(&manifest_path, json).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
+    std::fs::write(&manifest_path, json)
+        .map_err(|e| format!("{}: {e}", manifest_path.display()))?;
     Ok((image, manifest))
 }
 
@@ -111,7 +125,9 @@ fn write_shards(
             shards.push(path);
             in_shard = 0;
         }
-        let Some(tar) = builder.as_mut() else { continue };
+        let Some(tar) = builder.as_mut() else {
+            continue;
+        };
         let key = format!("sample{index:06}");
         let class = sample
             .path
@@ -120,13 +136,17 @@ fn write_shards(
             .and_then(|p| p.strip_prefix("class_"))
             .unwrap_or("0")
             .to_owned();
-        for (name, data) in [(format!("{key}.jpg"), jpeg.as_slice()), (format!("{key}.cls"), class.as_bytes())] {
+        for (name, data) in [
+            (format!("{key}.jpg"), jpeg.as_slice()),
+            (format!("{key}.cls"), class.as_bytes()),
+        ] {
             let mut header = tar::Header::new_ustar();
             header.set_size(data.len() as u64);
             header.set_mode(0o644);
             header.set_mtime(0);
             header.set_cksum();
-            tar.append_data(&mut header, name, data).map_err(|e| e.to_string())?;
+            tar.append_data(&mut header, name, data)
+                .map_err(|e| e.to_string())?;
         }
         in_shard += jpeg.len() as u64 + 2048;
     }
@@ -143,5 +163,8 @@ fn write_shards(
 
 fn finish(tar: tar::Builder<BufWriter<File>>) -> Result<(), String> {
     let file = tar.into_inner().map_err(|e| e.to_string())?;
-    file.into_inner().map_err(|e| e.to_string())?.sync_all().map_err(|e| e.to_string())
+    file.into_inner()
+        .map_err(|e| e.to_string())?
+        .sync_all()
+        .map_err(|e| e.to_string())
 }

@@ -123,7 +123,10 @@ const USAGE: &str = "usage: cargo bench --bench epochs -- [--quick] [--files N] 
 
 impl Options {
     fn parse() -> Result<Options, String> {
-        let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+        let args: Vec<String> = std::env::args()
+            .skip(1)
+            .filter(|a| a != "--bench")
+            .collect();
         let quick = args.iter().any(|a| a == "--quick");
         let mut o = Options {
             quick,
@@ -159,7 +162,9 @@ impl Options {
                 "--read-mbps" => o.read_bps = value.parse::<u64>().map_err(bad)? * 1_000_000,
                 "--read-iops" => o.read_iops = value.parse().map_err(bad)?,
                 "--mem-ratio" => {
-                    o.mem_ratio = value.parse().map_err(|_| format!("bad value for {flag}: {value}"))?
+                    o.mem_ratio = value
+                        .parse()
+                        .map_err(|_| format!("bad value for {flag}: {value}"))?
                 }
                 "--shard-mib" => o.shard_bytes = value.parse::<u64>().map_err(bad)? << 20,
                 "--seed" => o.seed = value.parse().map_err(bad)?,
@@ -261,7 +266,8 @@ fn run() -> Result<(), String> {
     let opts = Options::parse()?;
     preflight()?;
     sandbox::install_signal_teardown()?;
-    std::fs::create_dir_all(&opts.workdir).map_err(|e| format!("{}: {e}", opts.workdir.display()))?;
+    std::fs::create_dir_all(&opts.workdir)
+        .map_err(|e| format!("{}: {e}", opts.workdir.display()))?;
     sandbox::clear_leftovers(&opts.workdir);
     let python = ensure_python()?;
     let (image, manifest) = dataset::prepare(&opts.workdir, opts.files, opts.shard_bytes)?;
@@ -295,7 +301,10 @@ fn run() -> Result<(), String> {
         }
     }
     drop(disk);
-    eprintln!("epochs: measured in {:.0} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "epochs: measured in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     let outcome = report::write(&opts, &manifest, &runs)?;
     if opts.quick {
         quick_check(&runs)?;
@@ -319,7 +328,9 @@ fn preflight() -> Result<(), String> {
         "/proc/sys/vm/drop_caches",
     ] {
         if !Path::new(path).exists() {
-            return Err(format!("{path} is missing: this needs FUSE and cgroup v1 memory and blkio"));
+            return Err(format!(
+                "{path} is missing: this needs FUSE and cgroup v1 memory and blkio"
+            ));
         }
     }
     for tool in ["losetup", "mkfs.ext4", "mount", "umount"] {
@@ -338,7 +349,9 @@ fn ensure_python() -> Result<PathBuf, String> {
     if !status.status.success() {
         return Err("the Python environment could not be prepared (see above)".into());
     }
-    Ok(PathBuf::from(String::from_utf8_lossy(&status.stdout).trim()))
+    Ok(PathBuf::from(
+        String::from_utf8_lossy(&status.stdout).trim(),
+    ))
 }
 
 /// Measures the reader's and the daemon's own memory: two epochs through a prepfs mount with an
@@ -359,11 +372,21 @@ fn calibrate(
     let daemon_group = Arc::new(Cgroup::create("calibrate-daemon", &unlimited)?);
     let reader_group = Arc::new(Cgroup::create("calibrate-reader", &unlimited)?);
     let mount = PrepfsMount::start(&daemon_group, opts, disk, 0)?;
-    let mut session = ReaderSession::start(&reader_group, python, reader, &mount.mountpoint, 2, opts.seed)?;
+    let mut session = ReaderSession::start(
+        &reader_group,
+        python,
+        reader,
+        &mount.mountpoint,
+        2,
+        opts.seed,
+    )?;
     session.next_epoch()?;
     daemon_group.squeeze();
     reader_group.squeeze();
-    let (daemon_watch, reader_watch) = (daemon_group.watch_footprint(), reader_group.watch_footprint());
+    let (daemon_watch, reader_watch) = (
+        daemon_group.watch_footprint(),
+        reader_group.watch_footprint(),
+    );
     session.next_epoch()?;
     let reader_footprint = reader_watch.finish();
     let daemon_footprint = daemon_watch.finish();
@@ -392,7 +415,15 @@ fn run_epochs(
 ) -> Result<Run, String> {
     sandbox::drop_caches()?;
     let group = Cgroup::create(
-        &format!("{}-{}", setup.reader.name(), if side == Side::Prepfs { "prepfs" } else { "pagecache" }),
+        &format!(
+            "{}-{}",
+            setup.reader.name(),
+            if side == Side::Prepfs {
+                "prepfs"
+            } else {
+                "pagecache"
+            }
+        ),
         &Limits {
             memory: Some(setup.memory_limit),
             throttle: Some((disk.devnum.clone(), opts.read_bps, opts.read_iops)),
@@ -402,8 +433,11 @@ fn run_epochs(
         Side::Prepfs => Some(PrepfsMount::start(&group, opts, disk, setup.cache_mem)?),
         Side::PageCache => None,
     };
-    let root = mount.as_ref().map_or(disk.mountpoint.as_path(), |m| m.mountpoint.as_path());
-    let mut session = ReaderSession::start(&group, python, setup.reader, root, opts.epochs, opts.seed)?;
+    let root = mount
+        .as_ref()
+        .map_or(disk.mountpoint.as_path(), |m| m.mountpoint.as_path());
+    let mut session =
+        ReaderSession::start(&group, python, setup.reader, root, opts.epochs, opts.seed)?;
     let mut epochs = Vec::new();
     for _ in 0..opts.epochs {
         let (reads_before, bytes_before) = disk.reads();
@@ -450,7 +484,11 @@ fn run_epochs(
             epoch.major_faults,
             epoch
                 .prepfs_miss_bytes
-                .map(|m| format!(", prepfs misses {:.1} MB (D-C {:.1} MB)", mb(m), mb(setup.optimum_misses())))
+                .map(|m| format!(
+                    ", prepfs misses {:.1} MB (D-C {:.1} MB)",
+                    mb(m),
+                    mb(setup.optimum_misses())
+                ))
                 .unwrap_or_default()
         );
         epochs.push(epoch);
@@ -467,13 +505,20 @@ fn run_epochs(
 }
 
 fn major_faults(group: &Cgroup) -> u64 {
-    group.memory_stat().get("total_pgmajfault").copied().unwrap_or(0)
+    group
+        .memory_stat()
+        .get("total_pgmajfault")
+        .copied()
+        .unwrap_or(0)
 }
 
 /// The CI smoke test's one assertion: the never-evict cache missed what it must, no more.
 fn quick_check(runs: &[Run]) -> Result<(), String> {
     let mut checked = 0;
-    for run in runs.iter().filter(|r| r.side == Side::Prepfs && r.setup.reader == Reader::Plain) {
+    for run in runs
+        .iter()
+        .filter(|r| r.side == Side::Prepfs && r.setup.reader == Reader::Plain)
+    {
         let optimum = run.setup.optimum_misses() as f64;
         for epoch in run.epochs.iter().skip(1) {
             let misses = epoch.prepfs_miss_bytes.unwrap_or(0) as f64;
@@ -513,9 +558,15 @@ struct PrepfsMount {
 }
 
 impl PrepfsMount {
-    fn start(group: &Cgroup, opts: &Options, disk: &SlowDisk, cache_mem: u64) -> Result<PrepfsMount, String> {
+    fn start(
+        group: &Cgroup,
+        opts: &Options,
+        disk: &SlowDisk,
+        cache_mem: u64,
+    ) -> Result<PrepfsMount, String> {
         let mountpoint = opts.workdir.join("mnt");
-        std::fs::create_dir_all(&mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+        std::fs::create_dir_all(&mountpoint)
+            .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
         let log = opts.workdir.join("prepfs.log");
         let args: Vec<String> = vec![
             "mount".into(),
@@ -525,7 +576,8 @@ impl PrepfsMount {
             "--cache-mem".into(),
             cache_mem.to_string(),
         ];
-        let log_file = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let log_file =
+            std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
         let mut child = group
             .command(Path::new(PREPFS), &args)
             .stdin(Stdio::null())
@@ -633,7 +685,9 @@ impl ReaderSession {
 
     fn line(&mut self) -> Result<Value, String> {
         match self.lines.next() {
-            Some(Ok(line)) => serde_json::from_str(&line).map_err(|e| format!("reader printed {line:?}: {e}")),
+            Some(Ok(line)) => {
+                serde_json::from_str(&line).map_err(|e| format!("reader printed {line:?}: {e}"))
+            }
             _ => Err(format!("reader exited ({})", self.reap()?)),
         }
     }

@@ -34,7 +34,8 @@ pub fn median(mut values: Vec<f64>) -> f64 {
 }
 
 fn find(runs: &[Run], reader: Reader, side: Side) -> Option<&Run> {
-    runs.iter().find(|r| r.setup.reader == reader && r.side == side)
+    runs.iter()
+        .find(|r| r.setup.reader == reader && r.side == side)
 }
 
 /// Median over epochs 2.. of `f`.
@@ -49,7 +50,10 @@ fn cold(run: &Run, f: impl Fn(&crate::Epoch) -> f64) -> f64 {
 /// Issue 3's targets, for the readers that ran.
 pub fn targets(runs: &[Run]) -> Vec<Target> {
     let mut out = Vec::new();
-    if let (Some(pc), Some(pf)) = (find(runs, Reader::Plain, Side::PageCache), find(runs, Reader::Plain, Side::Prepfs)) {
+    if let (Some(pc), Some(pf)) = (
+        find(runs, Reader::Plain, Side::PageCache),
+        find(runs, Reader::Plain, Side::Prepfs),
+    ) {
         let optimum = pf.setup.optimum_misses() as f64;
         let ratio = warm(pf, |e| e.device_bytes as f64) / optimum.max(1.0);
         out.push(Target {
@@ -69,7 +73,10 @@ pub fn targets(runs: &[Run]) -> Vec<Target> {
             met: ratio <= 0.75,
         });
     }
-    if let (Some(pc), Some(pf)) = (find(runs, Reader::Torch, Side::PageCache), find(runs, Reader::Torch, Side::Prepfs)) {
+    if let (Some(pc), Some(pf)) = (
+        find(runs, Reader::Torch, Side::PageCache),
+        find(runs, Reader::Torch, Side::Prepfs),
+    ) {
         let ratio = warm(pf, |e| e.items_per_s) / warm(pc, |e| e.items_per_s).max(1e-9);
         out.push(Target {
             name: "torch, epochs 2+: prepfs images/s / page cache".into(),
@@ -79,10 +86,16 @@ pub fn targets(runs: &[Run]) -> Vec<Target> {
         });
     }
     for reader in [Reader::Plain, Reader::Torch, Reader::Shards] {
-        if let (Some(pc), Some(pf)) = (find(runs, reader, Side::PageCache), find(runs, reader, Side::Prepfs)) {
+        if let (Some(pc), Some(pf)) = (
+            find(runs, reader, Side::PageCache),
+            find(runs, reader, Side::Prepfs),
+        ) {
             let ratio = cold(pf, |e| e.seconds) / cold(pc, |e| e.seconds).max(1e-9);
             out.push(Target {
-                name: format!("{}, epoch 1 (cold): prepfs epoch time / page cache", reader_name(reader)),
+                name: format!(
+                    "{}, epoch 1 (cold): prepfs epoch time / page cache",
+                    reader_name(reader)
+                ),
                 measured: ratio,
                 bound: "<= 1.10".into(),
                 met: ratio <= 1.10,
@@ -120,7 +133,11 @@ pub fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
-        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, m)| m.trim().to_owned()))
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mem_kib: u64 = std::fs::read_to_string("/proc/meminfo")
@@ -154,19 +171,33 @@ pub fn write(opts: &Options, manifest: &Manifest, runs: &[Run]) -> Result<String
         "targets": targets,
     });
     let json_path = opts.out.join("epochs.json");
-    std::fs::write(&json_path, serde_json::to_vec_pretty(&results).map_err(|e| e.to_string())?)
-        .map_err(|e| format!("{}: {e}", json_path.display()))?;
-    plot(runs, &opts.out.join("epoch_seconds.svg"), "Epoch time (s)", |e| e.seconds)?;
-    plot(runs, &opts.out.join("device_mb.svg"), "Read from the slow device per epoch (MB)", |e| {
-        e.device_bytes as f64 / 1e6
-    })?;
+    std::fs::write(
+        &json_path,
+        serde_json::to_vec_pretty(&results).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("{}: {e}", json_path.display()))?;
+    plot(
+        runs,
+        &opts.out.join("epoch_seconds.svg"),
+        "Epoch time (s)",
+        |e| e.seconds,
+    )?;
+    plot(
+        runs,
+        &opts.out.join("device_mb.svg"),
+        "Read from the slow device per epoch (MB)",
+        |e| e.device_bytes as f64 / 1e6,
+    )?;
     let md = markdown(opts, manifest, runs, &targets, &date, &commit, &machine);
     if !opts.quick {
         let mut text = std::fs::read_to_string(crate::BENCHMARKS_MD).unwrap_or_default();
         text.push_str(&md);
         std::fs::write(crate::BENCHMARKS_MD, text).map_err(|e| format!("BENCHMARKS.md: {e}"))?;
     }
-    Ok(format!("{md}\nResults: {} (plots beside it)", json_path.display()))
+    Ok(format!(
+        "{md}\nResults: {} (plots beside it)",
+        json_path.display()
+    ))
 }
 
 fn command(opts: &Options) -> String {
@@ -193,8 +224,8 @@ fn markdown(
          Dataset: {} JPEGs, D = {:.0} MB; {} tar shards, {:.0} MB. Slow storage: ext4 image on a \
          loop device (direct I/O), reads throttled to {} MB/s and {} IOPS by the blkio cgroup; \
          page cache dropped before each run. Memory: one cgroup per run holding the reader (and \
-         the prepfs daemon), limit = M + the reader's measured footprint, M = {:.2} x D; prepfs \
-         --cache-mem C = M - the daemon's measured footprint - {} MiB kept free for reads in flight. Epochs 2+ are medians.\n\n\
+         the prepfs daemon), limit = M + the reader's measured working set, M = {:.2} x D; prepfs \
+         --cache-mem C = M - the daemon's measured working set - {} MiB kept free for reads in flight. Epochs 2+ are medians.\n\n\
          | reader | side | limit MB | C MB | D-C MB | epoch 1 s | epochs 2+ s | epoch 1 items/s | epochs 2+ items/s | device MB (reads) epoch 1 | device MB (reads) epochs 2+ | prepfs misses MB epochs 2+ |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         command(opts),
@@ -245,7 +276,12 @@ fn markdown(
 }
 
 /// A line per (reader, side) of `value` against the epoch number.
-fn plot(runs: &[Run], path: &Path, title: &str, value: impl Fn(&crate::Epoch) -> f64) -> Result<(), String> {
+fn plot(
+    runs: &[Run],
+    path: &Path,
+    title: &str,
+    value: impl Fn(&crate::Epoch) -> f64,
+) -> Result<(), String> {
     let epochs = runs.iter().map(|r| r.epochs.len()).max().unwrap_or(1) as f64;
     let top = runs
         .iter()
@@ -271,15 +307,28 @@ fn plot(runs: &[Run], path: &Path, title: &str, value: impl Fn(&crate::Epoch) ->
         .map_err(|e| draw(&e))?;
     for (i, run) in runs.iter().enumerate() {
         let colour = Palette99::pick(i / 2 * 2 + usize::from(run.side == Side::Prepfs));
-        let points: Vec<(f64, f64)> = run.epochs.iter().map(|e| (f64::from(e.epoch), value(e))).collect();
-        let style = ShapeStyle::from(&colour).stroke_width(if run.side == Side::Prepfs { 3 } else { 1 });
+        let points: Vec<(f64, f64)> = run
+            .epochs
+            .iter()
+            .map(|e| (f64::from(e.epoch), value(e)))
+            .collect();
+        let style =
+            ShapeStyle::from(&colour).stroke_width(if run.side == Side::Prepfs { 3 } else { 1 });
         chart
             .draw_series(LineSeries::new(points.clone(), style))
             .map_err(|e| draw(&e))?
-            .label(format!("{} · {}", reader_name(run.setup.reader), side_name(run.side)))
+            .label(format!(
+                "{} · {}",
+                reader_name(run.setup.reader),
+                side_name(run.side)
+            ))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
         chart
-            .draw_series(points.into_iter().map(|p| Circle::new(p, 4, style.filled())))
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 4, style.filled())),
+            )
             .map_err(|e| draw(&e))?;
     }
     chart

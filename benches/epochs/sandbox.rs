@@ -9,9 +9,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -129,8 +129,11 @@ fn quiet(cmd: &mut Command) -> bool {
 
 fn alive(pid: u32) -> bool {
     // A zombie has exited; it only waits for its parent to collect it.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|s| s.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+    })
 }
 
 fn stop_process(pid: u32) {
@@ -198,7 +201,9 @@ pub fn clear_leftovers(workdir: &Path) {
         eprintln!("epochs: unmounting leftover {}", m.display());
         run(&Teardown::Unmount(m));
     }
-    if let Ok(listing) = must(Command::new("losetup").args(["--list", "--noheadings", "-O", "NAME,BACK-FILE"])) {
+    if let Ok(listing) =
+        must(Command::new("losetup").args(["--list", "--noheadings", "-O", "NAME,BACK-FILE"]))
+    {
         for line in listing.lines() {
             let mut cols = line.split_whitespace();
             if let (Some(dev), Some(back)) = (cols.next(), cols.next())
@@ -222,8 +227,7 @@ pub fn clear_leftovers(workdir: &Path) {
 pub fn drop_caches() -> Result<(), String> {
     // SAFETY: sync(2) takes no arguments and cannot fail.
     unsafe { libc::sync() };
-    std::fs::write("/proc/sys/vm/drop_caches", "3")
-        .map_err(|e| format!("cannot drop caches: {e}"))
+    std::fs::write("/proc/sys/vm/drop_caches", "3").map_err(|e| format!("cannot drop caches: {e}"))
 }
 
 /// An ext4 image attached read-only to a loop device (direct I/O, so the image file's own page
@@ -249,14 +253,23 @@ impl SlowDisk {
         }
         let device = PathBuf::from(must(losetup.arg(image))?);
         let detach = Guard::new(Teardown::Detach(device.clone()));
-        let name = device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = device
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let devnum = std::fs::read_to_string(format!("/sys/block/{name}/dev"))
             .map_err(|e| format!("{}: {e}", device.display()))?
             .trim()
             .to_owned();
-        std::fs::create_dir_all(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+        std::fs::create_dir_all(mountpoint)
+            .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
         let options = if writable { "rw,noatime" } else { "ro,noatime" };
-        must(Command::new("mount").args(["-o", options]).arg(&device).arg(mountpoint))?;
+        must(
+            Command::new("mount")
+                .args(["-o", options])
+                .arg(&device)
+                .arg(mountpoint),
+        )?;
         Ok(SlowDisk {
             device,
             devnum,
@@ -269,7 +282,11 @@ impl SlowDisk {
     /// Read requests completed and bytes read by the device since it was attached
     /// (/proc/diskstats: reads completed, sectors of 512 B read).
     pub fn reads(&self) -> (u64, u64) {
-        let name = self.device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = self
+            .device
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         std::fs::read_to_string("/proc/diskstats")
             .unwrap_or_default()
             .lines()
@@ -316,11 +333,21 @@ impl Cgroup {
             write(memory.join("memory.limit_in_bytes"), bytes.to_string())?;
         }
         if let Some((dev, bps, iops)) = &limits.throttle {
-            write(blkio.join("blkio.throttle.read_bps_device"), format!("{dev} {bps}"))?;
-            write(blkio.join("blkio.throttle.read_iops_device"), format!("{dev} {iops}"))?;
+            write(
+                blkio.join("blkio.throttle.read_bps_device"),
+                format!("{dev} {bps}"),
+            )?;
+            write(
+                blkio.join("blkio.throttle.read_iops_device"),
+                format!("{dev} {iops}"),
+            )?;
         }
         let [a, b]: [Guard; 2] = guards.try_into().map_err(|_| "two guards".to_owned())?;
-        Ok(Cgroup { memory, blkio, _guards: [a, b] })
+        Ok(Cgroup {
+            memory,
+            blkio,
+            _guards: [a, b],
+        })
     }
 
     /// A command that joins this cgroup, then runs `program` with `args`.
@@ -365,7 +392,9 @@ impl Cgroup {
     pub fn footprint(&self) -> u64 {
         let stat = self.memory_stat();
         let get = |k: &str| stat.get(k).copied().unwrap_or(0);
-        get("total_rss") + get("total_shmem") + get("total_mapped_file")
+        get("total_rss")
+            + get("total_shmem")
+            + get("total_mapped_file")
             + self.memory_value("memory.kmem.usage_in_bytes")
     }
 
@@ -411,7 +440,10 @@ impl PeakWatch {
 fn remove_cgroup(dir: &Path) {
     for _ in 0..100 {
         let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-        for pid in procs.lines().filter_map(|l| l.trim().parse::<libc::pid_t>().ok()) {
+        for pid in procs
+            .lines()
+            .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
+        {
             // SAFETY: kill(2) has no memory effects.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }

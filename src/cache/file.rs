@@ -290,7 +290,9 @@ impl CachedFile {
             };
             self.metrics.cache_misses.inc();
             let result = if leader {
-                let result = self.fetch(span.clone(), source).map(|b| Arc::new(Block::new(b)));
+                let result = self
+                    .fetch(span.clone(), source)
+                    .map(|b| Arc::new(Block::new(b)));
                 let mut slot = self.slots[index].lock();
                 if let Ok(block) = &result {
                     slot.stored = self.admit(index, block);

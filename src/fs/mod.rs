@@ -302,12 +302,12 @@ impl Fs {
         let identity = source.identity();
         {
             let mut last = node.last_identity.lock();
-            if let Some(old) = *last {
-                if old != identity {
-                    self.cache.forget(&old);
-                    self.metrics.stale_detections.inc();
-                    tracing::info!(path = %node.path.display(), "source file changed; old cache entry dropped");
-                }
+            if let Some(old) = *last
+                && old != identity
+            {
+                self.cache.forget(&old);
+                self.metrics.stale_detections.inc();
+                tracing::info!(path = %node.path.display(), "source file changed; old cache entry dropped");
             }
             *last = Some(identity);
         }

@@ -299,10 +299,18 @@ fn full_cache_reads_only_the_requested_bytes_from_the_source() {
         let fh = fs.open(ino_of(&fs, name), false).expect("open").fh;
         let mut got = Vec::new();
         while got.len() < len {
-            got.extend_from_slice(fs.read(fh, got.len() as u64, 8192).expect("read").as_slice());
+            got.extend_from_slice(
+                fs.read(fh, got.len() as u64, 8192)
+                    .expect("read")
+                    .as_slice(),
+            );
         }
         fs.release(fh).expect("release");
-        assert_eq!(got, pattern(len, if name == "small" { 1 } else { 2 }), "{name}");
+        assert_eq!(
+            got,
+            pattern(len, if name == "small" { 1 } else { 2 }),
+            "{name}"
+        );
         assert_eq!(
             fs.metrics().source_bytes.get() - before,
             len as u64,

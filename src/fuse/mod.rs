@@ -146,21 +146,21 @@ impl Filesystem for Adapter {
             Ok(o) => o,
             Err(e) => return reply.error(e),
         };
-        if let Serve::Passthrough(cached) = &opened.serve {
-            if self.passthrough.load(Ordering::Relaxed) {
-                match cached.passthrough_backing(|fd| reply.open_backing(fd)) {
-                    Ok(backing) => {
-                        self.fs.metrics().passthrough_opens.inc();
-                        return reply.opened_passthrough(
-                            FileHandle(opened.fh),
-                            FopenFlags::FOPEN_NOFLUSH,
-                            &backing,
-                        );
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "passthrough refused by the kernel; serving reads from the daemon");
-                        self.passthrough.store(false, Ordering::Relaxed);
-                    }
+        if let Serve::Passthrough(cached) = &opened.serve
+            && self.passthrough.load(Ordering::Relaxed)
+        {
+            match cached.passthrough_backing(|fd| reply.open_backing(fd)) {
+                Ok(backing) => {
+                    self.fs.metrics().passthrough_opens.inc();
+                    return reply.opened_passthrough(
+                        FileHandle(opened.fh),
+                        FopenFlags::FOPEN_NOFLUSH,
+                        &backing,
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "passthrough refused by the kernel; serving reads from the daemon");
+                    self.passthrough.store(false, Ordering::Relaxed);
                 }
             }
         }

@@ -95,10 +95,9 @@ impl InodeTable {
                 .by_name
                 .get(&key)
                 .and_then(|ino| tables.by_ino.get(ino))
+                && node.kind == kind
             {
-                if node.kind == kind {
-                    return node.clone();
-                }
+                return node.clone();
             }
         }
         let mut tables = self.tables.write();
@@ -106,10 +105,9 @@ impl InodeTable {
             .by_name
             .get(&key)
             .and_then(|ino| tables.by_ino.get(ino))
+            && node.kind == kind
         {
-            if node.kind == kind {
-                return node.clone();
-            }
+            return node.clone();
         }
         let ino = tables.next;
         tables.next += 1;
