@@ -17,4 +17,5 @@ pub mod shards;
 pub mod source;
 pub mod stats;
 pub mod synthetic;
+pub mod view;
 pub mod workers;

@@ -1,0 +1,406 @@
+//! Rendering one view file on the CPU: decode, the view's ops with torchvision's semantics, and
+//! the .npy bytes, fused where it pays (crop + resize in one pass; flip, normalize and layout in
+//! one write of the output).
+//!
+//! Owns the pixel work and the random draws of one render (all from one seed, so a render is a
+//! pure function of (spec, encoded bytes, seed)). Decoding is bounded: dimensions and allocation
+//! are capped before pixels are decoded. Must never panic on any input bytes, and never return a
+//! partial image: an error is the only alternative to a complete file.
+
+use std::io::Cursor;
+
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+
+use super::npy::{self, Dtype};
+use super::spec::{Op, Output, Size, ViewSpec, short_side};
+
+/// Largest width or height decoded: larger images are refused before their pixels are.
+pub const MAX_SIDE: u32 = 16_384;
+/// Largest decode buffer: 64 Mpixel of RGB, refused beyond (decompression bombs).
+pub const MAX_DECODE_BYTES: u64 = 64 << 20 << 1;
+
+/// Why a file could not be rendered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    /// Not a format the decoder knows.
+    #[error("not an image: {0}")]
+    NotAnImage(String),
+    /// Truncated or corrupt data.
+    #[error("cannot decode: {0}")]
+    Corrupt(String),
+    /// Over the pixel limit.
+    #[error("image too large: {0}")]
+    TooLarge(String),
+    /// A resize the resizer refused (should not happen with validated specs).
+    #[error("resize failed: {0}")]
+    Resize(String),
+}
+
+/// An RGB8 image, rows of `width * 3` bytes.
+struct Rgb {
+    width: u32,
+    height: u32,
+    data: Vec<u8>,
+}
+
+/// Reads only the header: (width, height), with the same limits as a full decode.
+pub fn dimensions(encoded: &[u8]) -> Result<(u32, u32), RenderError> {
+    let reader = reader(encoded)?;
+    let (w, h) = reader
+        .into_dimensions()
+        .map_err(|e| RenderError::Corrupt(e.to_string()))?;
+    check_side(w, h)?;
+    Ok((w, h))
+}
+
+fn reader(encoded: &[u8]) -> Result<image::ImageReader<Cursor<&[u8]>>, RenderError> {
+    let mut reader = image::ImageReader::new(Cursor::new(encoded))
+        .with_guessed_format()
+        .map_err(|e| RenderError::NotAnImage(e.to_string()))?;
+    if reader.format().is_none() {
+        return Err(RenderError::NotAnImage("unknown format".into()));
+    }
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(MAX_SIDE);
+    limits.max_image_height = Some(MAX_SIDE);
+    limits.max_alloc = Some(MAX_DECODE_BYTES);
+    reader.limits(limits);
+    Ok(reader)
+}
+
+fn check_side(w: u32, h: u32) -> Result<(), RenderError> {
+    if w == 0 || h == 0 || w > MAX_SIDE || h > MAX_SIDE {
+        return Err(RenderError::TooLarge(format!(
+            "{w}x{h} pixels (limit {MAX_SIDE} per side)"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether a JPEG's last scan is complete: the JPEG decoder fills a truncated scan with grey
+/// instead of failing, so a file cut short must be caught here. Inside entropy-coded data 0xFF is
+/// always stuffed, so an end-of-image marker (FF D9) after the last start-of-scan (FF DA) can
+/// only be the real end (an EXIF thumbnail's markers come before the main scan).
+fn jpeg_is_complete(encoded: &[u8]) -> bool {
+    let last = |marker: u8| encoded.windows(2).rposition(|w| w == [0xFF, marker]);
+    matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
+}
+
+fn decode(encoded: &[u8]) -> Result<Rgb, RenderError> {
+    let reader = reader(encoded)?;
+    if reader.format() == Some(image::ImageFormat::Jpeg) && !jpeg_is_complete(encoded) {
+        return Err(RenderError::Corrupt(
+            "JPEG data ends before its end-of-image marker (truncated)".into(),
+        ));
+    }
+    let image = reader.decode().map_err(|e| match e {
+        image::ImageError::Limits(l) => RenderError::TooLarge(l.to_string()),
+        image::ImageError::Unsupported(u) => RenderError::NotAnImage(u.to_string()),
+        other => RenderError::Corrupt(other.to_string()),
+    })?;
+    check_side(image.width(), image.height())?;
+    let rgb = image.into_rgb8();
+    Ok(Rgb {
+        width: rgb.width(),
+        height: rgb.height(),
+        data: rgb.into_raw(),
+    })
+}
+
+/// The complete .npy file of `spec` applied to `encoded`, with random draws from `seed`.
+pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Vec<u8>, RenderError> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut image = decode(encoded)?;
+    let mut resizer = Resizer::new();
+    let (mut flip, mut norm) = (false, None);
+    for op in &spec.ops {
+        match *op {
+            Op::Resize(size) => {
+                let (h, w) = match size {
+                    Size::Short(s) => short_side(image.height, image.width, s),
+                    Size::Exact(h, w) => (h, w),
+                };
+                let full = (0.0, 0.0, f64::from(image.width), f64::from(image.height));
+                image = resize(&mut resizer, &image, full, w.max(1), h.max(1))?;
+            }
+            Op::CenterCrop { height, width } => image = center_crop(&image, width, height),
+            Op::RandomResizedCrop {
+                height,
+                width,
+                scale,
+                ratio,
+            } => {
+                let (top, left, h, w) =
+                    random_crop_box(&mut rng, image.width, image.height, scale, ratio);
+                let region = (f64::from(left), f64::from(top), f64::from(w), f64::from(h));
+                image = resize(&mut resizer, &image, region, width, height)?;
+            }
+            Op::HorizontalFlip { p } => {
+                if rng.f64() < p {
+                    flip = !flip;
+                }
+            }
+            Op::Normalize { mean, std } => norm = Some((mean, std)),
+        }
+    }
+    Ok(encode(spec.output, &image, flip, norm))
+}
+
+/// torchvision's `RandomResizedCrop.get_params`: (top, left, height, width) of the crop.
+pub fn random_crop_box(
+    rng: &mut fastrand::Rng,
+    width: u32,
+    height: u32,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+) -> (u32, u32, u32, u32) {
+    let area = f64::from(width) * f64::from(height);
+    let (log_lo, log_hi) = (ratio.0.ln(), ratio.1.ln());
+    for _ in 0..10 {
+        let target = area * (scale.0 + rng.f64() * (scale.1 - scale.0));
+        let aspect = (log_lo + rng.f64() * (log_hi - log_lo)).exp();
+        let w = (target * aspect).sqrt().round();
+        let h = (target / aspect).sqrt().round();
+        if 0.0 < w && w <= f64::from(width) && 0.0 < h && h <= f64::from(height) {
+            let (w, h) = (w as u32, h as u32);
+            let top = rng.u32(0..=height - h);
+            let left = rng.u32(0..=width - w);
+            return (top, left, h, w);
+        }
+    }
+    // Fallback to a central crop of the allowed aspect ratio.
+    let in_ratio = f64::from(width) / f64::from(height);
+    let (w, h) = if in_ratio < ratio.0 {
+        (
+            width,
+            ((f64::from(width) / ratio.0).round() as u32).clamp(1, height),
+        )
+    } else if in_ratio > ratio.1 {
+        (
+            ((f64::from(height) * ratio.1).round() as u32).clamp(1, width),
+            height,
+        )
+    } else {
+        (width, height)
+    };
+    ((height - h) / 2, (width - w) / 2, h, w)
+}
+
+/// Resizes `region` (left, top, width, height) of `image` to `width` x `height` with Pillow's
+/// antialiased bilinear filter, as torchvision's PIL path does.
+fn resize(
+    resizer: &mut Resizer,
+    image: &Rgb,
+    region: (f64, f64, f64, f64),
+    width: u32,
+    height: u32,
+) -> Result<Rgb, RenderError> {
+    let src = ImageRef::new(image.width, image.height, &image.data, PixelType::U8x3)
+        .map_err(|e| RenderError::Resize(e.to_string()))?;
+    let mut dst = Image::new(width, height, PixelType::U8x3);
+    let options = ResizeOptions::new()
+        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+        .crop(region.0, region.1, region.2, region.3);
+    resizer
+        .resize(&src, &mut dst, &options)
+        .map_err(|e| RenderError::Resize(e.to_string()))?;
+    Ok(Rgb {
+        width,
+        height,
+        data: dst.into_vec(),
+    })
+}
+
+/// torchvision's `CenterCrop`: the central region, zero-padded where the image is smaller.
+fn center_crop(image: &Rgb, width: u32, height: u32) -> Rgb {
+    let mut out = vec![0u8; width as usize * height as usize * 3];
+    // Offsets of the crop in the image (rounded half to even, as Python does); negative when
+    // the crop is larger (padding).
+    let top = ((f64::from(image.height) - f64::from(height)) / 2.0).round_ties_even() as i64;
+    let left = ((f64::from(image.width) - f64::from(width)) / 2.0).round_ties_even() as i64;
+    for y in 0..i64::from(height) {
+        let sy = y + top;
+        if sy < 0 || sy >= i64::from(image.height) {
+            continue;
+        }
+        let x0 = left.max(0);
+        let x1 = (left + i64::from(width)).min(i64::from(image.width));
+        if x0 >= x1 {
+            continue;
+        }
+        let src = (sy as usize * image.width as usize + x0 as usize) * 3;
+        let dst = (y as usize * width as usize + (x0 - left) as usize) * 3;
+        let len = (x1 - x0) as usize * 3;
+        out[dst..dst + len].copy_from_slice(&image.data[src..src + len]);
+    }
+    Rgb {
+        width,
+        height,
+        data: out,
+    }
+}
+
+/// The .npy bytes: header, then pixels in the output layout, flipped and normalized in one pass.
+fn encode(output: Output, image: &Rgb, flip: bool, norm: Option<([f32; 3], [f32; 3])>) -> Vec<u8> {
+    let (w, h) = (image.width as usize, image.height as usize);
+    let (dtype, shape) = match output {
+        Output::Float32Chw => (Dtype::F32, [3, h, w]),
+        Output::Uint8Chw => (Dtype::U8, [3, h, w]),
+        Output::Uint8Hwc => (Dtype::U8, [h, w, 3]),
+    };
+    let mut out = Vec::with_capacity(npy::file_size(dtype, &shape) as usize);
+    out.extend_from_slice(&npy::header(dtype, &shape));
+    let source_x = |x: usize| if flip { w - 1 - x } else { x };
+    match output {
+        Output::Float32Chw => {
+            let (mean, std) = norm.unwrap_or(([0.0; 3], [1.0; 3]));
+            for c in 0..3 {
+                // (v / 255 - mean) / std as one multiply-add per element.
+                let scale = 1.0 / (255.0 * std[c]);
+                let offset = -mean[c] / std[c];
+                for y in 0..h {
+                    let row = &image.data[y * w * 3..(y + 1) * w * 3];
+                    for x in 0..w {
+                        let v = f32::from(row[source_x(x) * 3 + c]) * scale + offset;
+                        out.extend_from_slice(&v.to_le_bytes());
+                    }
+                }
+            }
+        }
+        Output::Uint8Chw => {
+            for c in 0..3 {
+                for y in 0..h {
+                    let row = &image.data[y * w * 3..(y + 1) * w * 3];
+                    out.extend((0..w).map(|x| row[source_x(x) * 3 + c]));
+                }
+            }
+        }
+        Output::Uint8Hwc => {
+            for y in 0..h {
+                let row = &image.data[y * w * 3..(y + 1) * w * 3];
+                for x in 0..w {
+                    let s = source_x(x) * 3;
+                    out.extend_from_slice(&row[s..s + 3]);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(text: &str) -> ViewSpec {
+        ViewSpec::parse(text).expect("valid spec")
+    }
+
+    #[test]
+    fn renders_have_the_promised_size_and_are_pure_functions_of_the_seed() {
+        let jpeg = crate::synthetic::photo(3).expect("jpeg");
+        let train = spec("t=decode,random_resized_crop(224),hflip,normalize(imagenet)");
+        let a = render(&train, &jpeg, 1).expect("renders");
+        assert_eq!(a.len() as u64, npy::file_size(Dtype::F32, &[3, 224, 224]));
+        assert_eq!(
+            a,
+            render(&train, &jpeg, 1).expect("renders"),
+            "same seed, same bytes"
+        );
+        assert_ne!(
+            a,
+            render(&train, &jpeg, 2).expect("renders"),
+            "another seed, another crop"
+        );
+        let (w, h) = dimensions(&jpeg).expect("header");
+        let val = spec("v=decode,resize(100),uint8(hwc)");
+        let (oh, ow) = val.output_size(w, h);
+        let b = render(&val, &jpeg, 0).expect("renders");
+        assert_eq!(
+            b.len() as u64,
+            npy::file_size(Dtype::U8, &[oh as usize, ow as usize, 3])
+        );
+    }
+
+    #[test]
+    fn flip_and_layouts_agree_pixel_for_pixel() {
+        let jpeg = crate::synthetic::photo(5).expect("jpeg");
+        let hwc = render(&spec("a=decode,center_crop(16),uint8(hwc)"), &jpeg, 0).expect("renders");
+        let chw = render(&spec("b=decode,center_crop(16),uint8"), &jpeg, 0).expect("renders");
+        let flipped = render(
+            &spec("c=decode,center_crop(16),hflip(1),uint8(hwc)"),
+            &jpeg,
+            0,
+        )
+        .expect("renders");
+        let f32s = render(&spec("d=decode,center_crop(16)"), &jpeg, 0).expect("renders");
+        let px = |buf: &[u8], y: usize, x: usize, c: usize| buf[128 + (y * 16 + x) * 3 + c];
+        for y in 0..16 {
+            for x in 0..16 {
+                for c in 0..3 {
+                    let v = px(&hwc, y, x, c);
+                    assert_eq!(chw[128 + c * 256 + y * 16 + x], v);
+                    assert_eq!(px(&flipped, y, 15 - x, c), v);
+                    let at = 128 + (c * 256 + y * 16 + x) * 4;
+                    let f = f32::from_le_bytes(f32s[at..at + 4].try_into().expect("4 bytes"));
+                    assert!((f - f32::from(v) / 255.0).abs() < 1e-6);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn center_crop_larger_than_the_image_pads_with_zeros() {
+        let image = Rgb {
+            width: 2,
+            height: 2,
+            data: vec![9; 12],
+        };
+        let out = center_crop(&image, 4, 4);
+        let ones: Vec<usize> = (0..16).filter(|i| out.data[i * 3] == 9).collect();
+        assert_eq!(ones, vec![5, 6, 9, 10]);
+    }
+
+    #[test]
+    fn random_crop_boxes_stay_inside_the_image() {
+        let mut rng = fastrand::Rng::with_seed(9);
+        for (w, h) in [(500, 375), (10, 1000), (1000, 10), (1, 1), (224, 224)] {
+            for _ in 0..200 {
+                let (top, left, ch, cw) =
+                    random_crop_box(&mut rng, w, h, (0.08, 1.0), (0.75, 4.0 / 3.0));
+                assert!(
+                    ch >= 1 && cw >= 1 && top + ch <= h && left + cw <= w,
+                    "{w}x{h}: {top},{left},{ch},{cw}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bad_bytes_are_errors_not_panics() {
+        let jpeg = crate::synthetic::photo(1).expect("jpeg");
+        let s = spec("t=decode,random_resized_crop(32)");
+        assert!(matches!(
+            render(&s, b"hello, not an image", 0),
+            Err(RenderError::NotAnImage(_))
+        ));
+        for cut in [4, 100, jpeg.len() / 2] {
+            assert!(render(&s, &jpeg[..cut], 0).is_err(), "truncated at {cut}");
+        }
+        let mut flipped = jpeg.clone();
+        for i in (200..flipped.len()).step_by(97) {
+            flipped[i] ^= 0x5a;
+        }
+        let _ = render(&s, &flipped, 0); // may decode with artefacts or fail; must not panic
+        // A PNG header claiming 100000 x 100000 pixels.
+        let mut png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR".to_vec();
+        png.extend_from_slice(&100_000u32.to_be_bytes());
+        png.extend_from_slice(&100_000u32.to_be_bytes());
+        png.extend_from_slice(&[8, 2, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(matches!(
+            render(&s, &png, 0),
+            Err(RenderError::TooLarge(_)) | Err(RenderError::Corrupt(_))
+        ));
+    }
+}
