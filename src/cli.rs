@@ -49,6 +49,13 @@ enum Command {
         /// Append the daemon's log to this file (default: discarded unless --foreground).
         #[arg(long, value_name = "PATH")]
         log_file: Option<PathBuf>,
+        /// A tensor view under .prepfs/views/NAME, e.g.
+        /// train='decode,random_resized_crop(224),hflip,normalize(imagenet)' (repeatable).
+        #[arg(long = "view", value_name = "NAME=PIPELINE")]
+        views: Vec<String>,
+        /// Seed of the views' random augmentation (each open of a file draws anew from it).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        seed: u64,
         /// Internal: this process is the daemon started by `prepfs mount`.
         #[arg(long, hide = true)]
         daemon_child: bool,
@@ -118,8 +125,11 @@ fn dispatch(command: Command) -> Result<(), RunError> {
             io_threads,
             allow_other,
             log_file,
+            views,
+            seed,
             daemon_child,
         } => {
+            let views = config::parse_views(&views)?;
             let cache_mem = match cache_mem {
                 Some(s) => config::parse_size(&s)?,
                 None => config::default_cache_mem(),
@@ -135,6 +145,8 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 io_threads: io_threads.max(1),
                 allow_other,
                 log_file: log_file.map(|p| std::path::absolute(&p).unwrap_or(p)),
+                views,
+                seed,
             };
             run::mount(&cfg, daemon_child)
         }

@@ -4,6 +4,7 @@
 //! line before anything is mounted (source, mountpoint, /dev/fuse, sizes). Must never mount,
 //! spawn or change anything: it only reads and decides.
 
+use crate::view::ViewSpec;
 use std::path::{Path, PathBuf};
 
 /// Why a configuration cannot be used. Each message is one line a user can act on.
@@ -33,6 +34,9 @@ pub enum ConfigError {
     /// The FUSE device cannot be used.
     #[error("{0}")]
     Fuse(String),
+    /// A `--view` definition is invalid.
+    #[error("{0}")]
+    View(String),
 }
 
 /// Everything a mount needs.
@@ -56,6 +60,33 @@ pub struct MountConfig {
     pub allow_other: bool,
     /// Where a daemon writes its log (none: discarded).
     pub log_file: Option<PathBuf>,
+    /// Tensor views under `.prepfs/views/`.
+    pub views: Vec<ViewSpec>,
+    /// Seed of the views' random augmentation.
+    pub seed: u64,
+}
+
+/// Parses `--view NAME=PIPELINE` definitions: names unique, at most `inode::MAX_VIEWS`.
+pub fn parse_views(definitions: &[String]) -> Result<Vec<ViewSpec>, ConfigError> {
+    if definitions.len() > crate::inode::MAX_VIEWS {
+        return Err(ConfigError::View(format!(
+            "{} views given; at most {} per mount",
+            definitions.len(),
+            crate::inode::MAX_VIEWS
+        )));
+    }
+    let mut views: Vec<ViewSpec> = Vec::new();
+    for definition in definitions {
+        let spec = ViewSpec::parse(definition).map_err(|e| ConfigError::View(e.to_string()))?;
+        if views.iter().any(|v| v.name == spec.name) {
+            return Err(ConfigError::View(format!(
+                "view {} is defined twice",
+                spec.name
+            )));
+        }
+        views.push(spec);
+    }
+    Ok(views)
 }
 
 /// Share of available memory taken by default for the RAM tier.

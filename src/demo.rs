@@ -59,6 +59,8 @@ pub fn run(files: usize) -> Result<(), String> {
         io_threads: config::DEFAULT_IO_THREADS,
         allow_other: false,
         log_file: None,
+        views: Vec::new(),
+        seed: 0,
     };
     let mounted = run::start(&cfg).map_err(|e| e.to_string())?;
     println!(

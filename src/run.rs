@@ -127,6 +127,8 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
             cache_budget: cfg.cache_mem,
             passthrough: cfg.passthrough,
             owner,
+            views: cfg.views.clone(),
+            seed: cfg.seed,
         },
     ));
     let workers = IoWorkers::new(cfg.io_threads, IO_QUEUE_DEPTH)

@@ -9,6 +9,9 @@
 
 #[cfg(test)]
 mod tests;
+mod views;
+
+pub use views::View;
 
 use std::ffi::{OsStr, OsString};
 use std::sync::Arc;
@@ -19,10 +22,12 @@ use crate::cache::{CachedFile, NeverEvictCache, ReadBytes};
 use crate::error::FsError;
 use crate::inode::{
     self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE,
+    VIEWS_DIR,
 };
 use crate::shards::ShardedMap;
 use crate::source::{Kind, Meta, Source, SourceFile, SpaceStats};
 use crate::stats::{self, Gauges, Metrics};
+use crate::view::{Cpu, Executor, ViewSpec};
 
 /// How long the kernel may trust names and attributes of source entries. The tree is read-only
 /// through the mount; changes made in the source are picked up on open (see `open`).
@@ -37,6 +42,10 @@ pub struct FsOptions {
     pub passthrough: bool,
     /// Owner shown for the virtual control files.
     pub owner: (u32, u32),
+    /// Tensor views shown under `.prepfs/views/` (at most `inode::MAX_VIEWS`).
+    pub views: Vec<ViewSpec>,
+    /// Seed of every view's random augmentation.
+    pub seed: u64,
 }
 
 /// Attributes of one node, with how long the kernel may cache them.
@@ -101,6 +110,7 @@ enum Handle {
         cached: Arc<CachedFile>,
     },
     Snapshot(Arc<[u8]>),
+    View(views::ViewOpen),
     Dir(DirSnapshot),
 }
 
@@ -123,20 +133,33 @@ pub struct Fs {
     handles: ShardedMap<u64, Arc<Handle>>,
     next_fh: AtomicU64,
     metrics: Arc<Metrics>,
+    views: Vec<View>,
+    executor: Box<dyn Executor>,
 }
 
 impl Fs {
     /// A mount over `source`. Does no I/O: the mount is ready at once.
     pub fn new(source: Arc<dyn Source>, options: FsOptions) -> Fs {
         let metrics = Arc::new(Metrics::default());
+        let views: Vec<View> = options
+            .views
+            .iter()
+            .take(inode::MAX_VIEWS)
+            .map(|spec| View {
+                spec: spec.clone(),
+                metrics: Default::default(),
+            })
+            .collect();
         Fs {
             source,
             cache: NeverEvictCache::new(options.cache_budget, metrics.clone()),
+            inodes: InodeTable::with_views(views.len()),
             options,
-            inodes: InodeTable::default(),
             handles: ShardedMap::default(),
             next_fh: AtomicU64::new(1),
             metrics,
+            views,
+            executor: Box::new(Cpu),
         }
     }
 
@@ -179,15 +202,24 @@ impl Fs {
     }
 
     fn virtual_attr(&self, ino: u64) -> Option<Attr> {
-        let (kind, perm, size) = match ino {
-            CONTROL_DIR => (Kind::Directory, 0o555, 0),
-            STATS_FILE | METRICS_FILE => (Kind::File, 0o444, self.render(ino)?.len() as u64),
-            _ => return None,
-        };
+        match ino {
+            CONTROL_DIR => self.virtual_dir_attr(ino),
+            STATS_FILE | METRICS_FILE => {
+                Some(self.make_virtual_attr(ino, Kind::File, 0o444, self.render(ino)?.len() as u64))
+            }
+            _ => self.views_dir_attr(ino),
+        }
+    }
+
+    fn virtual_dir_attr(&self, ino: u64) -> Option<Attr> {
+        Some(self.make_virtual_attr(ino, Kind::Directory, 0o555, 0))
+    }
+
+    fn make_virtual_attr(&self, ino: u64, kind: Kind, perm: u16, size: u64) -> Attr {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64);
-        Some(Attr {
+        Attr {
             ino,
             kind,
             size,
@@ -200,12 +232,15 @@ impl Fs {
             mtime_ns: now,
             ctime_ns: now,
             valid_for: Duration::ZERO,
-        })
+        }
     }
 
     /// The current content of a virtual file.
     fn render(&self, ino: u64) -> Option<Vec<u8>> {
-        let samples = self.metrics.samples(&self.gauges());
+        let mut samples = self.metrics.samples(&self.gauges());
+        for view in &self.views {
+            stats::view_samples(&view.spec.name, &view.metrics, &mut samples);
+        }
         match ino {
             STATS_FILE => Some(stats::render_json(&samples).into_bytes()),
             METRICS_FILE => Some(stats::render_prometheus(&samples).into_bytes()),
@@ -232,15 +267,20 @@ impl Fs {
                 let ino = match name.to_str() {
                     Some("stats.json") => STATS_FILE,
                     Some("metrics") => METRICS_FILE,
+                    Some("views") => VIEWS_DIR,
                     _ => return Err(FsError::NotFound),
                 };
                 return self.virtual_attr(ino).ok_or(FsError::NotFound);
             }
+            VIEWS_DIR => return self.lookup_view_root(name),
             _ => {}
         }
         let parent = self.node(parent)?;
         if parent.kind != Kind::Directory {
             return Err(FsError::NotDirectory);
+        }
+        if parent.view.is_some() {
+            return self.lookup_in_view(&parent, name);
         }
         let path = inode::validate_name(name)?;
         let child_path = if parent.ino == ROOT {
@@ -262,6 +302,9 @@ impl Fs {
             return Ok(attr);
         }
         let node = self.node(ino)?;
+        if node.view.is_some() {
+            return self.view_attr(&node);
+        }
         let meta = self.stat_node(&node)?;
         Ok(Self::source_attr(ino, &meta))
     }
@@ -294,6 +337,13 @@ impl Fs {
             Kind::File => {}
             Kind::Directory => return Err(FsError::IsDirectory),
             Kind::Symlink | Kind::Other => return Err(FsError::AccessDenied),
+        }
+        if node.view.is_some() {
+            let fh = self.add_handle(self.open_view_file(node)?);
+            return Ok(Opened {
+                fh,
+                serve: Serve::Daemon,
+            });
         }
         let source = self
             .source
@@ -345,6 +395,9 @@ impl Fs {
         match &*handle {
             Handle::File { cached, .. } => cached.read_cached(offset, size).map(Ok),
             Handle::Snapshot(content) => Some(Ok(snapshot_range(content, offset, size))),
+            Handle::View(open) => open
+                .ready()
+                .map(|r| r.map(|bytes| snapshot_range(&bytes, offset, size))),
             Handle::Dir(_) => Some(Err(FsError::IsDirectory)),
         }
     }
@@ -354,6 +407,7 @@ impl Fs {
         match &*self.handle(fh)? {
             Handle::File { source, cached } => cached.read(source.as_ref(), offset, size),
             Handle::Snapshot(content) => Ok(snapshot_range(content, offset, size)),
+            Handle::View(open) => Ok(snapshot_range(&self.rendered(open)?, offset, size)),
             Handle::Dir(_) => Err(FsError::IsDirectory),
         }
     }
@@ -369,10 +423,13 @@ impl Fs {
     /// Opens directory `ino`, taking a snapshot of its names.
     pub fn opendir(&self, ino: u64) -> Result<u64, FsError> {
         if ino == CONTROL_DIR {
-            let names = vec![
+            let mut names = vec![
                 ("stats.json".into(), Kind::File, Some(STATS_FILE)),
                 ("metrics".into(), Kind::File, Some(METRICS_FILE)),
             ];
+            if !self.views.is_empty() {
+                names.push(("views".into(), Kind::Directory, Some(VIEWS_DIR)));
+            }
             let node = self.node(ROOT)?;
             return Ok(self.add_handle(Handle::Dir(DirSnapshot {
                 node,
@@ -380,9 +437,21 @@ impl Fs {
                 names,
             })));
         }
+        if ino == VIEWS_DIR && !self.views.is_empty() {
+            let node = self.node(ROOT)?;
+            return Ok(self.add_handle(Handle::Dir(DirSnapshot {
+                node,
+                dots: (VIEWS_DIR, CONTROL_DIR),
+                names: self.list_views(),
+            })));
+        }
         let node = self.node(ino)?;
         if node.kind != Kind::Directory {
             return Err(FsError::NotDirectory);
+        }
+        if node.view.is_some() {
+            let snapshot = self.opendir_in_view(node)?;
+            return Ok(self.add_handle(Handle::Dir(snapshot)));
         }
         let entries = self
             .source

@@ -22,6 +22,8 @@ fn options(budget: u64) -> FsOptions {
         cache_budget: budget,
         passthrough: true,
         owner: (0, 0),
+        views: Vec::new(),
+        seed: 0,
     }
 }
 

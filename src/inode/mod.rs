@@ -10,6 +10,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use parking_lot::{Mutex, RwLock};
 
@@ -24,6 +25,12 @@ pub const CONTROL_DIR: u64 = 2;
 pub const STATS_FILE: u64 = 3;
 /// Inode of `.prepfs/metrics` (Prometheus text).
 pub const METRICS_FILE: u64 = 4;
+/// Inode of `.prepfs/views`, the parent of every view's tree.
+pub const VIEWS_DIR: u64 = 5;
+/// Inode of the first view's root (`.prepfs/views/<name>`); view `i` has `FIRST_VIEW_ROOT + i`.
+pub const FIRST_VIEW_ROOT: u64 = 16;
+/// Most views one mount can define (their roots fill the numbers up to the first source inode).
+pub const MAX_VIEWS: usize = (FIRST_SOURCE_INODE - FIRST_VIEW_ROOT) as usize;
 /// First inode handed to a source entry; the gap leaves room for more virtual files.
 const FIRST_SOURCE_INODE: u64 = 64;
 
@@ -46,6 +53,11 @@ pub struct Node {
     pub kind: Kind,
     /// The identity seen by the most recent open, to detect a changed source file.
     pub last_identity: Mutex<Option<Identity>>,
+    /// The view this node belongs to (`None`: the source tree itself). A view's file node names
+    /// its source image: `path` is the image's, the name in the view adds `.npy`.
+    pub view: Option<u16>,
+    /// Opens so far (view files: the open count seeds each open's augmentation).
+    pub opens: AtomicU64,
 }
 
 #[derive(Default)]
@@ -62,18 +74,43 @@ pub struct InodeTable {
 
 impl Default for InodeTable {
     fn default() -> Self {
-        let root = Arc::new(Node {
-            ino: ROOT,
-            parent: ROOT,
-            path: PathBuf::from("."),
-            kind: Kind::Directory,
-            last_identity: Mutex::new(None),
-        });
+        InodeTable::with_views(0)
+    }
+}
+
+fn new_node(ino: u64, parent: u64, path: PathBuf, kind: Kind, view: Option<u16>) -> Arc<Node> {
+    Arc::new(Node {
+        ino,
+        parent,
+        path,
+        kind,
+        last_identity: Mutex::new(None),
+        view,
+        opens: AtomicU64::new(0),
+    })
+}
+
+impl InodeTable {
+    /// A table with the root and the roots of `views` views (at most `MAX_VIEWS`), each of
+    /// which mirrors the source root.
+    pub fn with_views(views: usize) -> InodeTable {
         let mut tables = Tables {
             next: FIRST_SOURCE_INODE,
             ..Tables::default()
         };
+        let root = new_node(ROOT, ROOT, PathBuf::from("."), Kind::Directory, None);
         tables.by_ino.insert(ROOT, root);
+        for index in 0..views.min(MAX_VIEWS) {
+            let ino = FIRST_VIEW_ROOT + index as u64;
+            let node = new_node(
+                ino,
+                VIEWS_DIR,
+                PathBuf::from("."),
+                Kind::Directory,
+                Some(index as u16),
+            );
+            tables.by_ino.insert(ino, node);
+        }
         InodeTable {
             tables: RwLock::new(tables),
         }
@@ -88,6 +125,18 @@ impl InodeTable {
 
     /// The node for `name` in `parent`, created with a fresh number if new or if its kind changed.
     pub fn intern(&self, parent: &Node, name: &OsStr, kind: Kind) -> Arc<Node> {
+        self.intern_as(parent, name, name, kind)
+    }
+
+    /// Like `intern`, for an entry whose source path ends in `source_name` rather than `name`
+    /// (a view's `x.jpg.npy` stands for `x.jpg`). The node belongs to its parent's view.
+    pub fn intern_as(
+        &self,
+        parent: &Node,
+        name: &OsStr,
+        source_name: &OsStr,
+        kind: Kind,
+    ) -> Arc<Node> {
         let key = (parent.ino, name.to_owned());
         {
             let tables = self.tables.read();
@@ -111,18 +160,12 @@ impl InodeTable {
         }
         let ino = tables.next;
         tables.next += 1;
-        let path = if parent.ino == ROOT {
-            PathBuf::from(name)
+        let path = if parent.path == Path::new(".") {
+            PathBuf::from(source_name)
         } else {
-            parent.path.join(name)
+            parent.path.join(source_name)
         };
-        let node = Arc::new(Node {
-            ino,
-            parent: parent.ino,
-            path,
-            kind,
-            last_identity: Mutex::new(None),
-        });
+        let node = new_node(ino, parent.ino, path, kind, parent.view);
         tables.by_ino.insert(ino, node.clone());
         tables.by_name.insert(key, ino);
         node

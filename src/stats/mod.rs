@@ -374,24 +374,7 @@ impl Metrics {
                 &self.read_latency,
             ),
         ] {
-            for (q, v) in [("p50", 0.5), ("p99", 0.99)] {
-                out.push(Sample {
-                    json_path: format!("{prefix}.{q}"),
-                    prom_name: prom,
-                    labels: vec![("quantile", v.to_string())],
-                    kind: G,
-                    help,
-                    value: h.quantile_us(v),
-                });
-            }
-            out.push(Sample {
-                json_path: format!("{prefix}.count"),
-                prom_name: prom,
-                labels: vec![("quantile", "count".into())],
-                kind: G,
-                help,
-                value: h.count() as f64,
-            });
+            histogram_samples(&mut out, prefix, prom, help, h, &[]);
         }
         out.push(Sample {
             json_path: "open_handles".into(),
@@ -437,6 +420,103 @@ impl Metrics {
         }
         out
     }
+}
+
+/// p50, p99 and count of `h`, in microseconds, with `labels` added to each.
+fn histogram_samples(
+    out: &mut Vec<Sample>,
+    prefix: &str,
+    prom: &'static str,
+    help: &'static str,
+    h: &Histogram,
+    labels: &[(&'static str, String)],
+) {
+    let with = |quantile: String| {
+        let mut l = labels.to_vec();
+        l.push(("quantile", quantile));
+        l
+    };
+    for (q, v) in [("p50", 0.5), ("p99", 0.99)] {
+        out.push(Sample {
+            json_path: format!("{prefix}.{q}"),
+            prom_name: prom,
+            labels: with(v.to_string()),
+            kind: SampleKind::Gauge,
+            help,
+            value: h.quantile_us(v),
+        });
+    }
+    out.push(Sample {
+        json_path: format!("{prefix}.count"),
+        prom_name: prom,
+        labels: with("count".into()),
+        kind: SampleKind::Gauge,
+        help,
+        value: h.count() as f64,
+    });
+}
+
+/// Counters of one tensor view.
+#[derive(Debug, Default)]
+pub struct ViewMetrics {
+    /// Opens of the view's files.
+    pub opens: Counter,
+    /// Files rendered (one per open that was read).
+    pub renders: Counter,
+    /// Renders that failed (corrupt, truncated, not an image, too large): EIO.
+    pub errors: Counter,
+    /// Bytes of .npy files produced.
+    pub bytes_out: Counter,
+    /// Time to render one file: read through the cache, decode, ops, encode.
+    pub render_latency: Histogram,
+}
+
+/// The samples of view `name`: under `views.<name>.` in stats.json, labelled `view` in metrics.
+pub fn view_samples(name: &str, m: &ViewMetrics, out: &mut Vec<Sample>) {
+    let label = vec![("view", name.to_owned())];
+    for (what, prom, help, value) in [
+        (
+            "opens",
+            "view_opens_total",
+            "Opens of a view's files.",
+            m.opens.get(),
+        ),
+        (
+            "renders",
+            "view_renders_total",
+            "View files rendered.",
+            m.renders.get(),
+        ),
+        (
+            "errors",
+            "view_errors_total",
+            "Renders that failed (answered EIO).",
+            m.errors.get(),
+        ),
+        (
+            "bytes_out",
+            "view_bytes_out_total",
+            "Bytes of .npy files rendered.",
+            m.bytes_out.get(),
+        ),
+    ] {
+        out.push(Sample {
+            json_path: format!("views.{name}.{what}"),
+            prom_name: prom,
+            labels: label.clone(),
+            kind: SampleKind::Counter,
+            help,
+            value: value as f64,
+        });
+    }
+    histogram_samples(
+        out,
+        &format!("views.{name}.render_latency_us"),
+        "view_render_latency_microseconds",
+        "Time to render one view file (read, decode, ops, encode), microseconds.",
+        &m.render_latency,
+        &label,
+    );
 }
 
 /// Renders samples as the nested JSON document of `.prepfs/stats.json`.

@@ -179,7 +179,10 @@ impl ViewSpec {
                         [] => 0.5,
                         [Arg::Value(v)] => number(v).map_err(|w| err(&word, w))?,
                         _ => {
-                            return Err(err(&word, "takes one probability, e.g. hflip(0.5)".into()));
+                            return Err(err(
+                                &word,
+                                "takes one probability, e.g. hflip(0.5)".into(),
+                            ));
                         }
                     };
                     if !(0.0..=1.0).contains(&p) {

@@ -1,0 +1,291 @@
+//! The `.prepfs/views/<name>/` trees: each mirrors the source's directories and shows every image
+//! `x.jpg` as `x.jpg.npy`, rendered by the view's pipeline when an open is first read.
+//!
+//! Owns view lookups, listings, attributes (sizes known without decoding: from the spec when it
+//! fixes the shape, else from the image header), and the per-open seed. Raw image bytes come
+//! through the never-evict cache like any source read. Must never serve part of a render: a
+//! render that fails answers EIO for that open, counted and logged with its path.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use super::{Attr, DirSnapshot, Fs, Handle, SOURCE_TTL};
+use crate::cache::BLOCK_SIZE;
+use crate::error::FsError;
+use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
+use crate::source::{Kind, Meta};
+use crate::stats::ViewMetrics;
+use crate::view::npy::{self, Dtype};
+use crate::view::{Output, ViewSpec, render};
+
+/// Suffix of view files.
+const NPY: &str = ".npy";
+/// Extensions shown in views: what the decoder reads (case-insensitive).
+const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
+/// Bytes read to find an image's dimensions (JPEG SOF after EXIF usually fits).
+const HEADER_PROBE: usize = 64 << 10;
+
+/// One view of the mount.
+pub struct View {
+    /// Its definition.
+    pub spec: ViewSpec,
+    /// Its counters.
+    pub metrics: ViewMetrics,
+}
+
+/// A view file opened for reading: rendered once, on its first read.
+pub struct ViewOpen {
+    view: u16,
+    node: Arc<Node>,
+    seed: u64,
+    rendered: OnceLock<Result<Arc<[u8]>, FsError>>,
+}
+
+impl ViewOpen {
+    /// The rendered bytes if the render already ran.
+    pub(super) fn ready(&self) -> Option<Result<Arc<[u8]>, FsError>> {
+        self.rendered.get().cloned()
+    }
+}
+
+fn is_image(name: &OsStr) -> bool {
+    let name = name.as_bytes();
+    IMAGE_EXTENSIONS.iter().any(|ext| {
+        name.len() > ext.len() + 1
+            && name[name.len() - ext.len() - 1] == b'.'
+            && name[name.len() - ext.len()..].eq_ignore_ascii_case(ext.as_bytes())
+    })
+}
+
+fn dtype(output: Output) -> Dtype {
+    match output {
+        Output::Float32Chw => Dtype::F32,
+        Output::Uint8Chw | Output::Uint8Hwc => Dtype::U8,
+    }
+}
+
+impl Fs {
+    fn view(&self, index: u16) -> Result<&View, FsError> {
+        self.views.get(usize::from(index)).ok_or(FsError::NotFound)
+    }
+
+    /// Attributes of `.prepfs/views` and of each view's root.
+    pub(super) fn views_dir_attr(&self, ino: u64) -> Option<Attr> {
+        if self.views.is_empty() {
+            return None;
+        }
+        let roots = FIRST_VIEW_ROOT..FIRST_VIEW_ROOT + self.views.len() as u64;
+        (ino == VIEWS_DIR || roots.contains(&ino)).then(|| self.virtual_dir_attr(ino))?
+    }
+
+    /// Resolves `name` in `.prepfs/views`.
+    pub(super) fn lookup_view_root(&self, name: &OsStr) -> Result<Attr, FsError> {
+        let index = self
+            .views
+            .iter()
+            .position(|v| OsStr::new(&v.spec.name) == name)
+            .ok_or(FsError::NotFound)?;
+        self.views_dir_attr(FIRST_VIEW_ROOT + index as u64)
+            .ok_or(FsError::NotFound)
+    }
+
+    /// Resolves `name` in a directory of view `view`.
+    pub(super) fn lookup_in_view(&self, parent: &Arc<Node>, name: &OsStr) -> Result<Attr, FsError> {
+        inode::validate_name(name)?;
+        let bytes = name.as_bytes();
+        if let Some(image) = bytes.strip_suffix(NPY.as_bytes()) {
+            let image = OsStr::from_bytes(image);
+            if is_image(image) {
+                let meta = self.stat_source(&parent.path.join(image))?;
+                if meta.kind == Kind::File {
+                    let node = self.inodes.intern_as(parent, name, image, Kind::File);
+                    return self.view_file_attr(&node, &meta);
+                }
+            }
+            return Err(FsError::NotFound);
+        }
+        let meta = self.stat_source(&parent.path.join(name))?;
+        if meta.kind != Kind::Directory {
+            return Err(FsError::NotFound);
+        }
+        let node = self.inodes.intern_as(parent, name, name, Kind::Directory);
+        Ok(Self::source_attr(node.ino, &meta))
+    }
+
+    fn stat_source(&self, path: &std::path::Path) -> Result<Meta, FsError> {
+        self.source.stat(path).map_err(|e| FsError::from_source(&e))
+    }
+
+    /// Attributes of a node inside a view.
+    pub(super) fn view_attr(&self, node: &Arc<Node>) -> Result<Attr, FsError> {
+        let meta = self.stat_node(node)?;
+        match node.kind {
+            Kind::File => self.view_file_attr(node, &meta),
+            _ => Ok(Self::source_attr(node.ino, &meta)),
+        }
+    }
+
+    fn view_file_attr(&self, node: &Arc<Node>, meta: &Meta) -> Result<Attr, FsError> {
+        let view = self.view(node.view.ok_or(FsError::NotFound)?)?;
+        let size = self.view_file_size(&view.spec, node)?;
+        Ok(Attr {
+            size,
+            blocks: size.div_ceil(512),
+            perm: 0o444,
+            nlink: 1,
+            valid_for: SOURCE_TTL,
+            ..Self::source_attr(node.ino, meta)
+        })
+    }
+
+    /// The .npy size of `node` under `spec`: from the spec alone when it fixes the shape, else
+    /// from the image header (the first `HEADER_PROBE` bytes, the whole file if needed).
+    fn view_file_size(&self, spec: &ViewSpec, node: &Node) -> Result<u64, FsError> {
+        let (height, width) = match spec.fixed_size() {
+            Some(size) => size,
+            None => {
+                let encoded = self.read_source(node, Some(HEADER_PROBE))?;
+                let (w, h) = match render::dimensions(&encoded) {
+                    Ok(d) => d,
+                    Err(_) => render::dimensions(&self.read_source(node, None)?).map_err(|e| {
+                        tracing::warn!(path = %node.path.display(), error = %e, "view: cannot read the image header; EIO");
+                        FsError::Io
+                    })?,
+                };
+                spec.output_size(w, h)
+            }
+        };
+        Ok(npy::file_size(
+            dtype(spec.output),
+            &spec.shape(height, width),
+        ))
+    }
+
+    /// The source file of `node` (the first `limit` bytes, or all), through the cache.
+    fn read_source(&self, node: &Node, limit: Option<usize>) -> Result<Vec<u8>, FsError> {
+        let source = self
+            .source
+            .open(&node.path)
+            .map_err(|e| FsError::from_source(&e))?;
+        let cached = self.cache.file(source.identity());
+        let size = source.identity().size;
+        let end = limit.map_or(size, |l| size.min(l as u64));
+        let mut out = Vec::with_capacity(end as usize);
+        while (out.len() as u64) < end {
+            let want = (end - out.len() as u64).min(BLOCK_SIZE) as u32;
+            let bytes = cached.read(source.as_ref(), out.len() as u64, want)?;
+            if bytes.as_slice().is_empty() {
+                break;
+            }
+            out.extend_from_slice(bytes.as_slice());
+        }
+        Ok(out)
+    }
+
+    /// Names of `.prepfs/views`.
+    pub(super) fn list_views(&self) -> Vec<(OsString, Kind, Option<u64>)> {
+        self.views
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                (
+                    OsString::from(&v.spec.name),
+                    Kind::Directory,
+                    Some(FIRST_VIEW_ROOT + i as u64),
+                )
+            })
+            .collect()
+    }
+
+    /// Opens a directory of a view: the source directory's subdirectories and images.
+    pub(super) fn opendir_in_view(&self, node: Arc<Node>) -> Result<DirSnapshot, FsError> {
+        let entries = self
+            .source
+            .list(&node.path)
+            .map_err(|e| FsError::from_source(&e))?;
+        let names = entries
+            .into_iter()
+            .filter_map(|e| match e.kind {
+                Kind::Directory => {
+                    let child = self
+                        .inodes
+                        .intern_as(&node, &e.name, &e.name, Kind::Directory);
+                    Some((e.name, Kind::Directory, Some(child.ino)))
+                }
+                Kind::File if is_image(&e.name) => {
+                    let mut shown = e.name.clone().into_vec();
+                    shown.extend_from_slice(NPY.as_bytes());
+                    let shown = OsString::from_vec(shown);
+                    let child = self.inodes.intern_as(&node, &shown, &e.name, Kind::File);
+                    Some((shown, Kind::File, Some(child.ino)))
+                }
+                _ => None,
+            })
+            .collect();
+        let dots = (node.ino, node.parent);
+        Ok(DirSnapshot { node, dots, names })
+    }
+
+    /// Opens a view file: this open's seed is fixed now, the render waits for the first read.
+    pub(super) fn open_view_file(&self, node: Arc<Node>) -> Result<Handle, FsError> {
+        let index = node.view.ok_or(FsError::NotFound)?;
+        let view = self.view(index)?;
+        view.metrics.opens.inc();
+        let count = node.opens.fetch_add(1, Ordering::Relaxed);
+        let mut key = Vec::new();
+        key.extend_from_slice(&self.options.seed.to_le_bytes());
+        key.extend_from_slice(view.spec.name.as_bytes());
+        key.push(0);
+        key.extend_from_slice(node.path.as_os_str().as_bytes());
+        key.push(0);
+        key.extend_from_slice(&count.to_le_bytes());
+        Ok(Handle::View(ViewOpen {
+            view: index,
+            node,
+            seed: xxhash_rust::xxh3::xxh3_64(&key),
+            rendered: OnceLock::new(),
+        }))
+    }
+
+    /// The rendered file of `open`, rendering it now if this is its first read. May block.
+    pub(super) fn rendered(&self, open: &ViewOpen) -> Result<Arc<[u8]>, FsError> {
+        open.rendered.get_or_init(|| self.render_view(open)).clone()
+    }
+
+    fn render_view(&self, open: &ViewOpen) -> Result<Arc<[u8]>, FsError> {
+        let view = self.view(open.view)?;
+        let started = Instant::now();
+        let encoded = self.read_source(&open.node, None)?;
+        let expected = self.view_file_size(&view.spec, &open.node)?;
+        let result = self
+            .executor
+            .render(&view.spec, &encoded, open.seed)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| {
+                if bytes.len() as u64 == expected {
+                    Ok(bytes)
+                } else {
+                    Err(format!(
+                        "rendered {} bytes where {expected} were announced",
+                        bytes.len()
+                    ))
+                }
+            });
+        view.metrics.render_latency.record(started.elapsed());
+        match result {
+            Ok(bytes) => {
+                view.metrics.renders.inc();
+                view.metrics.bytes_out.add(bytes.len() as u64);
+                Ok(bytes.into())
+            }
+            Err(why) => {
+                view.metrics.errors.inc();
+                tracing::warn!(view = %view.spec.name, path = %open.node.path.display(), error = %why, "view render failed; EIO");
+                Err(FsError::Io)
+            }
+        }
+    }
+}
