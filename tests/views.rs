@@ -1,0 +1,162 @@
+//! Tensor views through real mounts of the binary: the tree, exact sizes, .npy headers, fresh
+//! augmentation per open, bad images failing alone, bad specs refused at mount.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::FileExt;
+
+use common::TestMount;
+
+const TRAIN: &str = "train=decode,random_resized_crop(64),hflip,normalize(imagenet)";
+const VAL: &str = "val=decode,resize(80),center_crop(64),uint8(hwc)";
+
+fn dataset(t: &TestMount) {
+    for (i, class) in ["cat", "dog"].iter().enumerate() {
+        fs::create_dir_all(t.s(class)).expect("mkdir");
+        for j in 0..2u64 {
+            let jpeg = prepfs::synthetic::photo(i as u64 * 10 + j).expect("jpeg");
+            fs::write(t.s(&format!("{class}/img{j}.jpg")), jpeg).expect("write");
+        }
+    }
+    fs::create_dir_all(t.s("cat/nested")).expect("mkdir");
+    fs::write(t.s("cat/notes.txt"), b"not an image").expect("write");
+}
+
+/// (header dict, payload) of an .npy file.
+fn npy(bytes: &[u8]) -> (String, &[u8]) {
+    assert_eq!(&bytes[..8], b"\x93NUMPY\x01\x00", "npy v1.0 magic");
+    let len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let dict = String::from_utf8(bytes[10..10 + len].to_vec()).expect("ascii header");
+    (dict, &bytes[10 + len..])
+}
+
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut n: Vec<String> = fs::read_dir(dir)
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    n.sort();
+    n
+}
+
+#[test]
+fn views_mirror_images_as_npy_with_exact_sizes_and_fresh_augmentation() {
+    let mut t = TestMount::new();
+    dataset(&t);
+    t.mount(&["--view", TRAIN, "--view", VAL, "--seed", "7"]);
+    assert_eq!(names(&t.m(".prepfs/views")), ["train", "val"]);
+    assert_eq!(names(&t.m(".prepfs/views/train")), ["cat", "dog"]);
+    assert_eq!(
+        names(&t.m(".prepfs/views/train/cat")),
+        ["img0.jpg.npy", "img1.jpg.npy", "nested"],
+        "only images (as .npy) and directories are listed"
+    );
+    assert!(fs::metadata(t.m(".prepfs/views/train/cat/notes.txt.npy")).is_err());
+    for (view, descr, shape, element) in [
+        ("train", "'<f4'", "(3, 64, 64)", 4),
+        ("val", "'|u1'", "(64, 64, 3)", 1),
+    ] {
+        let path = t.m(&format!(".prepfs/views/{view}/dog/img1.jpg.npy"));
+        let size = fs::metadata(&path).expect("stat").len();
+        let bytes = fs::read(&path).expect("read");
+        assert_eq!(
+            bytes.len() as u64,
+            size,
+            "{view}: stat size is the real size"
+        );
+        assert_eq!(
+            bytes.len(),
+            128 + 64 * 64 * 3 * element,
+            "{view}: 128-byte header"
+        );
+        let (dict, _) = npy(&bytes);
+        assert!(
+            dict.contains(descr) && dict.contains(shape),
+            "{view}: {dict}"
+        );
+    }
+    // One open reads the same bytes twice; another open draws a new augmentation (train only).
+    let path = t.m(".prepfs/views/train/cat/img0.jpg.npy");
+    let file = fs::File::open(&path).expect("open");
+    let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 4096]);
+    file.read_exact_at(&mut a, 1000).expect("read");
+    file.read_exact_at(&mut b, 1000).expect("read again");
+    assert_eq!(a, b, "same open, same bytes");
+    let opens: Vec<Vec<u8>> = (0..3).map(|_| fs::read(&path).expect("read")).collect();
+    assert!(
+        opens[0] != opens[1] || opens[1] != opens[2],
+        "train augments afresh per open"
+    );
+    let val = t.m(".prepfs/views/val/cat/img0.jpg.npy");
+    assert_eq!(
+        fs::read(&val).expect("read"),
+        fs::read(&val).expect("read"),
+        "val is deterministic"
+    );
+    let stats = t.stats();
+    assert!(
+        stats["views"]["train"]["opens"].as_u64().unwrap_or(0) >= 4,
+        "{stats}"
+    );
+    assert_eq!(stats["views"]["train"]["errors"], 0);
+}
+
+#[test]
+fn broken_images_fail_alone_with_eio() {
+    let mut t = TestMount::new();
+    dataset(&t);
+    let jpeg = fs::read(t.s("cat/img0.jpg")).expect("read");
+    fs::write(t.s("cat/truncated.jpg"), &jpeg[..jpeg.len() / 2]).expect("write");
+    fs::write(t.s("cat/text.jpg"), b"plain text named like an image").expect("write");
+    t.mount(&["--view", TRAIN]);
+    for bad in ["truncated", "text"] {
+        let path = t.m(&format!(".prepfs/views/train/cat/{bad}.jpg.npy"));
+        let err = fs::read(&path).expect_err(bad);
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{bad}: {err}");
+    }
+    let good = fs::read(t.m(".prepfs/views/train/cat/img1.jpg.npy")).expect("others still work");
+    assert_eq!(good.len(), 128 + 3 * 64 * 64 * 4);
+    assert_eq!(
+        fs::read(t.m("cat/truncated.jpg")).expect("the source file itself is served"),
+        &jpeg[..jpeg.len() / 2]
+    );
+    assert_eq!(t.stats()["views"]["train"]["errors"], 2);
+}
+
+#[test]
+fn bad_view_specs_are_refused_at_mount_with_one_line() {
+    let t = TestMount::new();
+    for (spec, needle) in [
+        ("t=decode,rotate(3)", "rotate"),
+        ("t=resize(3)", "decode"),
+        ("t=decode,hflip", ""),
+    ] {
+        let view = OsStr::new("--view");
+        let mut args = vec![
+            OsStr::new("mount"),
+            t.src.as_os_str(),
+            t.mnt.as_os_str(),
+            view,
+            OsStr::new(spec),
+        ];
+        if needle.is_empty() {
+            // A duplicate name is refused too.
+            args.extend([view, OsStr::new(spec)]);
+        }
+        let out = common::run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{spec}: {stderr}");
+        assert_eq!(
+            stderr.trim().lines().count(),
+            1,
+            "{spec}: one line: {stderr}"
+        );
+        assert!(
+            stderr.contains(if needle.is_empty() { "twice" } else { needle }),
+            "{spec}: {stderr}"
+        );
+        assert!(!common::is_mounted(&t.mnt));
+    }
+}
