@@ -20,6 +20,8 @@ use crate::synthetic;
 
 /// Classes (sub-directories) of the demo dataset, as an ImageFolder expects.
 const CLASSES: usize = 10;
+/// The demo's tensor view: ImageNet training augmentation, served as .npy files.
+const DEMO_VIEW: &str = "train=decode,random_resized_crop(224),hflip,normalize(imagenet)";
 /// RAM budget of the demo mount: the whole dataset fits, so epoch 2 is all hits.
 const DEMO_CACHE_BYTES: u64 = 512 << 20;
 
@@ -59,7 +61,7 @@ pub fn run(files: usize) -> Result<(), String> {
         io_threads: config::DEFAULT_IO_THREADS,
         allow_other: false,
         log_file: None,
-        views: Vec::new(),
+        views: vec![crate::view::ViewSpec::parse(DEMO_VIEW).map_err(|e| e.to_string())?],
         seed: 0,
     };
     let mounted = run::start(&cfg).map_err(|e| e.to_string())?;
@@ -69,7 +71,8 @@ pub fn run(files: usize) -> Result<(), String> {
         bytes as f64 / 1e6,
         DEMO_CACHE_BYTES >> 20
     );
-    let outcome = read_epochs(&source, &mountpoint, &paths, &interrupted);
+    let outcome = read_epochs(&source, &mountpoint, &paths, &interrupted)
+        .and_then(|()| read_view(&mountpoint, &paths, &interrupted));
     if outcome.is_ok() {
         println!("\nprepfs stats {}:", mountpoint.display());
         let _ = crate::stats::table::print(&mountpoint, false);
@@ -103,6 +106,36 @@ fn build_dataset(
     })?;
     progress.finish();
     Ok(samples.into_iter().map(|s| s.path).collect())
+}
+
+/// One epoch over the view: every image as a decoded, augmented float32 tensor file.
+fn read_view(mountpoint: &Path, paths: &[PathBuf], interrupted: &AtomicBool) -> Result<(), String> {
+    let view = mountpoint.join(CONTROL_DIR_NAME).join("views/train");
+    println!("\nView {DEMO_VIEW}\n  served at {}", view.display());
+    let progress = bar(paths.len() as u64, "view");
+    let started = Instant::now();
+    let mut bytes = 0u64;
+    for rel in paths {
+        if interrupted.load(Ordering::Relaxed) {
+            progress.abandon();
+            return Err("interrupted; unmounted and cleaned up".into());
+        }
+        let mut npy = rel.clone().into_os_string();
+        npy.push(".npy");
+        let tensor =
+            std::fs::read(view.join(&npy)).map_err(|e| format!("{}: {e}", rel.display()))?;
+        bytes += tensor.len() as u64;
+        progress.inc(1);
+    }
+    progress.finish();
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "view epoch: {} tensors (float32, 3x224x224, {:.0} MB) in {secs:.2} s, {:.0} images/s; load them with numpy.load",
+        paths.len(),
+        bytes as f64 / 1e6,
+        paths.len() as f64 / secs.max(1e-9)
+    );
+    Ok(())
 }
 
 fn cache_counts(mountpoint: &Path) -> (u64, u64) {
