@@ -67,6 +67,17 @@ struct Tables {
     next: u64,
 }
 
+impl Tables {
+    /// The node already named `key`, if it still has `kind`.
+    fn existing(&self, key: &(u64, OsString), kind: Kind) -> Option<Arc<Node>> {
+        self.by_name
+            .get(key)
+            .and_then(|ino| self.by_ino.get(ino))
+            .filter(|node| node.kind == kind)
+            .cloned()
+    }
+}
+
 /// All nodes of one mount.
 pub struct InodeTable {
     tables: RwLock<Tables>,
@@ -138,25 +149,12 @@ impl InodeTable {
         kind: Kind,
     ) -> Arc<Node> {
         let key = (parent.ino, name.to_owned());
-        {
-            let tables = self.tables.read();
-            if let Some(node) = tables
-                .by_name
-                .get(&key)
-                .and_then(|ino| tables.by_ino.get(ino))
-                && node.kind == kind
-            {
-                return node.clone();
-            }
+        if let Some(node) = self.tables.read().existing(&key, kind) {
+            return node;
         }
         let mut tables = self.tables.write();
-        if let Some(node) = tables
-            .by_name
-            .get(&key)
-            .and_then(|ino| tables.by_ino.get(ino))
-            && node.kind == kind
-        {
-            return node.clone();
+        if let Some(node) = tables.existing(&key, kind) {
+            return node;
         }
         let ino = tables.next;
         tables.next += 1;
