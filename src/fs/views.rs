@@ -60,6 +60,11 @@ fn is_image(name: &OsStr) -> bool {
     })
 }
 
+/// The .npy file size of `spec`'s output at `height` x `width`.
+fn npy_size(spec: &ViewSpec, height: u32, width: u32) -> u64 {
+    npy::file_size(dtype(spec.output), &spec.shape(height, width))
+}
+
 fn dtype(output: Output) -> Dtype {
     match output {
         Output::Float32Chw => Dtype::F32,
@@ -158,10 +163,7 @@ impl Fs {
                 spec.output_size(w, h)
             }
         };
-        Ok(npy::file_size(
-            dtype(spec.output),
-            &spec.shape(height, width),
-        ))
+        Ok(npy_size(spec, height, width))
     }
 
     /// The source file of `node` (the first `limit` bytes, or all), through the cache.
@@ -259,12 +261,21 @@ impl Fs {
         let view = self.view(open.view)?;
         let started = Instant::now();
         let encoded = self.read_source(&open.node, None)?;
-        let expected = self.view_file_size(&view.spec, &open.node)?;
-        let result = self
-            .executor
-            .render(&view.spec, &encoded, open.seed)
+        // The size getattr announced, from the bytes in hand rather than a second source read.
+        let expected = match view.spec.fixed_size() {
+            Some((h, w)) => Ok(npy_size(&view.spec, h, w)),
+            None => render::dimensions(&encoded).map(|(w, h)| {
+                let (h, w) = view.spec.output_size(w, h);
+                npy_size(&view.spec, h, w)
+            }),
+        };
+        let result = expected
+            .and_then(|expected| {
+                let bytes = self.executor.render(&view.spec, &encoded, open.seed)?;
+                Ok((bytes, expected))
+            })
             .map_err(|e| e.to_string())
-            .and_then(|bytes| {
+            .and_then(|(bytes, expected)| {
                 if bytes.len() as u64 == expected {
                     Ok(bytes)
                 } else {
