@@ -43,6 +43,9 @@ enum Command {
         /// Threads reading cache misses from the source.
         #[arg(long, value_name = "N", default_value_t = config::DEFAULT_IO_THREADS)]
         io_threads: usize,
+        /// Threads rendering view files (default: one per core).
+        #[arg(long, value_name = "N")]
+        render_threads: Option<usize>,
         /// Let other users read the mount (off by default; needs user_allow_other for non-root).
         #[arg(long)]
         allow_other: bool,
@@ -123,6 +126,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
             no_passthrough,
             fuse_threads,
             io_threads,
+            render_threads,
             allow_other,
             log_file,
             views,
@@ -143,6 +147,9 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 passthrough: !no_passthrough && rustix::process::geteuid().is_root(),
                 fuse_threads: fuse_threads.unwrap_or_else(config::default_fuse_threads),
                 io_threads: io_threads.max(1),
+                render_threads: render_threads
+                    .unwrap_or_else(config::default_render_threads)
+                    .max(1),
                 allow_other,
                 log_file: log_file.map(|p| std::path::absolute(&p).unwrap_or(p)),
                 views,

@@ -56,6 +56,8 @@ pub struct MountConfig {
     pub fuse_threads: usize,
     /// Threads serving cache misses from the source.
     pub io_threads: usize,
+    /// Threads rendering view files (decode and ops): the CPU executor's pool.
+    pub render_threads: usize,
     /// Let other users access the mount (off by default).
     pub allow_other: bool,
     /// Where a daemon writes its log (none: discarded).
@@ -111,6 +113,12 @@ pub fn default_cache_mem() -> u64 {
 /// Default number of FUSE threads: one per core, at least two.
 pub fn default_fuse_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
+}
+
+/// Default render threads: one per core. Renders are pure CPU, so more threads than cores only
+/// add switching; fewer leave cores idle while loaders wait.
+pub fn default_render_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
 /// Default I/O threads: enough parallel source reads to keep network or slow storage busy.

@@ -59,6 +59,7 @@ pub fn run(files: usize) -> Result<(), String> {
         passthrough: rustix::process::geteuid().is_root(),
         fuse_threads: config::default_fuse_threads(),
         io_threads: config::DEFAULT_IO_THREADS,
+        render_threads: config::default_render_threads(),
         allow_other: false,
         log_file: None,
         views: vec![crate::view::ViewSpec::parse(DEMO_VIEW).map_err(|e| e.to_string())?],

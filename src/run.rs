@@ -18,7 +18,7 @@ use crate::config::{ConfigError, MountConfig};
 use crate::fs::{Fs, FsOptions};
 use crate::fuse::{Adapter, Config, MountOption, Session, SessionACL, SessionUnmounter};
 use crate::source::LocalSource;
-use crate::workers::IoWorkers;
+use crate::workers::WorkerPool;
 
 /// Line a daemon child prints on stdout once its mount answers.
 const READY_LINE: &str = "prepfs-ready";
@@ -129,9 +129,10 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
             owner,
             views: cfg.views.clone(),
             seed: cfg.seed,
+            render_threads: cfg.render_threads,
         },
     ));
-    let workers = IoWorkers::new(cfg.io_threads, IO_QUEUE_DEPTH)
+    let workers = WorkerPool::new("prepfs-io", cfg.io_threads, IO_QUEUE_DEPTH)
         .map_err(|e| mount_error(format!("cannot start I/O threads: {e}")))?;
     let adapter = Adapter::new(fs.clone(), workers, cfg.passthrough);
 

@@ -1,7 +1,8 @@
-//! `IoWorkers`: a fixed pool of named threads fed by a bounded queue.
+//! `WorkerPool`: a fixed pool of named threads fed by a bounded queue.
 //!
-//! Owns: running work that may block on the source (cache misses) away from the FUSE threads, so
-//! cache hits keep being answered while misses wait. The queue is bounded: when it is full,
+//! Owns: running work away from the FUSE threads, so cached answers keep flowing while it runs:
+//! the I/O pool waits on the source (cache misses), the render pool decodes views. The queue is
+//! bounded: when it is full,
 //! `submit` blocks the submitter, which pushes back on the kernel instead of growing memory.
 //! Must never run unbounded work or outlive its owner (dropping it joins every thread).
 
@@ -14,25 +15,25 @@ use parking_lot::Mutex;
 type Job = Box<dyn FnOnce() + Send>;
 
 /// The pool.
-pub struct IoWorkers {
+pub struct WorkerPool {
     queue: Option<SyncSender<Job>>,
     threads: Vec<JoinHandle<()>>,
 }
 
-impl IoWorkers {
-    /// Starts `threads` workers sharing a queue of at most `depth` waiting jobs.
-    pub fn new(threads: usize, depth: usize) -> std::io::Result<IoWorkers> {
+impl WorkerPool {
+    /// Starts `threads` workers named `name-N` sharing a queue of at most `depth` waiting jobs.
+    pub fn new(name: &str, threads: usize, depth: usize) -> std::io::Result<WorkerPool> {
         let (tx, rx) = sync_channel::<Job>(depth);
         let rx = Arc::new(Mutex::new(rx));
         let threads = (0..threads.max(1))
             .map(|i| {
                 let rx = rx.clone();
                 std::thread::Builder::new()
-                    .name(format!("prepfs-io-{i}"))
+                    .name(format!("{name}-{i}"))
                     .spawn(move || work(&rx))
             })
             .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(IoWorkers {
+        Ok(WorkerPool {
             queue: Some(tx),
             threads,
         })
@@ -62,7 +63,7 @@ fn work(rx: &Mutex<Receiver<Job>>) {
     }
 }
 
-impl Drop for IoWorkers {
+impl Drop for WorkerPool {
     fn drop(&mut self) {
         self.queue = None;
         for t in self.threads.drain(..) {
@@ -79,7 +80,7 @@ mod tests {
     #[test]
     fn every_submitted_job_runs_before_drop_returns() {
         let done = Arc::new(AtomicUsize::new(0));
-        let pool = IoWorkers::new(3, 2).expect("threads start");
+        let pool = WorkerPool::new("test", 3, 2).expect("threads start");
         for _ in 0..100 {
             let done = done.clone();
             pool.submit(move || {

@@ -122,7 +122,18 @@ fn broken_images_fail_alone_with_eio() {
         fs::read(t.m("cat/truncated.jpg")).expect("the source file itself is served"),
         &jpeg[..jpeg.len() / 2]
     );
-    assert_eq!(t.stats()["views"]["train"]["errors"], 2);
+    let stats = t.stats();
+    let train = &stats["views"]["train"];
+    assert_eq!(train["errors"], 2);
+    let failed = &train["failed_files"];
+    assert_eq!(failed["cat/truncated.jpg"]["errors"], 1, "{train}");
+    assert!(
+        failed["cat/text.jpg"]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not an image")),
+        "{train}"
+    );
+    assert_eq!(failed.as_object().map(|f| f.len()), Some(2), "{train}");
 }
 
 #[test]

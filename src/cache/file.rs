@@ -73,6 +73,8 @@ pub enum ReadBytes {
     Mapped(Arc<CachedFile>, Range<usize>),
     /// Bytes assembled from several blocks.
     Owned(Vec<u8>),
+    /// A range of a file held whole in memory (a view render, a stats snapshot).
+    Whole(Arc<Vec<u8>>, Range<usize>),
 }
 
 impl ReadBytes {
@@ -82,6 +84,7 @@ impl ReadBytes {
             ReadBytes::Shared(block, range) => &block.data[range.clone()],
             ReadBytes::Mapped(file, range) => file.memfd_bytes().map_or(&[], |b| &b[range.clone()]),
             ReadBytes::Owned(bytes) => bytes,
+            ReadBytes::Whole(bytes, range) => &bytes[range.clone()],
         }
     }
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::cache::{CachedFile, NeverEvictCache, ReadBytes};
+use crate::cache::{BLOCK_SIZE, CachedFile, NeverEvictCache, ReadBytes};
 use crate::error::FsError;
 use crate::inode::{
     self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE,
@@ -27,11 +27,15 @@ use crate::inode::{
 use crate::shards::ShardedMap;
 use crate::source::{Kind, Meta, Source, SourceFile, SpaceStats};
 use crate::stats::{self, Gauges, Metrics};
-use crate::view::{Cpu, Executor, ViewSpec};
+use crate::view::{Cpu, ViewSpec};
+use crate::workers::WorkerPool;
+use views::Views;
 
 /// How long the kernel may trust names and attributes of source entries. The tree is read-only
 /// through the mount; changes made in the source are picked up on open (see `open`).
 const SOURCE_TTL: Duration = Duration::from_secs(3600);
+/// Renders waiting for a render thread; beyond it, opens of view files wait (backpressure).
+const RENDER_QUEUE_DEPTH: usize = 64;
 
 /// Options of the core that the CLI can change.
 #[derive(Debug, Clone)]
@@ -46,6 +50,8 @@ pub struct FsOptions {
     pub views: Vec<ViewSpec>,
     /// Seed of every view's random augmentation.
     pub seed: u64,
+    /// Threads of the render pool (started only when there are views).
+    pub render_threads: usize,
 }
 
 /// Attributes of one node, with how long the kernel may cache them.
@@ -63,6 +69,8 @@ pub struct Attr {
     pub perm: u16,
     /// Link count.
     pub nlink: u32,
+    /// Preferred I/O size (st_blksize): what buffered readers read at once.
+    pub io_block: u32,
     /// Owner.
     pub uid: u32,
     /// Group.
@@ -109,8 +117,8 @@ enum Handle {
         source: Arc<dyn SourceFile>,
         cached: Arc<CachedFile>,
     },
-    Snapshot(Arc<[u8]>),
-    View(views::ViewOpen),
+    Snapshot(Arc<Vec<u8>>),
+    View(Arc<views::ViewOpen>),
     Dir(DirSnapshot),
 }
 
@@ -129,37 +137,48 @@ pub struct Fs {
     source: Arc<dyn Source>,
     options: FsOptions,
     inodes: InodeTable,
-    cache: NeverEvictCache,
+    cache: Arc<NeverEvictCache>,
     handles: ShardedMap<u64, Arc<Handle>>,
     next_fh: AtomicU64,
     metrics: Arc<Metrics>,
-    views: Vec<View>,
-    executor: Box<dyn Executor>,
+    views: Arc<Views>,
+    /// Runs view renders; started only when there are views.
+    render_pool: Option<WorkerPool>,
 }
 
 impl Fs {
     /// A mount over `source`. Does no I/O: the mount is ready at once.
     pub fn new(source: Arc<dyn Source>, options: FsOptions) -> Fs {
         let metrics = Arc::new(Metrics::default());
-        let views: Vec<View> = options
-            .views
-            .iter()
-            .take(inode::MAX_VIEWS)
-            .map(|spec| View {
-                spec: spec.clone(),
-                metrics: Default::default(),
+        let cache = Arc::new(NeverEvictCache::new(
+            options.cache_budget,
+            metrics.clone(),
+        ));
+        let views = Arc::new(Views::new(
+            &options.views,
+            Box::new(Cpu),
+            source.clone(),
+            cache.clone(),
+        ));
+        let render_pool = (views.len() > 0)
+            .then(|| {
+                WorkerPool::new("prepfs-render", options.render_threads, RENDER_QUEUE_DEPTH)
+                    .inspect_err(|e| {
+                        tracing::warn!(error = %e, "cannot start render threads; rendering on open");
+                    })
+                    .ok()
             })
-            .collect();
+            .flatten();
         Fs {
             source,
-            cache: NeverEvictCache::new(options.cache_budget, metrics.clone()),
+            cache,
             inodes: InodeTable::with_views(views.len()),
             options,
             handles: ShardedMap::default(),
             next_fh: AtomicU64::new(1),
             metrics,
             views,
-            executor: Box::new(Cpu),
+            render_pool,
         }
     }
 
@@ -192,6 +211,7 @@ impl Fs {
             blocks: meta.blocks,
             perm: meta.perm,
             nlink: meta.nlink,
+            io_block: BLOCK_SIZE as u32,
             uid: meta.uid,
             gid: meta.gid,
             atime_ns: meta.atime_ns,
@@ -211,8 +231,13 @@ impl Fs {
         }
     }
 
+    /// The control directories never change during a mount, so the kernel may keep them as long
+    /// as source entries: every path into a view passes three of them (`.prepfs/views/NAME`).
     fn virtual_dir_attr(&self, ino: u64) -> Option<Attr> {
-        Some(self.make_virtual_attr(ino, Kind::Directory, 0o555, 0))
+        Some(Attr {
+            valid_for: SOURCE_TTL,
+            ..self.make_virtual_attr(ino, Kind::Directory, 0o555, 0)
+        })
     }
 
     fn make_virtual_attr(&self, ino: u64, kind: Kind, perm: u16, size: u64) -> Attr {
@@ -226,6 +251,7 @@ impl Fs {
             blocks: size.div_ceil(512),
             perm,
             nlink: if kind == Kind::Directory { 2 } else { 1 },
+            io_block: BLOCK_SIZE as u32,
             uid: self.options.owner.0,
             gid: self.options.owner.1,
             atime_ns: now,
@@ -238,11 +264,21 @@ impl Fs {
     /// The current content of a virtual file.
     fn render(&self, ino: u64) -> Option<Vec<u8>> {
         let mut samples = self.metrics.samples(&self.gauges());
-        for view in &self.views {
+        for view in self.views.iter() {
             stats::view_samples(&view.spec.name, &view.metrics, &mut samples);
         }
         match ino {
-            STATS_FILE => Some(stats::render_json(&samples).into_bytes()),
+            STATS_FILE => {
+                let failed = self
+                    .views
+                    .iter()
+                    .map(|v| {
+                        let path = format!("views.{}.failed_files", v.spec.name);
+                        (path, v.metrics.failed_files.to_json())
+                    })
+                    .collect();
+                Some(stats::render_json(&samples, failed).into_bytes())
+            }
             METRICS_FILE => Some(stats::render_prometheus(&samples).into_bytes()),
             _ => None,
         }
@@ -326,7 +362,7 @@ impl Fs {
             return Err(FsError::ReadOnly);
         }
         if let Some(content) = self.render(ino) {
-            let fh = self.add_handle(Handle::Snapshot(content.into()));
+            let fh = self.add_handle(Handle::Snapshot(Arc::new(content)));
             return Ok(Opened {
                 fh,
                 serve: Serve::Daemon,
@@ -407,7 +443,7 @@ impl Fs {
         match &*self.handle(fh)? {
             Handle::File { source, cached } => cached.read(source.as_ref(), offset, size),
             Handle::Snapshot(content) => Ok(snapshot_range(content, offset, size)),
-            Handle::View(open) => Ok(snapshot_range(&self.rendered(open)?, offset, size)),
+            Handle::View(open) => Ok(snapshot_range(&open.wait()?, offset, size)),
             Handle::Dir(_) => Err(FsError::IsDirectory),
         }
     }
@@ -427,7 +463,7 @@ impl Fs {
                 ("stats.json".into(), Kind::File, Some(STATS_FILE)),
                 ("metrics".into(), Kind::File, Some(METRICS_FILE)),
             ];
-            if !self.views.is_empty() {
+            if self.views.len() > 0 {
                 names.push(("views".into(), Kind::Directory, Some(VIEWS_DIR)));
             }
             let node = self.node(ROOT)?;
@@ -437,7 +473,7 @@ impl Fs {
                 names,
             })));
         }
-        if ino == VIEWS_DIR && !self.views.is_empty() {
+        if ino == VIEWS_DIR && self.views.len() > 0 {
             let node = self.node(ROOT)?;
             return Ok(self.add_handle(Handle::Dir(DirSnapshot {
                 node,
@@ -517,10 +553,10 @@ impl Fs {
     }
 }
 
-fn snapshot_range(content: &Arc<[u8]>, offset: u64, size: u32) -> ReadBytes {
+fn snapshot_range(content: &Arc<Vec<u8>>, offset: u64, size: u32) -> ReadBytes {
     let start = usize::try_from(offset)
         .unwrap_or(usize::MAX)
         .min(content.len());
     let end = start.saturating_add(size as usize).min(content.len());
-    ReadBytes::Owned(content[start..end].to_vec())
+    ReadBytes::Whole(content.clone(), start..end)
 }

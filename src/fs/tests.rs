@@ -24,6 +24,7 @@ fn options(budget: u64) -> FsOptions {
         owner: (0, 0),
         views: Vec::new(),
         seed: 0,
+        render_threads: 2,
     }
 }
 

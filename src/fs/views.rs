@@ -2,9 +2,11 @@
 //! `x.jpg` as `x.jpg.npy`, rendered by the view's pipeline when an open is first read.
 //!
 //! Owns view lookups, listings, attributes (sizes known without decoding: from the spec when it
-//! fixes the shape, else from the image header), and the per-open seed. Raw image bytes come
-//! through the never-evict cache like any source read. Must never serve part of a render: a
-//! render that fails answers EIO for that open, counted and logged with its path.
+//! fixes the shape, else from the image header), the per-open seed, and scheduling renders: each
+//! open queues its render on the render pool (sized to the cores) at once, so decoding overlaps
+//! the loader's open-to-read gap, and reads wait for it off the FUSE threads. Raw image bytes
+//! come through the never-evict cache like any source read. Must never serve part of a render: a
+//! render that fails answers EIO for that open, counted by path and logged.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -13,13 +15,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use super::{Attr, DirSnapshot, Fs, Handle, SOURCE_TTL};
-use crate::cache::BLOCK_SIZE;
+use crate::cache::{BLOCK_SIZE, NeverEvictCache};
 use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
-use crate::source::{Kind, Meta};
+use crate::source::{Kind, Meta, Source};
 use crate::stats::ViewMetrics;
 use crate::view::npy::{self, Dtype};
-use crate::view::{Output, ViewSpec, render};
+use crate::view::{Executor, Output, ViewSpec, render};
 
 /// Suffix of view files.
 const NPY: &str = ".npy";
@@ -27,6 +29,10 @@ const NPY: &str = ".npy";
 const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
 /// Bytes read to find an image's dimensions (JPEG SOF after EXIF usually fits).
 const HEADER_PROBE: usize = 64 << 10;
+/// st_blksize of view files. Python's `open()` buffers st_blksize bytes, and `np.load` reads the
+/// file again through a second descriptor after checking the magic, so a 1 MiB block made every
+/// load transfer the whole render twice; one page makes the first, buffered read a small one.
+const VIEW_IO_BLOCK: u32 = 4096;
 
 /// One view of the mount.
 pub struct View {
@@ -36,18 +42,31 @@ pub struct View {
     pub metrics: ViewMetrics,
 }
 
-/// A view file opened for reading: rendered once, on its first read.
+/// The mount's views and what their renders need; shared with the render pool's jobs.
+pub(super) struct Views {
+    list: Vec<View>,
+    executor: Box<dyn Executor>,
+    source: Arc<dyn Source>,
+    cache: Arc<NeverEvictCache>,
+}
+
+/// A view file opened for reading: rendered once, by the render pool.
 pub struct ViewOpen {
     view: u16,
     node: Arc<Node>,
     seed: u64,
-    rendered: OnceLock<Result<Arc<[u8]>, FsError>>,
+    rendered: OnceLock<Result<Arc<Vec<u8>>, FsError>>,
 }
 
 impl ViewOpen {
     /// The rendered bytes if the render already ran.
-    pub(super) fn ready(&self) -> Option<Result<Arc<[u8]>, FsError>> {
+    pub(super) fn ready(&self) -> Option<Result<Arc<Vec<u8>>, FsError>> {
         self.rendered.get().cloned()
+    }
+
+    /// The rendered bytes, waiting for the render queued at open. May block.
+    pub(super) fn wait(&self) -> Result<Arc<Vec<u8>>, FsError> {
+        self.rendered.wait().clone()
     }
 }
 
@@ -72,14 +91,146 @@ fn dtype(output: Output) -> Dtype {
     }
 }
 
-impl Fs {
-    fn view(&self, index: u16) -> Result<&View, FsError> {
-        self.views.get(usize::from(index)).ok_or(FsError::NotFound)
+impl Views {
+    /// The views of `specs`, rendering with `executor`.
+    pub(super) fn new(
+        specs: &[ViewSpec],
+        executor: Box<dyn Executor>,
+        source: Arc<dyn Source>,
+        cache: Arc<NeverEvictCache>,
+    ) -> Views {
+        let list = specs
+            .iter()
+            .take(inode::MAX_VIEWS)
+            .map(|spec| View {
+                spec: spec.clone(),
+                metrics: ViewMetrics::default(),
+            })
+            .collect();
+        Views {
+            list,
+            executor,
+            source,
+            cache,
+        }
     }
 
+    /// The views, in mount order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &View> {
+        self.list.iter()
+    }
+
+    /// How many there are.
+    pub(super) fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    fn get(&self, index: u16) -> Result<&View, FsError> {
+        self.list.get(usize::from(index)).ok_or(FsError::NotFound)
+    }
+
+    /// The .npy size of `node` under `spec`: from the spec alone when it fixes the shape, else
+    /// from the image header (the first `HEADER_PROBE` bytes, the whole file if needed).
+    fn file_size(&self, spec: &ViewSpec, node: &Node) -> Result<u64, FsError> {
+        let (height, width) = match spec.fixed_size() {
+            Some(size) => size,
+            None => {
+                let encoded = self.read_source(node, Some(HEADER_PROBE))?;
+                let (w, h) = match render::dimensions(&encoded) {
+                    Ok(d) => d,
+                    Err(_) => render::dimensions(&self.read_source(node, None)?).map_err(|e| {
+                        tracing::warn!(path = %node.path.display(), error = %e, "view: cannot read the image header; EIO");
+                        FsError::Io
+                    })?,
+                };
+                spec.output_size(w, h)
+            }
+        };
+        Ok(npy_size(spec, height, width))
+    }
+
+    /// The source file of `node` (the first `limit` bytes, or all), through the cache.
+    fn read_source(&self, node: &Node, limit: Option<usize>) -> Result<Vec<u8>, FsError> {
+        let source = self
+            .source
+            .open(&node.path)
+            .map_err(|e| FsError::from_source(&e))?;
+        let cached = self.cache.file(source.identity());
+        let size = source.identity().size;
+        let end = limit.map_or(size, |l| size.min(l as u64));
+        let mut out = Vec::with_capacity(end as usize);
+        while (out.len() as u64) < end {
+            let want = (end - out.len() as u64).min(BLOCK_SIZE) as u32;
+            let bytes = cached.read(source.as_ref(), out.len() as u64, want)?;
+            if bytes.as_slice().is_empty() {
+                break;
+            }
+            out.extend_from_slice(bytes.as_slice());
+        }
+        Ok(out)
+    }
+
+    /// Renders `open` unless it already is, or nobody can read it any more (released).
+    fn render_once(&self, open: &Arc<ViewOpen>) {
+        if Arc::strong_count(open) > 1 {
+            open.rendered.get_or_init(|| self.render(open));
+        }
+    }
+
+    fn render(&self, open: &ViewOpen) -> Result<Arc<Vec<u8>>, FsError> {
+        let view = self.get(open.view)?;
+        let started = Instant::now();
+        let result = self
+            .read_source(&open.node, None)
+            .map_err(|e| format!("cannot read the image: {e}"))
+            .and_then(|encoded| {
+                // The size getattr announced, from the bytes in hand (no second source read).
+                let expected = match view.spec.fixed_size() {
+                    Some((h, w)) => npy_size(&view.spec, h, w),
+                    None => {
+                        let (w, h) = render::dimensions(&encoded).map_err(|e| e.to_string())?;
+                        let (h, w) = view.spec.output_size(w, h);
+                        npy_size(&view.spec, h, w)
+                    }
+                };
+                let rendered = self
+                    .executor
+                    .render(&view.spec, &encoded, open.seed)
+                    .map_err(|e| e.to_string())?;
+                if rendered.npy.len() as u64 != expected {
+                    return Err(format!(
+                        "rendered {} bytes where {expected} were announced",
+                        rendered.npy.len()
+                    ));
+                }
+                Ok(rendered)
+            });
+        let m = &view.metrics;
+        m.render_latency.record(started.elapsed());
+        match result {
+            Ok(rendered) => {
+                m.decode_latency.record(rendered.decode);
+                m.transform_latency.record(rendered.transform);
+                m.renders.inc();
+                m.render_rate.tick();
+                m.bytes_out.add(rendered.npy.len() as u64);
+                Ok(Arc::new(rendered.npy))
+            }
+            Err(why) => {
+                m.errors.inc();
+                m.failed_files
+                    .record(&open.node.path.to_string_lossy(), &why);
+                tracing::warn!(view = %view.spec.name, path = %open.node.path.display(), error = %why, "view render failed; EIO");
+                Err(FsError::Io)
+            }
+        }
+    }
+}
+
+impl Fs {
     /// Attributes of `.prepfs/views` and of each view's root.
     pub(super) fn views_dir_attr(&self, ino: u64) -> Option<Attr> {
-        if self.views.is_empty() {
+        if self.views.len() == 0 {
             return None;
         }
         let roots = FIRST_VIEW_ROOT..FIRST_VIEW_ROOT + self.views.len() as u64;
@@ -134,57 +285,17 @@ impl Fs {
     }
 
     fn view_file_attr(&self, node: &Arc<Node>, meta: &Meta) -> Result<Attr, FsError> {
-        let view = self.view(node.view.ok_or(FsError::NotFound)?)?;
-        let size = self.view_file_size(&view.spec, node)?;
+        let view = self.views.get(node.view.ok_or(FsError::NotFound)?)?;
+        let size = self.views.file_size(&view.spec, node)?;
         Ok(Attr {
             size,
             blocks: size.div_ceil(512),
             perm: 0o444,
             nlink: 1,
+            io_block: VIEW_IO_BLOCK,
             valid_for: SOURCE_TTL,
             ..Self::source_attr(node.ino, meta)
         })
-    }
-
-    /// The .npy size of `node` under `spec`: from the spec alone when it fixes the shape, else
-    /// from the image header (the first `HEADER_PROBE` bytes, the whole file if needed).
-    fn view_file_size(&self, spec: &ViewSpec, node: &Node) -> Result<u64, FsError> {
-        let (height, width) = match spec.fixed_size() {
-            Some(size) => size,
-            None => {
-                let encoded = self.read_source(node, Some(HEADER_PROBE))?;
-                let (w, h) = match render::dimensions(&encoded) {
-                    Ok(d) => d,
-                    Err(_) => render::dimensions(&self.read_source(node, None)?).map_err(|e| {
-                        tracing::warn!(path = %node.path.display(), error = %e, "view: cannot read the image header; EIO");
-                        FsError::Io
-                    })?,
-                };
-                spec.output_size(w, h)
-            }
-        };
-        Ok(npy_size(spec, height, width))
-    }
-
-    /// The source file of `node` (the first `limit` bytes, or all), through the cache.
-    fn read_source(&self, node: &Node, limit: Option<usize>) -> Result<Vec<u8>, FsError> {
-        let source = self
-            .source
-            .open(&node.path)
-            .map_err(|e| FsError::from_source(&e))?;
-        let cached = self.cache.file(source.identity());
-        let size = source.identity().size;
-        let end = limit.map_or(size, |l| size.min(l as u64));
-        let mut out = Vec::with_capacity(end as usize);
-        while (out.len() as u64) < end {
-            let want = (end - out.len() as u64).min(BLOCK_SIZE) as u32;
-            let bytes = cached.read(source.as_ref(), out.len() as u64, want)?;
-            if bytes.as_slice().is_empty() {
-                break;
-            }
-            out.extend_from_slice(bytes.as_slice());
-        }
-        Ok(out)
     }
 
     /// Names of `.prepfs/views`.
@@ -201,7 +312,6 @@ impl Fs {
             })
             .collect()
     }
-
     /// Opens a directory of a view: the source directory's subdirectories and images.
     pub(super) fn opendir_in_view(&self, node: Arc<Node>) -> Result<DirSnapshot, FsError> {
         let entries = self
@@ -231,10 +341,10 @@ impl Fs {
         Ok(DirSnapshot { node, dots, names })
     }
 
-    /// Opens a view file: this open's seed is fixed now, the render waits for the first read.
+    /// Opens a view file: this open's seed is fixed now and its render queued on the pool.
     pub(super) fn open_view_file(&self, node: Arc<Node>) -> Result<Handle, FsError> {
         let index = node.view.ok_or(FsError::NotFound)?;
-        let view = self.view(index)?;
+        let view = self.views.get(index)?;
         view.metrics.opens.inc();
         let count = node.opens.fetch_add(1, Ordering::Relaxed);
         let mut key = Vec::new();
@@ -244,59 +354,17 @@ impl Fs {
         key.extend_from_slice(node.path.as_os_str().as_bytes());
         key.push(0);
         key.extend_from_slice(&count.to_le_bytes());
-        Ok(Handle::View(ViewOpen {
+        let open = Arc::new(ViewOpen {
             view: index,
             node,
             seed: xxhash_rust::xxh3::xxh3_64(&key),
             rendered: OnceLock::new(),
-        }))
-    }
-
-    /// The rendered file of `open`, rendering it now if this is its first read. May block.
-    pub(super) fn rendered(&self, open: &ViewOpen) -> Result<Arc<[u8]>, FsError> {
-        open.rendered.get_or_init(|| self.render_view(open)).clone()
-    }
-
-    fn render_view(&self, open: &ViewOpen) -> Result<Arc<[u8]>, FsError> {
-        let view = self.view(open.view)?;
-        let started = Instant::now();
-        let encoded = self.read_source(&open.node, None)?;
-        // The size getattr announced, from the bytes in hand rather than a second source read.
-        let expected = match view.spec.fixed_size() {
-            Some((h, w)) => Ok(npy_size(&view.spec, h, w)),
-            None => render::dimensions(&encoded).map(|(w, h)| {
-                let (h, w) = view.spec.output_size(w, h);
-                npy_size(&view.spec, h, w)
-            }),
-        };
-        let result = expected
-            .and_then(|expected| {
-                let bytes = self.executor.render(&view.spec, &encoded, open.seed)?;
-                Ok((bytes, expected))
-            })
-            .map_err(|e| e.to_string())
-            .and_then(|(bytes, expected)| {
-                if bytes.len() as u64 == expected {
-                    Ok(bytes)
-                } else {
-                    Err(format!(
-                        "rendered {} bytes where {expected} were announced",
-                        bytes.len()
-                    ))
-                }
-            });
-        view.metrics.render_latency.record(started.elapsed());
-        match result {
-            Ok(bytes) => {
-                view.metrics.renders.inc();
-                view.metrics.bytes_out.add(bytes.len() as u64);
-                Ok(bytes.into())
-            }
-            Err(why) => {
-                view.metrics.errors.inc();
-                tracing::warn!(view = %view.spec.name, path = %open.node.path.display(), error = %why, "view render failed; EIO");
-                Err(FsError::Io)
-            }
+        });
+        let (views, job) = (self.views.clone(), open.clone());
+        match &self.render_pool {
+            Some(pool) => pool.submit(move || views.render_once(&job)),
+            None => views.render_once(&job),
         }
+        Ok(Handle::View(open))
     }
 }

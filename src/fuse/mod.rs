@@ -2,7 +2,7 @@
 //!
 //! Owns: translating kernel requests into `fs::Fs` calls and results into replies, the kernel
 //! connection settings (1 MiB requests, direct I/O, mmap on direct-I/O files, passthrough), the
-//! passthrough backing ids, counting requests per op, and moving cache misses onto `IoWorkers`.
+//! passthrough backing ids, counting requests per op, and moving cache misses onto `WorkerPool`.
 //! Cache hits are answered on the FUSE thread; anything that may wait on the source is not. Must
 //! never hold file-system semantics of its own: every decision is the core's.
 
@@ -23,20 +23,20 @@ use crate::error::FsError;
 use crate::fs::{Attr, Fs, Serve};
 use crate::source::Kind;
 use crate::stats::Op;
-use crate::workers::IoWorkers;
+use crate::workers::WorkerPool;
 
 pub use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 
 /// The `fuser::Filesystem` over one `Fs`.
 pub struct Adapter {
     fs: Arc<Fs>,
-    workers: IoWorkers,
+    workers: WorkerPool,
     passthrough: AtomicBool,
 }
 
 impl Adapter {
     /// Wraps `fs`; cache misses run on `workers`.
-    pub fn new(fs: Arc<Fs>, workers: IoWorkers, passthrough: bool) -> Adapter {
+    pub fn new(fs: Arc<Fs>, workers: WorkerPool, passthrough: bool) -> Adapter {
         Adapter {
             fs,
             workers,
@@ -84,7 +84,7 @@ fn file_attr(a: &Attr) -> FileAttr {
         uid: a.uid,
         gid: a.gid,
         rdev: 0,
-        blksize: crate::cache::BLOCK_SIZE as u32,
+        blksize: a.io_block,
         flags: 0,
     }
 }

@@ -6,6 +6,7 @@
 
 mod histogram;
 pub mod table;
+mod view;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -13,6 +14,7 @@ use std::time::Instant;
 use serde_json::{Map, Value};
 
 pub use histogram::Histogram;
+pub use view::{FailedFiles, RateMeter, ViewMetrics, view_samples};
 
 /// A monotonically increasing count.
 #[derive(Debug, Default)]
@@ -423,7 +425,7 @@ impl Metrics {
 }
 
 /// p50, p99 and count of `h`, in microseconds, with `labels` added to each.
-fn histogram_samples(
+pub(crate) fn histogram_samples(
     out: &mut Vec<Sample>,
     prefix: &str,
     prom: &'static str,
@@ -456,71 +458,9 @@ fn histogram_samples(
     });
 }
 
-/// Counters of one tensor view.
-#[derive(Debug, Default)]
-pub struct ViewMetrics {
-    /// Opens of the view's files.
-    pub opens: Counter,
-    /// Files rendered (one per open that was read).
-    pub renders: Counter,
-    /// Renders that failed (corrupt, truncated, not an image, too large): EIO.
-    pub errors: Counter,
-    /// Bytes of .npy files produced.
-    pub bytes_out: Counter,
-    /// Time to render one file: read through the cache, decode, ops, encode.
-    pub render_latency: Histogram,
-}
-
-/// The samples of view `name`: under `views.<name>.` in stats.json, labelled `view` in metrics.
-pub fn view_samples(name: &str, m: &ViewMetrics, out: &mut Vec<Sample>) {
-    let label = vec![("view", name.to_owned())];
-    for (what, prom, help, value) in [
-        (
-            "opens",
-            "view_opens_total",
-            "Opens of a view's files.",
-            m.opens.get(),
-        ),
-        (
-            "renders",
-            "view_renders_total",
-            "View files rendered.",
-            m.renders.get(),
-        ),
-        (
-            "errors",
-            "view_errors_total",
-            "Renders that failed (answered EIO).",
-            m.errors.get(),
-        ),
-        (
-            "bytes_out",
-            "view_bytes_out_total",
-            "Bytes of .npy files rendered.",
-            m.bytes_out.get(),
-        ),
-    ] {
-        out.push(Sample {
-            json_path: format!("views.{name}.{what}"),
-            prom_name: prom,
-            labels: label.clone(),
-            kind: SampleKind::Counter,
-            help,
-            value: value as f64,
-        });
-    }
-    histogram_samples(
-        out,
-        &format!("views.{name}.render_latency_us"),
-        "view_render_latency_microseconds",
-        "Time to render one view file (read, decode, ops, encode), microseconds.",
-        &m.render_latency,
-        &label,
-    );
-}
-
-/// Renders samples as the nested JSON document of `.prepfs/stats.json`.
-pub fn render_json(samples: &[Sample]) -> String {
+/// Renders samples as the nested JSON document of `.prepfs/stats.json`, plus `documents`: JSON
+/// values placed whole at a dotted path (for keys that are data, such as file paths).
+pub fn render_json(samples: &[Sample], documents: Vec<(String, Value)>) -> String {
     let mut root = Map::new();
     for s in samples {
         let value = if s.value.fract() == 0.0 && s.value.abs() < 9.0e15 {
@@ -531,6 +471,9 @@ pub fn render_json(samples: &[Sample]) -> String {
                 .unwrap_or(Value::Null)
         };
         insert_path(&mut root, &s.json_path, value);
+    }
+    for (path, value) in documents {
+        insert_path(&mut root, &path, value);
     }
     let mut text =
         serde_json::to_string_pretty(&Value::Object(root)).unwrap_or_else(|_| "{}".into());
@@ -600,7 +543,7 @@ mod tests {
                 );
             }
         }
-        let json: Value = serde_json::from_str(&render_json(&samples)).expect("valid json");
+        let json: Value = serde_json::from_str(&render_json(&samples, Vec::new())).expect("valid json");
         assert!(json["cache"]["hits"].is_number());
         assert!(json["ops"]["read"]["requests"].is_number());
     }
@@ -614,7 +557,7 @@ mod tests {
             cache_bytes: 42,
             ..Gauges::default()
         });
-        let json: Value = serde_json::from_str(&render_json(&samples)).expect("valid json");
+        let json: Value = serde_json::from_str(&render_json(&samples, Vec::new())).expect("valid json");
         assert_eq!(json["cache"]["hits"], 3);
         assert_eq!(json["cache"]["bytes"], 42);
         assert_eq!(json["ops"]["read"]["errors"], 1);

@@ -9,7 +9,7 @@ pub mod npy;
 pub mod render;
 pub mod spec;
 
-pub use render::RenderError;
+pub use render::{RenderError, Rendered};
 pub use spec::{Output, SpecError, ViewSpec};
 
 /// Where renders run.
@@ -17,7 +17,7 @@ pub trait Executor: Send + Sync {
     /// Short name for logs and stats ("cpu").
     fn name(&self) -> &'static str;
     /// The complete .npy file of `spec` over `encoded`, random draws from `seed`.
-    fn render(&self, spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Vec<u8>, RenderError>;
+    fn render(&self, spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, RenderError>;
 }
 
 /// Renders on the calling thread's CPU.
@@ -29,7 +29,7 @@ impl Executor for Cpu {
         "cpu"
     }
 
-    fn render(&self, spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Vec<u8>, RenderError> {
+    fn render(&self, spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, RenderError> {
         render::render(spec, encoded, seed)
     }
 }
