@@ -209,6 +209,7 @@ impl Views {
         m.render_latency.record(started.elapsed());
         match result {
             Ok(rendered) => {
+                tracing::debug!(view = %view.spec.name, path = %open.node.path.display(), seed = open.seed, crops = ?rendered.crops, flipped = rendered.flipped, "view rendered");
                 m.decode_latency.record(rendered.decode);
                 m.transform_latency.record(rendered.transform);
                 m.renders.inc();

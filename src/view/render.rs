@@ -118,6 +118,11 @@ pub struct Rendered {
     pub decode: Duration,
     /// Time spent on the ops and writing the output (crop, resize, flip, normalize, layout).
     pub transform: Duration,
+    /// The random draws made: crop boxes as (top, left, height, width), and whether the output
+    /// is mirrored. Logged at debug level, so a sample can be reproduced elsewhere.
+    pub crops: Vec<[u32; 4]>,
+    /// Whether the output is mirrored.
+    pub flipped: bool,
 }
 
 /// The complete .npy file of `spec` applied to `encoded`, with random draws from `seed`.
@@ -127,7 +132,7 @@ pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, Re
     let mut image = decode(encoded)?;
     let decoded = Instant::now();
     let mut resizer = Resizer::new();
-    let (mut flip, mut norm) = (false, None);
+    let (mut flip, mut norm, mut crops) = (false, None, Vec::new());
     for op in &spec.ops {
         match *op {
             Op::Resize(size) => {
@@ -147,6 +152,7 @@ pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, Re
             } => {
                 let (top, left, h, w) =
                     random_crop_box(&mut rng, image.width, image.height, scale, ratio);
+                crops.push([top, left, h, w]);
                 let region = (f64::from(left), f64::from(top), f64::from(w), f64::from(h));
                 image = resize(&mut resizer, &image, region, width, height)?;
             }
@@ -163,6 +169,8 @@ pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, Re
         npy,
         decode: decoded - started,
         transform: decoded.elapsed(),
+        crops,
+        flipped: flip,
     })
 }
 
