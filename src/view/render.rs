@@ -10,7 +10,7 @@
 use std::io::Cursor;
 use std::time::{Duration, Instant};
 
-use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::images::{CroppedImage, Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
 use super::npy::{self, Dtype};
@@ -140,7 +140,7 @@ pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, Re
                     Size::Short(s) => short_side(image.height, image.width, s),
                     Size::Exact(h, w) => (h, w),
                 };
-                let full = (0.0, 0.0, f64::from(image.width), f64::from(image.height));
+                let full = (0, 0, image.width, image.height);
                 image = resize(&mut resizer, &image, full, w.max(1), h.max(1))?;
             }
             Op::CenterCrop { height, width } => image = center_crop(&image, width, height),
@@ -153,7 +153,7 @@ pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, Re
                 let (top, left, h, w) =
                     random_crop_box(&mut rng, image.width, image.height, scale, ratio);
                 crops.push([top, left, h, w]);
-                let region = (f64::from(left), f64::from(top), f64::from(w), f64::from(h));
+                let region = (left, top, w, h);
                 image = resize(&mut resizer, &image, region, width, height)?;
             }
             Op::HorizontalFlip { p } => {
@@ -215,20 +215,21 @@ pub fn random_crop_box(
 }
 
 /// Resizes `region` (left, top, width, height) of `image` to `width` x `height` with Pillow's
-/// antialiased bilinear filter, as torchvision's PIL path does.
+/// antialiased bilinear filter, as torchvision's PIL path does: the region is cropped first, so
+/// the filter never reads pixels outside it (torchvision crops, then resizes).
 fn resize(
     resizer: &mut Resizer,
     image: &Rgb,
-    region: (f64, f64, f64, f64),
+    region: (u32, u32, u32, u32),
     width: u32,
     height: u32,
 ) -> Result<Rgb, RenderError> {
     let src = ImageRef::new(image.width, image.height, &image.data, PixelType::U8x3)
         .map_err(|e| RenderError::Resize(e.to_string()))?;
+    let src = CroppedImage::new(&src, region.0, region.1, region.2, region.3)
+        .map_err(|e| RenderError::Resize(e.to_string()))?;
     let mut dst = Image::new(width, height, PixelType::U8x3);
-    let options = ResizeOptions::new()
-        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
-        .crop(region.0, region.1, region.2, region.3);
+    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
     resizer
         .resize(&src, &mut dst, &options)
         .map_err(|e| RenderError::Resize(e.to_string()))?;
@@ -242,10 +243,17 @@ fn resize(
 /// torchvision's `CenterCrop`: the central region, zero-padded where the image is smaller.
 fn center_crop(image: &Rgb, width: u32, height: u32) -> Rgb {
     let mut out = vec![0u8; width as usize * height as usize * 3];
-    // Offsets of the crop in the image (rounded half to even, as Python does); negative when
-    // the crop is larger (padding).
-    let top = ((f64::from(image.height) - f64::from(height)) / 2.0).round_ties_even() as i64;
-    let left = ((f64::from(image.width) - f64::from(width)) / 2.0).round_ties_even() as i64;
+    // Offsets of the crop in the image, as torchvision computes them: rounded half to even
+    // (Python's round) when the crop fits; when it is larger, -(padding before), and torchvision
+    // pads (crop - size) // 2 before, the odd pixel after.
+    let offset = |size: u32, crop: u32| -> i64 {
+        if crop > size {
+            -i64::from((crop - size) / 2)
+        } else {
+            ((f64::from(size) - f64::from(crop)) / 2.0).round_ties_even() as i64
+        }
+    };
+    let (top, left) = (offset(image.height, height), offset(image.width, width));
     for y in 0..i64::from(height) {
         let sy = y + top;
         if sy < 0 || sy >= i64::from(image.height) {
@@ -408,6 +416,15 @@ mod tests {
         let out = center_crop(&image, 4, 4);
         let ones: Vec<usize> = (0..16).filter(|i| out.data[i * 3] == 9).collect();
         assert_eq!(ones, vec![5, 6, 9, 10]);
+        // Odd padding: torchvision puts (crop - size) // 2 before and the odd pixel after.
+        let dot = Rgb {
+            width: 1,
+            height: 1,
+            data: vec![9; 3],
+        };
+        let out = center_crop(&dot, 4, 4);
+        let ones: Vec<usize> = (0..16).filter(|i| out.data[i * 3] == 9).collect();
+        assert_eq!(ones, vec![5], "1 row and column before, 2 after");
     }
 
     #[test]
