@@ -225,6 +225,9 @@ pub fn mount(cfg: &MountConfig, daemon_child: bool) -> Result<(), RunError> {
     let mounted = start(cfg)?;
     if daemon_child {
         detach_from_parent(cfg)?;
+    } else if let Some(path) = &cfg.log_file {
+        // In the foreground too, once mounted, the log goes where the user asked.
+        let _ = rustix::stdio::dup2_stderr(&open_log(path)?);
     }
     let unmounter = mounted.unmounter();
     let handle = signals.handle();
@@ -292,16 +295,24 @@ fn detach_from_parent(cfg: &MountConfig) -> Result<(), RunError> {
     let _ = rustix::process::setsid();
     println!("{READY_LINE}");
     let sink = match &cfg.log_file {
-        Some(path) => std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path),
-        None => std::fs::OpenOptions::new().write(true).open("/dev/null"),
-    }
-    .map_err(|e| RunError::Other(format!("cannot open the log file: {e}")))?;
+        Some(path) => open_log(path)?,
+        None => std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .map_err(|e| RunError::Other(format!("cannot open /dev/null: {e}")))?,
+    };
     let _ = rustix::stdio::dup2_stdout(&sink);
     let _ = rustix::stdio::dup2_stderr(&sink);
     Ok(())
+}
+
+/// The log file, opened for appending.
+fn open_log(path: &Path) -> Result<std::fs::File, RunError> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| RunError::Other(format!("cannot open the log file {}: {e}", path.display())))
 }
 
 /// `prepfs umount`: unmounts `mountpoint` (root: umount2, lazily if busy; users: fusermount3).
