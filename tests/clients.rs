@@ -1,5 +1,6 @@
 //! The real clients over real mounts: PyTorch (torchvision DatasetFolder + DataLoader with two
-//! workers) reading a tensor view. The Python environment comes from `python/ensure-env`, which
+//! workers) and tf.data reading tensor views, and the views' pixels against torchvision's own
+//! transforms on the same JPEGs. The Python environment comes from `python/ensure-env`, which
 //! installs it on first use; a missing environment fails the test, it is never skipped.
 
 mod common;
@@ -56,4 +57,119 @@ fn pytorch_dataloader_reads_a_view_epoch_with_shapes_dtypes_and_labels() {
     );
     assert!(stdout.contains("\"images\": 15"), "{stdout}");
     assert_eq!(t.stats()["views"]["train"]["errors"], 0);
+}
+
+/// Runs a client script with the venv's python; panics with its output unless it succeeds.
+fn run_client(script: &str, args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new(python())
+        .arg(format!("{CLIENTS}/{script}"))
+        .args(args)
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// A synthetic photo cut to `width` x `height` from its top-left corner and re-encoded.
+fn photo_cut(seed: u64, width: u32, height: u32) -> Vec<u8> {
+    let jpeg = prepfs::synthetic::photo(seed).expect("jpeg");
+    let img = image::load_from_memory(&jpeg).expect("decode").to_rgb8();
+    assert!(
+        img.width() >= width && img.height() >= height,
+        "photo {seed} too small"
+    );
+    let cut = image::imageops::crop_imm(&img, 0, 0, width, height).to_image();
+    let mut out = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90)
+        .encode_image(&cut)
+        .expect("encode");
+    out
+}
+
+#[test]
+fn tf_data_reads_views_by_np_load_and_decode_raw_alike() {
+    let mut t = TestMount::new();
+    let (classes, per_class) = (3, 5);
+    for c in 0..classes {
+        let dir = t.s(&format!("class_{c}"));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        for i in 0..per_class {
+            let jpeg = prepfs::synthetic::photo((c * 100 + i) as u64).expect("jpeg");
+            std::fs::write(dir.join(format!("{i}.jpg")), jpeg).expect("write");
+        }
+    }
+    t.mount(&[
+        "--view",
+        "train=decode,random_resized_crop(96),hflip,normalize(imagenet)",
+        "--view",
+        "val=decode,resize(80),center_crop(64),normalize(imagenet)",
+    ]);
+    let n = (classes * per_class).to_string();
+    let stdout = run_client(
+        "tf_view.py",
+        &[
+            t.m(".prepfs/views/train").as_os_str(),
+            t.m(".prepfs/views/val").as_os_str(),
+            n.as_ref(),
+            "96".as_ref(),
+            "64".as_ref(),
+        ],
+    );
+    println!("{stdout}");
+    assert!(stdout.contains("\"images\": 15"), "{stdout}");
+    assert!(stdout.contains("\"identical\": 15"), "{stdout}");
+    assert_eq!(t.stats()["views"]["train"]["errors"], 0);
+    assert_eq!(t.stats()["views"]["val"]["errors"], 0);
+}
+
+#[test]
+fn views_match_torchvision_on_the_same_jpegs_within_decoder_differences() {
+    let mut t = TestMount::new();
+    // Two photos as generated (400-640 x 300-480), an odd-sized one smaller than resize(256)
+    // (upsampled), an odd-sized portrait one, and one smaller than the 224 crop (padding).
+    let photos = [
+        ("a.jpg", prepfs::synthetic::photo(11).expect("jpeg")),
+        ("b.jpg", prepfs::synthetic::photo(12).expect("jpeg")),
+        ("odd.jpg", photo_cut(13, 333, 251)),
+        ("portrait.jpg", photo_cut(14, 271, 299)),
+        ("small.jpg", photo_cut(15, 197, 149)),
+    ];
+    for (name, jpeg) in &photos {
+        std::fs::write(t.s(name), jpeg).expect("write");
+    }
+    let log = t.dir.path().join("prepfs.log");
+    t.mount_logged(
+        &[
+            "--view",
+            "raw=decode,uint8(hwc)",
+            "--view",
+            "val=decode,resize(256),center_crop(224),normalize(imagenet)",
+            "--view",
+            "train=decode,random_resized_crop(224),hflip,normalize(imagenet)",
+            "--view",
+            "u8=decode,resize(256),center_crop(224),uint8",
+            "--view",
+            "pad=decode,center_crop(224),uint8",
+        ],
+        "warn,fuser=error,prepfs=debug",
+        &log,
+    );
+    let stdout = run_client(
+        "torchvision_reference.py",
+        &[
+            t.src.as_os_str(),
+            t.m(".prepfs/views").as_os_str(),
+            log.as_os_str(),
+        ],
+    );
+    println!("{stdout}");
+    assert!(stdout.contains("\"train.pil\""), "{stdout}");
+    for view in ["raw", "val", "train", "u8", "pad"] {
+        assert_eq!(t.stats()["views"][view]["errors"], 0, "{view}");
+    }
 }

@@ -59,6 +59,17 @@ impl TestMount {
 
     /// Mounts in the foreground with `extra` flags and waits until the mount answers.
     pub fn mount(&mut self, extra: &[&str]) {
+        self.mount_logging(extra, "warn,fuser=error", Stdio::inherit());
+    }
+
+    /// Like `mount`, with the daemon's log filtered by `rust_log` (RUST_LOG syntax) and written
+    /// to `log` (a foreground prepfs logs to stderr; `--log-file` is for the detached daemon).
+    pub fn mount_logged(&mut self, extra: &[&str], rust_log: &str, log: &Path) {
+        let file = std::fs::File::create(log).expect("create the log file");
+        self.mount_logging(extra, rust_log, file.into());
+    }
+
+    fn mount_logging(&mut self, extra: &[&str], rust_log: &str, stderr: Stdio) {
         let child = prepfs()
             .arg("mount")
             .arg(&self.src)
@@ -67,8 +78,8 @@ impl TestMount {
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .env("RUST_LOG", "warn,fuser=error")
+            .stderr(stderr)
+            .env("RUST_LOG", rust_log)
             .spawn()
             .expect("spawn prepfs");
         self.child = Some(child);
