@@ -16,6 +16,7 @@
 mod dataset;
 mod report;
 mod sandbox;
+mod views;
 
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::path::{Path, PathBuf};
@@ -109,6 +110,8 @@ pub struct Options {
     pub mem_ratio: f64,
     pub shard_bytes: u64,
     pub readers: Vec<Reader>,
+    /// Whether to run the views comparison (stock PyTorch vs tensor views).
+    pub views: bool,
     pub seed: u64,
     #[serde(skip)]
     pub workdir: PathBuf,
@@ -118,7 +121,7 @@ pub struct Options {
 }
 
 const USAGE: &str = "usage: cargo bench --bench epochs -- [--quick] [--files N] [--epochs N] \
-[--read-mbps N] [--read-iops N] [--mem-ratio F] [--shard-mib N] [--readers plain,torch,shards] \
+[--read-mbps N] [--read-iops N] [--mem-ratio F] [--shard-mib N] [--readers plain,torch,shards,views] \
 [--seed N] [--workdir DIR] [--out DIR]";
 
 impl Options {
@@ -137,6 +140,7 @@ impl Options {
             mem_ratio: 0.5,
             shard_bytes: if quick { 8 << 20 } else { 64 << 20 },
             readers: vec![Reader::Plain, Reader::Torch, Reader::Shards],
+            views: true,
             seed: 1,
             workdir: std::env::var_os("PREPFS_EPOCHS_DIR")
                 .map_or_else(|| PathBuf::from("/var/tmp/prepfs-epochs"), PathBuf::from),
@@ -171,8 +175,11 @@ impl Options {
                 "--workdir" => o.workdir = PathBuf::from(value),
                 "--out" => out = Some(PathBuf::from(value)),
                 "--readers" => {
-                    o.readers = value
-                        .split(',')
+                    let names: Vec<&str> = value.split(',').collect();
+                    o.views = names.contains(&"views");
+                    o.readers = names
+                        .into_iter()
+                        .filter(|r| *r != "views")
                         .map(|r| match r {
                             "plain" => Ok(Reader::Plain),
                             "torch" => Ok(Reader::Torch),
@@ -300,12 +307,17 @@ fn run() -> Result<(), String> {
             runs.push(run_epochs(&opts, &python, &disk, &setup, side)?);
         }
     }
+    let view_runs = if opts.views {
+        views::run(&opts, &python, &disk, &manifest)?
+    } else {
+        Vec::new()
+    };
     drop(disk);
     eprintln!(
         "epochs: measured in {:.0} s",
         started.elapsed().as_secs_f64()
     );
-    let outcome = report::write(&opts, &manifest, &runs)?;
+    let outcome = report::write(&opts, &manifest, &runs, &view_runs)?;
     if opts.quick {
         quick_check(&runs)?;
     }
@@ -325,11 +337,12 @@ fn preflight() -> Result<(), String> {
         "/dev/fuse",
         "/sys/fs/cgroup/memory/cgroup.procs",
         "/sys/fs/cgroup/blkio/cgroup.procs",
+        "/sys/fs/cgroup/cpuacct/cgroup.procs",
         "/proc/sys/vm/drop_caches",
     ] {
         if !Path::new(path).exists() {
             return Err(format!(
-                "{path} is missing: this needs FUSE and cgroup v1 memory and blkio"
+                "{path} is missing: this needs FUSE and cgroup v1 memory, blkio and cpuacct"
             ));
         }
     }
@@ -371,12 +384,12 @@ fn calibrate(
     };
     let daemon_group = Arc::new(Cgroup::create("calibrate-daemon", &unlimited)?);
     let reader_group = Arc::new(Cgroup::create("calibrate-reader", &unlimited)?);
-    let mount = PrepfsMount::start(&daemon_group, opts, disk, 0)?;
+    let mount = PrepfsMount::start(&daemon_group, opts, disk, 0, &[])?;
     let mut session = ReaderSession::start(
         &reader_group,
         python,
-        reader,
-        &mount.mountpoint,
+        reader.name(),
+        &mount.mountpoint.join(reader.subdir()),
         2,
         opts.seed,
     )?;
@@ -430,14 +443,26 @@ fn run_epochs(
         },
     )?;
     let mount = match side {
-        Side::Prepfs => Some(PrepfsMount::start(&group, opts, disk, setup.cache_mem)?),
+        Side::Prepfs => Some(PrepfsMount::start(
+            &group,
+            opts,
+            disk,
+            setup.cache_mem,
+            &[],
+        )?),
         Side::PageCache => None,
     };
     let root = mount
         .as_ref()
         .map_or(disk.mountpoint.as_path(), |m| m.mountpoint.as_path());
-    let mut session =
-        ReaderSession::start(&group, python, setup.reader, root, opts.epochs, opts.seed)?;
+    let mut session = ReaderSession::start(
+        &group,
+        python,
+        setup.reader.name(),
+        &root.join(setup.reader.subdir()),
+        opts.epochs,
+        opts.seed,
+    )?;
     let mut epochs = Vec::new();
     for _ in 0..opts.epochs {
         let (reads_before, bytes_before) = disk.reads();
@@ -558,17 +583,19 @@ struct PrepfsMount {
 }
 
 impl PrepfsMount {
+    /// Mounts the slow disk with `--cache-mem cache_mem` and `extra` arguments.
     fn start(
         group: &Cgroup,
         opts: &Options,
         disk: &SlowDisk,
         cache_mem: u64,
+        extra: &[String],
     ) -> Result<PrepfsMount, String> {
         let mountpoint = opts.workdir.join("mnt");
         std::fs::create_dir_all(&mountpoint)
             .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
         let log = opts.workdir.join("prepfs.log");
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "mount".into(),
             disk.mountpoint.display().to_string(),
             mountpoint.display().to_string(),
@@ -576,6 +603,7 @@ impl PrepfsMount {
             "--cache-mem".into(),
             cache_mem.to_string(),
         ];
+        args.extend_from_slice(extra);
         let log_file =
             std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
         let mut child = group
@@ -642,10 +670,11 @@ struct ReaderSession {
 }
 
 impl ReaderSession {
+    /// Starts readers.py `--kind kind` over `root` (the directory it lists) in `group`.
     fn start(
         group: &Cgroup,
         python: &Path,
-        reader: Reader,
+        kind: &str,
         root: &Path,
         epochs: u32,
         seed: u64,
@@ -653,9 +682,9 @@ impl ReaderSession {
         let args: Vec<String> = vec![
             READERS_PY.into(),
             "--kind".into(),
-            reader.name().into(),
+            kind.into(),
             "--root".into(),
-            root.join(reader.subdir()).display().to_string(),
+            root.display().to_string(),
             "--epochs".into(),
             epochs.to_string(),
             "--seed".into(),
@@ -666,7 +695,7 @@ impl ReaderSession {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("cannot start the {} reader: {e}", reader.name()))?;
+            .map_err(|e| format!("cannot start the {kind} reader: {e}"))?;
         let stop = sandbox::guard_process(child.id());
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().ok_or("reader has no stdout")?;

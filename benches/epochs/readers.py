@@ -2,7 +2,7 @@
 
 Driven by benches/epochs (the harness), which starts this script inside the cgroups under test:
 
-    readers.py --kind plain|torch|shards --root DIR --epochs N --seed S
+    readers.py --kind plain|torch|view|shards --root DIR --epochs N --seed S
 
 It prints one JSON line when set up ({"ready": ...}) and one after each epoch ({"epoch": ...}),
 and before each epoch waits for a line on stdin, so the harness can take its measurements
@@ -12,6 +12,9 @@ run and the prepfs run see exactly the same accesses.
 - plain: every file read whole with open().read(), in a random permutation per epoch.
 - torch: the stock torchvision ImageFolder + DataLoader (RandomResizedCrop, flip, ToTensor,
   Normalize; batch 32, shuffle, num_workers=2), iterated to the end.
+- view: the drop-in for `torch` over a prepfs tensor view: torchvision DatasetFolder over the
+  view's .npy files with np.load as the loader, same DataLoader settings; the decode and the
+  augmentation happen in the prepfs daemon.
 - shards: WebDataset-style tar shards, each streamed member by member with tarfile, in a shuffled
   shard order per epoch.
 """
@@ -82,6 +85,27 @@ def torch_loader(args):
               "items": items, "bytes": nbytes})
 
 
+def view_loader(args):
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader
+    from torchvision import datasets
+
+    dataset = datasets.DatasetFolder(
+        args.root, loader=lambda p: torch.from_numpy(np.load(p)), extensions=(".npy",))
+    nbytes = sum(os.path.getsize(path) for path, _ in dataset.samples)
+    loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2,
+                        generator=torch.Generator().manual_seed(args.seed))
+    emit({"ready": True, "items": len(dataset)})
+    for epoch in range(1, args.epochs + 1):
+        wait_for_go()
+        started, items = time.perf_counter(), 0
+        for images, _labels in loader:
+            items += images.shape[0]
+        emit({"epoch": epoch, "seconds": time.perf_counter() - started,
+              "items": items, "bytes": nbytes})
+
+
 def shards(args):
     paths = files_under(args.root, ".tar")
     emit({"ready": True, "items": len(paths)})
@@ -102,12 +126,12 @@ def shards(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=["plain", "torch", "shards"], required=True)
+    parser.add_argument("--kind", choices=["plain", "torch", "view", "shards"], required=True)
     parser.add_argument("--root", required=True)
     parser.add_argument("--epochs", type=int, required=True)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    {"plain": plain, "torch": torch_loader, "shards": shards}[args.kind](args)
+    {"plain": plain, "torch": torch_loader, "view": view_loader, "shards": shards}[args.kind](args)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 pub const PREFIX: &str = "prepfs-epochs";
 const MEMORY_ROOT: &str = "/sys/fs/cgroup/memory";
 const BLKIO_ROOT: &str = "/sys/fs/cgroup/blkio";
+const CPUACCT_ROOT: &str = "/sys/fs/cgroup/cpuacct";
 
 /// One piece of system state to undo.
 #[derive(Debug, Clone)]
@@ -214,7 +215,7 @@ pub fn clear_leftovers(workdir: &Path) {
             }
         }
     }
-    for root in [MEMORY_ROOT, BLKIO_ROOT] {
+    for root in [MEMORY_ROOT, BLKIO_ROOT, CPUACCT_ROOT] {
         for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
             if entry.file_name().to_string_lossy().starts_with(PREFIX) {
                 remove_cgroup(&entry.path());
@@ -307,22 +308,24 @@ pub struct Limits {
     pub throttle: Option<(String, u64, u64)>,
 }
 
-/// A memory cgroup and a blkio cgroup of the same name, joined together by the processes that
-/// `command` starts.
+/// A memory, a blkio and a cpuacct cgroup of the same name, joined together by the processes
+/// that `command` starts.
 pub struct Cgroup {
     memory: PathBuf,
     blkio: PathBuf,
-    _guards: [Guard; 2],
+    cpuacct: PathBuf,
+    _guards: [Guard; 3],
 }
 
 impl Cgroup {
-    /// Creates `PREFIX-name` in both hierarchies with `limits`.
+    /// Creates `PREFIX-name` in the three hierarchies with `limits`.
     pub fn create(name: &str, limits: &Limits) -> Result<Cgroup, String> {
         let dir = format!("{PREFIX}-{name}");
         let memory = Path::new(MEMORY_ROOT).join(&dir);
         let blkio = Path::new(BLKIO_ROOT).join(&dir);
+        let cpuacct = Path::new(CPUACCT_ROOT).join(&dir);
         let mut guards = Vec::new();
-        for path in [&memory, &blkio] {
+        for path in [&memory, &blkio, &cpuacct] {
             std::fs::create_dir(path).map_err(|e| format!("{}: {e}", path.display()))?;
             guards.push(Guard::new(Teardown::RemoveCgroup(path.clone())));
         }
@@ -342,11 +345,12 @@ impl Cgroup {
                 format!("{dev} {iops}"),
             )?;
         }
-        let [a, b]: [Guard; 2] = guards.try_into().map_err(|_| "two guards".to_owned())?;
+        let guards: [Guard; 3] = guards.try_into().map_err(|_| "three guards".to_owned())?;
         Ok(Cgroup {
             memory,
             blkio,
-            _guards: [a, b],
+            cpuacct,
+            _guards: guards,
         })
     }
 
@@ -354,13 +358,22 @@ impl Cgroup {
     pub fn command(&self, program: &Path, args: &[String]) -> Command {
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c")
-            .arg(r#"echo $$ > "$1/cgroup.procs" && echo $$ > "$2/cgroup.procs" && shift 2 && exec "$@""#)
+            .arg(r#"for g in "$1" "$2" "$3"; do echo $$ > "$g/cgroup.procs" || exit 1; done; shift 3 && exec "$@""#)
             .arg("sh")
             .arg(&self.memory)
             .arg(&self.blkio)
+            .arg(&self.cpuacct)
             .arg(program)
             .args(args);
         cmd
+    }
+
+    /// CPU time its members used so far, user and system, in seconds (cpuacct.usage).
+    pub fn cpu_seconds(&self) -> f64 {
+        std::fs::read_to_string(self.cpuacct.join("cpuacct.usage"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .map_or(0.0, |ns| ns as f64 / 1e9)
     }
 
     /// memory.stat of this group.
