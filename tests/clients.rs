@@ -25,10 +25,8 @@ fn python() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
-#[test]
-fn pytorch_dataloader_reads_a_view_epoch_with_shapes_dtypes_and_labels() {
-    let mut t = TestMount::new();
-    let (classes, per_class) = (3, 5);
+/// `classes` folders `class_N` of `per_class` synthetic photos each, in the source.
+fn class_folders(t: &TestMount, classes: usize, per_class: usize) {
     for c in 0..classes {
         let dir = t.s(&format!("class_{c}"));
         std::fs::create_dir_all(&dir).expect("mkdir");
@@ -37,6 +35,13 @@ fn pytorch_dataloader_reads_a_view_epoch_with_shapes_dtypes_and_labels() {
             std::fs::write(dir.join(format!("{i}.jpg")), jpeg).expect("write");
         }
     }
+}
+
+#[test]
+fn pytorch_dataloader_reads_a_view_epoch_with_shapes_dtypes_and_labels() {
+    let mut t = TestMount::new();
+    let (classes, per_class) = (3, 5);
+    class_folders(&t, classes, per_class);
     t.mount(&[
         "--view",
         "train=decode,random_resized_crop(96),hflip,normalize(imagenet)",
@@ -95,14 +100,7 @@ fn photo_cut(seed: u64, width: u32, height: u32) -> Vec<u8> {
 fn tf_data_reads_views_by_np_load_and_decode_raw_alike() {
     let mut t = TestMount::new();
     let (classes, per_class) = (3, 5);
-    for c in 0..classes {
-        let dir = t.s(&format!("class_{c}"));
-        std::fs::create_dir_all(&dir).expect("mkdir");
-        for i in 0..per_class {
-            let jpeg = prepfs::synthetic::photo((c * 100 + i) as u64).expect("jpeg");
-            std::fs::write(dir.join(format!("{i}.jpg")), jpeg).expect("write");
-        }
-    }
+    class_folders(&t, classes, per_class);
     t.mount(&[
         "--view",
         "train=decode,random_resized_crop(96),hflip,normalize(imagenet)",

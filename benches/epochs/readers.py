@@ -60,9 +60,25 @@ def plain(args):
               "items": len(order), "bytes": nbytes})
 
 
-def torch_loader(args):
+def dataset_epochs(args, dataset):
+    """The epochs of a torchvision folder dataset through the stock DataLoader settings."""
     import torch
     from torch.utils.data import DataLoader
+
+    nbytes = sum(os.path.getsize(path) for path, _ in dataset.samples)
+    loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2,
+                        generator=torch.Generator().manual_seed(args.seed))
+    emit({"ready": True, "items": len(dataset)})
+    for epoch in range(1, args.epochs + 1):
+        wait_for_go()
+        started, items = time.perf_counter(), 0
+        for images, _labels in loader:
+            items += images.shape[0]
+        emit({"epoch": epoch, "seconds": time.perf_counter() - started,
+              "items": items, "bytes": nbytes})
+
+
+def torch_loader(args):
     from torchvision import datasets, transforms
 
     transform = transforms.Compose([
@@ -71,39 +87,16 @@ def torch_loader(args):
         transforms.ToTensor(),
         transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
     ])
-    dataset = datasets.ImageFolder(args.root, transform=transform)
-    nbytes = sum(os.path.getsize(path) for path, _ in dataset.samples)
-    loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2,
-                        generator=torch.Generator().manual_seed(args.seed))
-    emit({"ready": True, "items": len(dataset)})
-    for epoch in range(1, args.epochs + 1):
-        wait_for_go()
-        started, items = time.perf_counter(), 0
-        for images, _labels in loader:
-            items += images.shape[0]
-        emit({"epoch": epoch, "seconds": time.perf_counter() - started,
-              "items": items, "bytes": nbytes})
+    dataset_epochs(args, datasets.ImageFolder(args.root, transform=transform))
 
 
 def view_loader(args):
     import numpy as np
     import torch
-    from torch.utils.data import DataLoader
     from torchvision import datasets
 
-    dataset = datasets.DatasetFolder(
-        args.root, loader=lambda p: torch.from_numpy(np.load(p)), extensions=(".npy",))
-    nbytes = sum(os.path.getsize(path) for path, _ in dataset.samples)
-    loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2,
-                        generator=torch.Generator().manual_seed(args.seed))
-    emit({"ready": True, "items": len(dataset)})
-    for epoch in range(1, args.epochs + 1):
-        wait_for_go()
-        started, items = time.perf_counter(), 0
-        for images, _labels in loader:
-            items += images.shape[0]
-        emit({"epoch": epoch, "seconds": time.perf_counter() - started,
-              "items": items, "bytes": nbytes})
+    dataset_epochs(args, datasets.DatasetFolder(
+        args.root, loader=lambda p: torch.from_numpy(np.load(p)), extensions=(".npy",)))
 
 
 def shards(args):
