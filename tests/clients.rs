@@ -46,19 +46,15 @@ fn pytorch_dataloader_reads_a_view_epoch_with_shapes_dtypes_and_labels() {
         "--view",
         "train=decode,random_resized_crop(96),hflip,normalize(imagenet)",
     ]);
-    let out = Command::new(python())
-        .arg(format!("{CLIENTS}/torch_view.py"))
-        .arg(t.m(".prepfs/views/train"))
-        .arg((classes * per_class).to_string())
-        .arg(classes.to_string())
-        .arg("96")
-        .output()
-        .expect("run python");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "torch client failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (n, c) = ((classes * per_class).to_string(), classes.to_string());
+    let stdout = run_client(
+        "torch_view.py",
+        &[
+            t.m(".prepfs/views/train").as_os_str(),
+            n.as_ref(),
+            c.as_ref(),
+            "96".as_ref(),
+        ],
     );
     assert!(stdout.contains("\"images\": 15"), "{stdout}");
     assert_eq!(t.stats()["views"]["train"]["errors"], 0);

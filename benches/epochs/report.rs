@@ -65,7 +65,8 @@ pub fn targets(runs: &[Run], view_runs: &[ViewRun]) -> Vec<Target> {
         find_view(view_runs, Pipeline::Stock),
         find_view(view_runs, Pipeline::ViewFloat32),
     ) {
-        let ratio = warm_view(view, |e| e.items_per_s) / warm_view(stock, |e| e.items_per_s).max(1e-9);
+        let ratio =
+            warm_view(view, |e| e.items_per_s) / warm_view(stock, |e| e.items_per_s).max(1e-9);
         out.push(Target {
             name: "views, epochs 2+: float32 view images/s / stock PyTorch".into(),
             measured: ratio,

@@ -150,25 +150,22 @@ impl Fs {
     /// A mount over `source`. Does no I/O: the mount is ready at once.
     pub fn new(source: Arc<dyn Source>, options: FsOptions) -> Fs {
         let metrics = Arc::new(Metrics::default());
-        let cache = Arc::new(NeverEvictCache::new(
-            options.cache_budget,
-            metrics.clone(),
-        ));
+        let cache = Arc::new(NeverEvictCache::new(options.cache_budget, metrics.clone()));
         let views = Arc::new(Views::new(
             &options.views,
             Box::new(Cpu),
             source.clone(),
             cache.clone(),
         ));
-        let render_pool = (views.len() > 0)
-            .then(|| {
-                WorkerPool::new("prepfs-render", options.render_threads, RENDER_QUEUE_DEPTH)
-                    .inspect_err(|e| {
-                        tracing::warn!(error = %e, "cannot start render threads; rendering on open");
-                    })
-                    .ok()
-            })
-            .flatten();
+        let render_pool = if views.is_empty() {
+            None
+        } else {
+            WorkerPool::new("prepfs-render", options.render_threads, RENDER_QUEUE_DEPTH)
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "cannot start render threads; rendering on open");
+                })
+                .ok()
+        };
         Fs {
             source,
             cache,
@@ -463,7 +460,7 @@ impl Fs {
                 ("stats.json".into(), Kind::File, Some(STATS_FILE)),
                 ("metrics".into(), Kind::File, Some(METRICS_FILE)),
             ];
-            if self.views.len() > 0 {
+            if !self.views.is_empty() {
                 names.push(("views".into(), Kind::Directory, Some(VIEWS_DIR)));
             }
             let node = self.node(ROOT)?;
@@ -473,7 +470,7 @@ impl Fs {
                 names,
             })));
         }
-        if ino == VIEWS_DIR && self.views.len() > 0 {
+        if ino == VIEWS_DIR && !self.views.is_empty() {
             let node = self.node(ROOT)?;
             return Ok(self.add_handle(Handle::Dir(DirSnapshot {
                 node,

@@ -125,6 +125,11 @@ impl Views {
         self.list.len()
     }
 
+    /// Whether the mount has none.
+    pub(super) fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
     fn get(&self, index: u16) -> Result<&View, FsError> {
         self.list.get(usize::from(index)).ok_or(FsError::NotFound)
     }
@@ -231,7 +236,7 @@ impl Views {
 impl Fs {
     /// Attributes of `.prepfs/views` and of each view's root.
     pub(super) fn views_dir_attr(&self, ino: u64) -> Option<Attr> {
-        if self.views.len() == 0 {
+        if self.views.is_empty() {
             return None;
         }
         let roots = FIRST_VIEW_ROOT..FIRST_VIEW_ROOT + self.views.len() as u64;
@@ -313,6 +318,7 @@ impl Fs {
             })
             .collect()
     }
+
     /// Opens a directory of a view: the source directory's subdirectories and images.
     pub(super) fn opendir_in_view(&self, node: Arc<Node>) -> Result<DirSnapshot, FsError> {
         let entries = self

@@ -543,7 +543,8 @@ mod tests {
                 );
             }
         }
-        let json: Value = serde_json::from_str(&render_json(&samples, Vec::new())).expect("valid json");
+        let json: Value =
+            serde_json::from_str(&render_json(&samples, Vec::new())).expect("valid json");
         assert!(json["cache"]["hits"].is_number());
         assert!(json["ops"]["read"]["requests"].is_number());
     }
@@ -557,7 +558,8 @@ mod tests {
             cache_bytes: 42,
             ..Gauges::default()
         });
-        let json: Value = serde_json::from_str(&render_json(&samples, Vec::new())).expect("valid json");
+        let json: Value =
+            serde_json::from_str(&render_json(&samples, Vec::new())).expect("valid json");
         assert_eq!(json["cache"]["hits"], 3);
         assert_eq!(json["cache"]["bytes"], 42);
         assert_eq!(json["ops"]["read"]["errors"], 1);

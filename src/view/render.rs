@@ -381,8 +381,12 @@ mod tests {
     #[test]
     fn flip_and_layouts_agree_pixel_for_pixel() {
         let jpeg = crate::synthetic::photo(5).expect("jpeg");
-        let hwc = render(&spec("a=decode,center_crop(16),uint8(hwc)"), &jpeg, 0).expect("renders").npy;
-        let chw = render(&spec("b=decode,center_crop(16),uint8"), &jpeg, 0).expect("renders").npy;
+        let hwc = render(&spec("a=decode,center_crop(16),uint8(hwc)"), &jpeg, 0)
+            .expect("renders")
+            .npy;
+        let chw = render(&spec("b=decode,center_crop(16),uint8"), &jpeg, 0)
+            .expect("renders")
+            .npy;
         let flipped = render(
             &spec("c=decode,center_crop(16),hflip(1),uint8(hwc)"),
             &jpeg,
@@ -390,7 +394,9 @@ mod tests {
         )
         .expect("renders")
         .npy;
-        let f32s = render(&spec("d=decode,center_crop(16)"), &jpeg, 0).expect("renders").npy;
+        let f32s = render(&spec("d=decode,center_crop(16)"), &jpeg, 0)
+            .expect("renders")
+            .npy;
         let px = |buf: &[u8], y: usize, x: usize, c: usize| buf[128 + (y * 16 + x) * 3 + c];
         for y in 0..16 {
             for x in 0..16 {
