@@ -59,6 +59,19 @@ enum Command {
         /// Seed of the views' random augmentation (each open of a file draws anew from it).
         #[arg(long, value_name = "N", default_value_t = 0)]
         seed: u64,
+        /// Codec of cached data: auto (chosen from CPU load and source speed), none, lz4, zstd
+        /// or zstd-N (1..19).
+        #[arg(long, value_name = "CODEC", default_value = "auto")]
+        codec: String,
+        /// Directory of the persistent disk tier (created 0700; one mount at a time).
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+        /// Disk tier budget, e.g. 100G (default: half of the free space in --cache-dir).
+        #[arg(long, value_name = "SIZE", requires = "cache_dir")]
+        cache_disk: Option<String>,
+        /// Share of the cache dir's filesystem kept free, in percent; admission stops below it.
+        #[arg(long, value_name = "PCT", default_value_t = 5.0, requires = "cache_dir")]
+        disk_min_free: f64,
         /// Internal: this process is the daemon started by `prepfs mount`.
         #[arg(long, hide = true)]
         daemon_child: bool,
@@ -133,9 +146,16 @@ fn dispatch(command: Command) -> Result<(), RunError> {
             log_file,
             views,
             seed,
+            codec,
+            cache_dir,
+            cache_disk,
+            disk_min_free,
             daemon_child,
         } => {
             let views = config::parse_views(&views)?;
+            let codec = config::parse_codec(&codec)?;
+            let cache_disk = cache_disk.map(|s| config::parse_size(&s)).transpose()?;
+            let disk_min_free = config::check_percent(disk_min_free)?;
             let cache_mem = match cache_mem {
                 Some(s) => config::parse_size(&s)?,
                 None => config::default_cache_mem(),
@@ -156,6 +176,10 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 log_file: log_file.map(|p| std::path::absolute(&p).unwrap_or(p)),
                 views,
                 seed,
+                codec,
+                cache_dir: cache_dir.map(|p| std::path::absolute(&p).unwrap_or(p)),
+                cache_disk,
+                disk_min_free,
             };
             run::mount(&cfg, daemon_child)
         }

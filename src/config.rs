@@ -4,6 +4,7 @@
 //! line before anything is mounted (source, mountpoint, /dev/fuse, sizes). Must never mount,
 //! spawn or change anything: it only reads and decides.
 
+use crate::cache::codec::{Codec, MAX_ZSTD_LEVEL};
 use crate::view::ViewSpec;
 use std::path::{Path, PathBuf};
 
@@ -37,6 +38,9 @@ pub enum ConfigError {
     /// A `--view` definition is invalid.
     #[error("{0}")]
     View(String),
+    /// Another option's value is invalid.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// Everything a mount needs.
@@ -66,6 +70,37 @@ pub struct MountConfig {
     pub views: Vec<ViewSpec>,
     /// Seed of the views' random augmentation.
     pub seed: u64,
+    /// Codec of cached data; `None`: chosen adaptively.
+    pub codec: Option<Codec>,
+    /// Directory of the persistent disk tier, if any.
+    pub cache_dir: Option<PathBuf>,
+    /// Disk tier budget (`None`: half of the free space at mount).
+    pub cache_disk: Option<u64>,
+    /// Share (0..1) of the cache dir's filesystem kept free.
+    pub disk_min_free: f64,
+}
+
+/// Parses `--codec`: `auto` (adaptive: `None`) or a fixed codec.
+pub fn parse_codec(text: &str) -> Result<Option<Codec>, ConfigError> {
+    if text == "auto" {
+        return Ok(None);
+    }
+    Codec::parse(text).map(Some).ok_or_else(|| {
+        ConfigError::Invalid(format!(
+            "invalid codec {text:?}: use auto, none, lz4, zstd or zstd-N with N in 1..={MAX_ZSTD_LEVEL}"
+        ))
+    })
+}
+
+/// Checks a percentage in 0..100 and returns it as a share (0..1).
+pub fn check_percent(pct: f64) -> Result<f64, ConfigError> {
+    if (0.0..100.0).contains(&pct) {
+        Ok(pct / 100.0)
+    } else {
+        Err(ConfigError::Invalid(format!(
+            "invalid percentage {pct}: use a number from 0 up to (not including) 100"
+        )))
+    }
 }
 
 /// Parses `--view NAME=PIPELINE` definitions: names unique, at most `inode::MAX_VIEWS`.

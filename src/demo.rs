@@ -64,6 +64,10 @@ pub fn run(files: usize) -> Result<(), String> {
         log_file: None,
         views: vec![crate::view::ViewSpec::parse(DEMO_VIEW).map_err(|e| e.to_string())?],
         seed: 0,
+        codec: None,
+        cache_dir: None,
+        cache_disk: None,
+        disk_min_free: 0.05,
     };
     let mounted = run::start(&cfg).map_err(|e| e.to_string())?;
     println!(

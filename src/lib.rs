@@ -17,5 +17,6 @@ pub mod shards;
 pub mod source;
 pub mod stats;
 pub mod synthetic;
+pub mod telemetry;
 pub mod view;
 pub mod workers;

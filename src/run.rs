@@ -17,7 +17,8 @@ use parking_lot::Mutex;
 use crate::config::{ConfigError, MountConfig};
 use crate::fs::{Fs, FsOptions};
 use crate::fuse::{Adapter, Config, MountOption, Session, SessionACL, SessionUnmounter};
-use crate::source::LocalSource;
+use crate::cache::{CacheDir, DiskOptions, DiskSetup};
+use crate::source::{LocalSource, Source};
 use crate::workers::WorkerPool;
 
 /// Line a daemon child prints on stdout once its mount answers.
@@ -49,6 +50,9 @@ pub enum RunError {
         /// Why.
         why: String,
     },
+    /// The disk tier's directory cannot be used.
+    #[error(transparent)]
+    CacheDir(#[from] crate::cache::DiskError),
     /// Anything else, already phrased for the user.
     #[error("{0}")]
     Other(String),
@@ -121,8 +125,10 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
         rustix::process::getuid().as_raw(),
         rustix::process::getgid().as_raw(),
     );
-    let fs = Arc::new(Fs::new(
-        Arc::new(source),
+    let source = Arc::new(source);
+    let disk = disk_setup(cfg, source.clone())?;
+    let fs = Arc::new(Fs::with_disk(
+        source,
         FsOptions {
             cache_budget: cfg.cache_mem,
             passthrough: cfg.passthrough,
@@ -130,7 +136,9 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
             views: cfg.views.clone(),
             seed: cfg.seed,
             render_threads: cfg.render_threads,
+            codec: cfg.codec,
         },
+        disk,
     ));
     let workers = WorkerPool::new("prepfs-io", cfg.io_threads, IO_QUEUE_DEPTH)
         .map_err(|e| mount_error(format!("cannot start I/O threads: {e}")))?;
@@ -177,6 +185,27 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
     }
     tracing::info!(source = %cfg.source.display(), mountpoint = %cfg.mountpoint.display(), cache_mem = cfg.cache_mem, "mounted");
     Ok(mounted)
+}
+
+/// Opens and locks the disk tier's directory, if one was asked for. Its old entries are checked
+/// against `source` in the background.
+fn disk_setup(cfg: &MountConfig, source: Arc<LocalSource>) -> Result<Option<DiskSetup>, RunError> {
+    let Some(path) = &cfg.cache_dir else {
+        return Ok(None);
+    };
+    let dir = CacheDir::open(path)?;
+    let budget = cfg.cache_disk.unwrap_or_else(|| {
+        rustix::fs::fstatvfs(&dir.fd).map_or(0, |s| s.f_bavail.saturating_mul(s.f_frsize) / 2)
+    });
+    tracing::info!(path = %path.display(), budget, "disk tier");
+    Ok(Some(DiskSetup {
+        dir,
+        options: DiskOptions {
+            budget,
+            min_free: cfg.disk_min_free,
+        },
+        validate: Box::new(move |p| source.stat(p).ok().map(|m| m.identity)),
+    }))
 }
 
 fn explain_mount_error(e: &std::io::Error) -> String {

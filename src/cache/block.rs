@@ -1,9 +1,12 @@
-//! `Block`: up to `BLOCK_SIZE` bytes of one file with a checksum per segment.
+//! `Block` and `Packed`: up to `BLOCK_SIZE` bytes of one file, raw or compressed, with checksums.
 //!
-//! Owns: the checksum format (xxh3-64 per 64 KiB segment) and verification. Segmenting keeps the
-//! cost of "verify on every hit" proportional to the bytes asked for: a 4 KiB read verifies 64 KiB,
-//! not the whole block. Must never hand out bytes that failed verification.
+//! Owns: the checksum format (xxh3-64 per 64 KiB segment of a raw block, one xxh3-64 over the
+//! whole logical bytes of a packed one) and verification. Segmenting keeps the cost of "verify on
+//! every hit" of a raw block proportional to the bytes asked for: a 4 KiB read verifies 64 KiB,
+//! not the whole block. A packed block is decompressed whole anyway, so one sum covers it. Must
+//! never hand out bytes that failed verification.
 
+use super::codec::Codec;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Checksum granularity inside a block.
@@ -26,6 +29,40 @@ impl Block {
             data: data.into_boxed_slice(),
             sums,
         }
+    }
+}
+
+/// A block stored compressed: decompressed and verified whole on every hit.
+#[derive(Debug)]
+pub struct Packed {
+    /// How `payload` was compressed.
+    pub codec: Codec,
+    /// The compressed bytes.
+    pub payload: Box<[u8]>,
+    /// Length of the logical (decompressed) bytes.
+    pub len: usize,
+    /// xxh3 of the logical bytes.
+    pub sum: u64,
+}
+
+impl Packed {
+    /// `data` compressed with `codec`, or `None` when that does not make it smaller.
+    pub fn pack(codec: Codec, data: &[u8]) -> Option<Packed> {
+        let payload = codec.compress(data)?;
+        Some(Packed {
+            codec,
+            payload: payload.into_boxed_slice(),
+            len: data.len(),
+            sum: xxh3_64(data),
+        })
+    }
+
+    /// The logical bytes, or `None` if the payload is corrupt or does not match its checksum.
+    pub fn unpack(&self) -> Option<Vec<u8>> {
+        self.codec
+            .decompress(&self.payload, self.len)
+            .ok()
+            .filter(|bytes| xxh3_64(bytes) == self.sum)
     }
 }
 
@@ -72,5 +109,25 @@ mod tests {
             3 * SEGMENT_SIZE..3 * SEGMENT_SIZE + 10
         ));
         assert!(verify(&data, &sums, 7..7), "empty range");
+    }
+
+    #[test]
+    fn a_packed_block_unpacks_only_when_intact() {
+        let data: Vec<u8> = (0..200_000).map(|i| (i / 100) as u8).collect();
+        let packed = Packed::pack(Codec::Lz4, &data).expect("compressible");
+        assert_eq!(packed.unpack().as_deref(), Some(data.as_slice()));
+        let mut payload = packed.payload.to_vec();
+        let last = payload.len() - 1;
+        payload[last] ^= 0x40;
+        let corrupt = Packed {
+            payload: payload.into_boxed_slice(),
+            ..packed
+        };
+        assert_eq!(corrupt.unpack(), None);
+        let wrong_sum = Packed {
+            sum: 1,
+            ..Packed::pack(Codec::Zstd(1), &data).expect("compressible")
+        };
+        assert_eq!(wrong_sum.unpack(), None);
     }
 }

@@ -1,10 +1,13 @@
 //! `CachedFile`: the cached blocks of one file version, and how reads are answered from them.
 //!
 //! Owns: per-block slots (stored bytes or an in-flight fetch), single-flight fetching, admission
-//! of fetched blocks under the shared budget, and verification of every hit. Files of one block
-//! keep it on the heap; larger files keep their bytes in a memfd (see `memfd`), which the kernel
-//! can serve by passthrough once every block is present. Must never return bytes that failed
-//! their checksum, or bytes of another file version: a fetch that sees the source change fails.
+//! of fetched blocks under the shared budget, the file's layout, and verification of every hit.
+//! The first admitted block decides the layout: bytes worth compressing (see `codec`) stay on the
+//! heap, raw until the packer compresses them; other files of one block stay raw on the heap, and
+//! larger ones keep their bytes in a memfd (see `memfd`), which the kernel can serve by passthrough
+//! once every block is present. A miss asks the disk tier, if any, before the source, and hands
+//! what it fetched from the source to the disk tier. Must never return bytes that failed their
+//! checksum, or bytes of another file version: a fetch that sees the source change fails.
 
 use std::any::Any;
 use std::ops::Range;
@@ -15,12 +18,13 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::block::{self, Block};
+use super::block::{self, Block, Packed};
+use super::codec::{self, Codec};
 use super::memfd::MemfdBody;
-use super::{BLOCK_SIZE, Ledger};
+use super::policy::strength;
+use super::{BLOCK_SIZE, Tiers, thread_cpu};
 use crate::error::FsError;
 use crate::source::{Identity, SourceFile, read_full};
-use crate::stats::Metrics;
 
 /// Page size used to account memfd storage (the kernel allocates whole pages).
 const PAGE: u64 = 4096;
@@ -28,11 +32,46 @@ const PAGE: u64 = 4096;
 /// Where a published block's bytes live.
 #[derive(Debug, Clone)]
 enum Stored {
-    /// On the heap (files of a single block).
+    /// Raw on the heap (files of a single block, and compressible files not yet packed).
     Heap(Arc<Block>),
     /// In the file's memfd at the block's offset; only the checksums live here.
     Memfd(Arc<[u64]>),
+    /// Compressed on the heap.
+    Packed(Arc<Packed>),
 }
+
+impl Stored {
+    /// The codec its bytes are stored with.
+    fn codec(&self) -> Codec {
+        match self {
+            Stored::Packed(p) => p.codec,
+            Stored::Heap(_) | Stored::Memfd(_) => Codec::None,
+        }
+    }
+}
+
+/// How a file's blocks are stored, decided by its first admitted block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// Raw: on the heap for one block, in a memfd (passthrough-able) for more.
+    Raw,
+    /// Compressible: on the heap, packed in the background.
+    Packable,
+}
+
+/// What `CachedFile::pack` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackOutcome {
+    /// The block is now stored with this codec.
+    Packed(Codec),
+    /// Nothing to do: gone, already at least as strong, or the codec did not shrink it.
+    Unchanged,
+}
+
+/// The last block a handle decompressed, so that small sequential reads of a packed block
+/// decompress it once, not once per read. One per open handle, dropped with it.
+#[derive(Default)]
+pub struct Unpacked(Mutex<Option<(usize, Arc<Vec<u8>>)>>);
 
 /// A fetch in progress; concurrent readers of the same block wait on it instead of reading the
 /// source again.
@@ -92,11 +131,13 @@ impl ReadBytes {
 /// The cache entry of one file version.
 pub struct CachedFile {
     identity: Identity,
+    /// Source path, recorded in disk entries so an old cache can be validated against the source.
+    path: Arc<std::path::Path>,
     slots: Box<[Mutex<Slot>]>,
-    /// Multi-block files only; `Some(None)` when the memfd could not be created.
+    layout: OnceLock<Layout>,
+    /// Multi-block raw files only; `Some(None)` when the memfd could not be created.
     memfd: OnceLock<Option<MemfdBody>>,
-    ledger: Arc<Ledger>,
-    metrics: Arc<Metrics>,
+    tiers: Arc<Tiers>,
     admitted_bytes: AtomicU64,
     present: AtomicUsize,
     /// Set once every block was verified against the memfd after completion.
@@ -109,16 +150,17 @@ pub struct CachedFile {
 impl CachedFile {
     pub(super) fn new(
         identity: Identity,
-        ledger: Arc<Ledger>,
-        metrics: Arc<Metrics>,
+        path: Arc<std::path::Path>,
+        tiers: Arc<Tiers>,
     ) -> CachedFile {
         let blocks = identity.size.div_ceil(BLOCK_SIZE) as usize;
         CachedFile {
             identity,
+            path,
             slots: (0..blocks).map(|_| Mutex::new(Slot::default())).collect(),
+            layout: OnceLock::new(),
             memfd: OnceLock::new(),
-            ledger,
-            metrics,
+            tiers,
             admitted_bytes: AtomicU64::new(0),
             present: AtomicUsize::new(0),
             verified_complete: AtomicBool::new(false),
@@ -132,7 +174,7 @@ impl CachedFile {
     }
 
     fn uses_memfd(&self) -> bool {
-        self.slots.len() > 1
+        self.slots.len() > 1 && self.layout.get() == Some(&Layout::Raw)
     }
 
     fn memfd_bytes(&self) -> Option<&[u8]> {
@@ -175,7 +217,13 @@ impl CachedFile {
 
     /// Answers a read only if every block it touches is cached and verifies; `None` means the
     /// caller must use [`CachedFile::read`] (off the FUSE thread: it may wait on the source).
-    pub fn read_cached(self: &Arc<Self>, offset: u64, len: u32) -> Option<ReadBytes> {
+    /// A packed hit is decompressed here: bounded CPU work, never a wait on I/O.
+    pub fn read_cached(
+        self: &Arc<Self>,
+        offset: u64,
+        len: u32,
+        memo: &Unpacked,
+    ) -> Option<ReadBytes> {
         let pieces = self.pieces(offset, len);
         if !pieces
             .iter()
@@ -184,21 +232,23 @@ impl CachedFile {
             return None;
         }
         self.assemble(pieces, |index, range| {
-            self.hit(index, range).ok_or(FsError::Io)
+            self.hit(index, range, memo).ok_or(FsError::Io)
         })
         .ok()
     }
 
-    /// Answers a read, fetching missing blocks from `source` (which must be this version).
+    /// Answers a read, fetching missing blocks from the disk tier or `source` (which must be
+    /// this version).
     pub fn read(
         self: &Arc<Self>,
         source: &dyn SourceFile,
         offset: u64,
         len: u32,
+        memo: &Unpacked,
     ) -> Result<ReadBytes, FsError> {
         let pieces = self.pieces(offset, len);
         self.assemble(pieces, |index, range| {
-            match self.hit(index, range.clone()) {
+            match self.hit(index, range.clone(), memo) {
                 Some(bytes) => Ok(bytes),
                 None => self.fetch_piece(index, range, source),
             }
@@ -225,9 +275,25 @@ impl CachedFile {
     }
 
     /// A verified cached piece of block `index`, or `None` (absent, or corrupt and now dropped).
-    fn hit(self: &Arc<Self>, index: usize, range: Range<usize>) -> Option<ReadBytes> {
+    fn hit(self: &Arc<Self>, index: usize, range: Range<usize>, memo: &Unpacked) -> Option<ReadBytes> {
         let stored = self.slots[index].lock().stored.clone()?;
         let bytes = match &stored {
+            Stored::Packed(packed) => {
+                let mut last = memo.0.lock();
+                let unpacked = match &*last {
+                    Some((i, bytes)) if *i == index => Some(bytes.clone()),
+                    _ => {
+                        let started = thread_cpu();
+                        let bytes = packed.unpack().map(Arc::new);
+                        self.tiers.metrics.decompress_cpu_ns.add(thread_cpu().saturating_sub(started));
+                        if let Some(b) = &bytes {
+                            *last = Some((index, b.clone()));
+                        }
+                        bytes
+                    }
+                };
+                unpacked.map(|b| ReadBytes::Whole(b, range.clone()))
+            }
             Stored::Heap(block) => block::verify(&block.data, &block.sums, range.clone())
                 .then(|| ReadBytes::Shared(block.clone(), range.clone())),
             Stored::Memfd(sums) => {
@@ -240,11 +306,11 @@ impl CachedFile {
         };
         match bytes {
             Some(b) => {
-                self.metrics.cache_hits.inc();
+                self.tiers.metrics.cache_hits.inc();
                 Some(b)
             }
             None => {
-                self.metrics.integrity_errors.inc();
+                self.tiers.metrics.integrity_errors.inc();
                 tracing::warn!(
                     block = index,
                     "cached block failed its checksum; dropped, refetching"
@@ -262,12 +328,20 @@ impl CachedFile {
         source: &dyn SourceFile,
     ) -> Result<ReadBytes, FsError> {
         let span = self.block_span(index);
-        if !self.ledger.has_room(self.charge(span.end - span.start)) {
+        let disk = self.tiers.disk.as_ref();
+        let ram_room = self
+            .tiers
+            .ledger
+            .has_room(self.charge(span.end - span.start));
+        if !ram_room && !disk.is_some_and(|d| d.has_room()) {
             // Never-evict and full: this block can never be admitted, so fetching all of it
-            // would only multiply source reads for small or unaligned requests. Read exactly
-            // what was asked for instead.
-            self.metrics.cache_misses.inc();
-            self.metrics.admission_rejected.inc();
+            // would only multiply source reads for small or unaligned requests. Serve it from
+            // the disk tier if it has it, else read exactly what was asked for.
+            self.tiers.metrics.cache_misses.inc();
+            if let Some(bytes) = disk.and_then(|d| d.get(&self.identity, index)) {
+                return Ok(ReadBytes::Whole(Arc::new(bytes), range));
+            }
+            self.tiers.metrics.admission_rejected.inc();
             let start = span.start + range.start as u64;
             let bytes = self.fetch(start..start + range.len() as u64, source)?;
             return Ok(ReadBytes::Owned(bytes));
@@ -277,7 +351,7 @@ impl CachedFile {
                 let mut slot = self.slots[index].lock();
                 if slot.stored.is_some() {
                     drop(slot);
-                    match self.hit(index, range.clone()) {
+                    match self.hit(index, range.clone(), &Unpacked::default()) {
                         Some(bytes) => return Ok(bytes),
                         None => continue,
                     }
@@ -291,11 +365,9 @@ impl CachedFile {
                     }
                 }
             };
-            self.metrics.cache_misses.inc();
+            self.tiers.metrics.cache_misses.inc();
             let result = if leader {
-                let result = self
-                    .fetch(span.clone(), source)
-                    .map(|b| Arc::new(Block::new(b)));
+                let result = self.load(index, span.clone(), source);
                 let mut slot = self.slots[index].lock();
                 if let Ok(block) = &result {
                     slot.stored = self.admit(index, block);
@@ -306,6 +378,11 @@ impl CachedFile {
                 if admitted {
                     // The cache holds these bytes now; the kernel's copy would be a second one.
                     source.drop_page_cache(span.clone());
+                    if self.layout.get() == Some(&Layout::Packable)
+                        && !self.tiers.packer.enqueue(self, index)
+                    {
+                        tracing::debug!(block = index, "packing queue full; block stays raw");
+                    }
                 }
                 flight.finish(result.clone());
                 result
@@ -316,23 +393,45 @@ impl CachedFile {
         }
     }
 
+    /// Block `index` from the disk tier if it holds it intact, else from the source (and then
+    /// offered to the disk tier).
+    fn load(
+        &self,
+        index: usize,
+        span: Range<u64>,
+        source: &dyn SourceFile,
+    ) -> Result<Arc<Block>, FsError> {
+        let disk = self.tiers.disk.as_ref();
+        if let Some(bytes) = disk.and_then(|d| d.get(&self.identity, index)) {
+            return Ok(Arc::new(Block::new(bytes)));
+        }
+        let block = Arc::new(Block::new(self.fetch(span, source)?));
+        if let Some(disk) = disk {
+            disk.put(self.identity, self.path.clone(), index, block.clone());
+        }
+        Ok(block)
+    }
+
     /// Bytes `span` of this version from the source; EIO if the read fails or the file changed.
     fn fetch(&self, span: Range<u64>, source: &dyn SourceFile) -> Result<Vec<u8>, FsError> {
+        let metrics = &self.tiers.metrics;
         let mut buf = vec![0u8; (span.end - span.start) as usize];
         let started = Instant::now();
         let read = read_full(source, &mut buf, span.start);
-        self.metrics.source_latency.record(started.elapsed());
-        self.metrics.source_reads.inc();
+        let took = started.elapsed();
+        metrics.source_latency.record(took);
+        metrics.source_busy_ns.add(took.as_nanos() as u64);
+        metrics.source_reads.inc();
         let n = read.map_err(|e| {
-            self.metrics.source_errors.inc();
+            metrics.source_errors.inc();
             tracing::warn!(error = %e, offset = span.start, "source read failed; answering EIO");
             FsError::Io
         })?;
-        self.metrics.source_bytes.add(n as u64);
+        metrics.source_bytes.add(n as u64);
         // A short read or a changed identity means the file changed under us: these bytes may
         // belong to another version, so they are neither cached nor served.
         if n != buf.len() || source.current_identity().ok() != Some(self.identity) {
-            self.metrics.stale_detections.inc();
+            metrics.stale_detections.inc();
             tracing::warn!(
                 offset = span.start,
                 "source file changed while being read; answering EIO"
@@ -342,7 +441,7 @@ impl CachedFile {
         Ok(buf)
     }
 
-    /// What storing `len` bytes of this file costs the budget (a memfd takes whole pages).
+    /// What storing `len` raw bytes of this file costs the budget (a memfd takes whole pages).
     fn charge(&self, len: u64) -> u64 {
         if self.uses_memfd() {
             len.div_ceil(PAGE) * PAGE
@@ -351,11 +450,31 @@ impl CachedFile {
         }
     }
 
-    /// Admits a fetched block if the budget allows; returns how it is stored.
+    /// What a stored block of block `index` costs the budget now.
+    fn stored_charge(&self, index: usize, stored: &Stored) -> u64 {
+        match stored {
+            Stored::Packed(p) => p.payload.len() as u64,
+            Stored::Heap(_) | Stored::Memfd(_) => {
+                let span = self.block_span(index);
+                self.charge(span.end - span.start)
+            }
+        }
+    }
+
+    /// Admits a fetched block if the budget allows; returns how it is stored. The first block
+    /// admitted decides the file's layout.
     fn admit(&self, index: usize, block: &Arc<Block>) -> Option<Stored> {
+        let ledger = &self.tiers.ledger;
+        self.layout.get_or_init(|| {
+            if self.tiers.packer.enabled() && codec::is_compressible(&block.data) {
+                Layout::Packable
+            } else {
+                Layout::Raw
+            }
+        });
         let bytes = self.charge(block.data.len() as u64);
-        if !self.ledger.try_reserve(bytes) {
-            self.metrics.admission_rejected.inc();
+        if !ledger.try_reserve(bytes) {
+            self.tiers.metrics.admission_rejected.inc();
             return None;
         }
         let stored = if self.uses_memfd() {
@@ -375,8 +494,8 @@ impl CachedFile {
                     if let Some(Err(e)) = failed {
                         tracing::warn!(error = %e, "cannot write to the cache memfd; block not cached");
                     }
-                    self.ledger.release(bytes);
-                    self.metrics.admission_rejected.inc();
+                    ledger.release(bytes);
+                    self.tiers.metrics.admission_rejected.inc();
                     return None;
                 }
             }
@@ -384,15 +503,75 @@ impl CachedFile {
             Stored::Heap(block.clone())
         };
         self.admitted_bytes.fetch_add(bytes, Ordering::AcqRel);
-        self.ledger.blocks.fetch_add(1, Ordering::Relaxed);
+        ledger.count_block(Codec::None, block.data.len() as u64, true);
         let before = self.present.fetch_add(1, Ordering::AcqRel);
         if before == 0 {
-            self.ledger.files.fetch_add(1, Ordering::Relaxed);
+            ledger.files.fetch_add(1, Ordering::Relaxed);
         }
         if before + 1 == self.slots.len() {
-            self.ledger.complete_files.fetch_add(1, Ordering::Relaxed);
+            ledger.complete_files.fetch_add(1, Ordering::Relaxed);
         }
         Some(stored)
+    }
+
+    /// Compresses block `index` with `codec` if that is stronger than how it is stored now and
+    /// makes it smaller; the budget it frees returns to the ledger. Run by the packer thread:
+    /// compresses outside the block's lock and publishes only if the block did not change.
+    pub fn pack(&self, index: usize, codec: Codec) -> PackOutcome {
+        let Some(slot) = self.slots.get(index) else {
+            return PackOutcome::Unchanged;
+        };
+        let Some(stored) = slot.lock().stored.clone() else {
+            return PackOutcome::Unchanged;
+        };
+        let from = stored.codec();
+        if strength(codec) <= strength(from) {
+            return PackOutcome::Unchanged;
+        }
+        let metrics = &self.tiers.metrics;
+        let logical = match &stored {
+            Stored::Heap(block) if block::verify(&block.data, &block.sums, 0..block.data.len()) => {
+                Some(block.data.to_vec())
+            }
+            Stored::Packed(packed) => packed.unpack(),
+            Stored::Memfd(_) => return PackOutcome::Unchanged,
+            Stored::Heap(_) => None,
+        };
+        let Some(logical) = logical else {
+            metrics.integrity_errors.inc();
+            tracing::warn!(block = index, "cached block failed its checksum before packing; dropped");
+            self.drop_block(index);
+            return PackOutcome::Unchanged;
+        };
+        let started = thread_cpu();
+        let packed = Packed::pack(codec, &logical);
+        metrics.compress_cpu_ns.add(thread_cpu().saturating_sub(started));
+        let Some(packed) = packed else {
+            return PackOutcome::Unchanged;
+        };
+        let (old, new) = (self.stored_charge(index, &stored), packed.payload.len() as u64);
+        let mut guard = slot.lock();
+        let unchanged = match (&guard.stored, &stored) {
+            (Some(Stored::Heap(a)), Stored::Heap(b)) => Arc::ptr_eq(a, b),
+            (Some(Stored::Packed(a)), Stored::Packed(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        if !unchanged || new >= old {
+            return PackOutcome::Unchanged;
+        }
+        guard.stored = Some(Stored::Packed(Arc::new(packed)));
+        drop(guard);
+        let ledger = &self.tiers.ledger;
+        self.admitted_bytes.fetch_sub(old - new, Ordering::AcqRel);
+        ledger.release(old - new);
+        ledger.count_block(from, logical.len() as u64, false);
+        ledger.count_block(codec, logical.len() as u64, true);
+        if from == Codec::None {
+            metrics.packed_blocks.inc();
+        } else {
+            metrics.recompressions.inc();
+        }
+        PackOutcome::Packed(codec)
     }
 
     fn drop_block(&self, index: usize) {
@@ -400,19 +579,20 @@ impl CachedFile {
             return;
         };
         let span = self.block_span(index);
-        let len = self.charge(span.end - span.start);
+        let len = self.stored_charge(index, &stored);
+        let ledger = &self.tiers.ledger;
+        ledger.count_block(stored.codec(), span.end - span.start, false);
         drop(stored);
         self.verified_complete.store(false, Ordering::Release);
         let before = self.present.fetch_sub(1, Ordering::AcqRel);
         if before == self.slots.len() {
-            self.ledger.complete_files.fetch_sub(1, Ordering::Relaxed);
+            ledger.complete_files.fetch_sub(1, Ordering::Relaxed);
         }
         if before == 1 {
-            self.ledger.files.fetch_sub(1, Ordering::Relaxed);
+            ledger.files.fetch_sub(1, Ordering::Relaxed);
         }
-        self.ledger.blocks.fetch_sub(1, Ordering::Relaxed);
         self.admitted_bytes.fetch_sub(len, Ordering::AcqRel);
-        self.ledger.release(len);
+        ledger.release(len);
     }
 
     /// The memfd holding this whole file, if every block is cached and verified: the kernel can
@@ -430,7 +610,7 @@ impl CachedFile {
                 let span = self.block_span(index);
                 let data = &body.bytes()[span.start as usize..span.end as usize];
                 if !block::verify(data, &sums, 0..data.len()) {
-                    self.metrics.integrity_errors.inc();
+                    self.tiers.metrics.integrity_errors.inc();
                     self.drop_block(index);
                     return None;
                 }
@@ -477,6 +657,14 @@ impl CachedFile {
                     let _ = body.write_at(&[byte], span.start);
                 }
             }
+            Some(Stored::Packed(packed)) => {
+                let mut payload = packed.payload.to_vec();
+                payload[0] ^= 0xff;
+                *packed = Arc::new(Packed {
+                    payload: payload.into_boxed_slice(),
+                    ..**packed
+                });
+            }
             None => {}
         }
     }
@@ -484,16 +672,20 @@ impl CachedFile {
 
 impl Drop for CachedFile {
     fn drop(&mut self) {
+        let ledger = &self.tiers.ledger;
         let present = *self.present.get_mut();
-        self.ledger.release(*self.admitted_bytes.get_mut());
-        self.ledger
-            .blocks
-            .fetch_sub(present as u64, Ordering::Relaxed);
+        ledger.release(*self.admitted_bytes.get_mut());
+        for index in 0..self.slots.len() {
+            let span = self.block_span(index);
+            if let Some(stored) = &self.slots[index].get_mut().stored {
+                ledger.count_block(stored.codec(), span.end - span.start, false);
+            }
+        }
         if present > 0 {
-            self.ledger.files.fetch_sub(1, Ordering::Relaxed);
+            ledger.files.fetch_sub(1, Ordering::Relaxed);
         }
         if present == self.slots.len() && present > 0 {
-            self.ledger.complete_files.fetch_sub(1, Ordering::Relaxed);
+            ledger.complete_files.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }

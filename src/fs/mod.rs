@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::cache::{BLOCK_SIZE, CachedFile, NeverEvictCache, ReadBytes};
+use crate::cache::codec::Codec;
+use crate::cache::policy::{CodecPolicy, Fixed, Heuristic};
+use crate::cache::{BLOCK_SIZE, CachedFile, DiskSetup, NeverEvictCache, ReadBytes, Unpacked};
 use crate::error::FsError;
 use crate::inode::{
     self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE,
@@ -27,6 +29,7 @@ use crate::inode::{
 use crate::shards::ShardedMap;
 use crate::source::{Kind, Meta, Source, SourceFile, SpaceStats};
 use crate::stats::{self, Gauges, Metrics};
+use crate::telemetry::{Sampler, Telemetry};
 use crate::view::{Cpu, ViewSpec};
 use crate::workers::WorkerPool;
 use views::Views;
@@ -52,6 +55,8 @@ pub struct FsOptions {
     pub seed: u64,
     /// Threads of the render pool (started only when there are views).
     pub render_threads: usize,
+    /// Codec of cache entries: fixed, or `None` for the adaptive heuristic.
+    pub codec: Option<Codec>,
 }
 
 /// Attributes of one node, with how long the kernel may cache them.
@@ -116,6 +121,7 @@ enum Handle {
     File {
         source: Arc<dyn SourceFile>,
         cached: Arc<CachedFile>,
+        unpacked: Unpacked,
     },
     Snapshot(Arc<Vec<u8>>),
     View(Arc<views::ViewOpen>),
@@ -144,13 +150,31 @@ pub struct Fs {
     views: Arc<Views>,
     /// Runs view renders; started only when there are views.
     render_pool: Option<WorkerPool>,
+    /// Keeps the machine figures the codec policy reads current (adaptive codec only).
+    _sampler: Option<Sampler>,
 }
 
 impl Fs {
-    /// A mount over `source`. Does no I/O: the mount is ready at once.
+    /// A mount over `source` with a RAM cache only. Does no I/O: the mount is ready at once.
     pub fn new(source: Arc<dyn Source>, options: FsOptions) -> Fs {
+        Fs::with_disk(source, options, None)
+    }
+
+    /// A mount over `source` whose cache has a disk tier too (started in the background).
+    pub fn with_disk(source: Arc<dyn Source>, options: FsOptions, disk: Option<DiskSetup>) -> Fs {
         let metrics = Arc::new(Metrics::default());
-        let cache = Arc::new(NeverEvictCache::new(options.cache_budget, metrics.clone()));
+        let telemetry = Arc::new(Telemetry::default());
+        let (policy, sampler): (Box<dyn CodecPolicy>, _) = match options.codec {
+            Some(codec) => (Box::new(Fixed(codec)), None),
+            None => (Box::new(Heuristic), Some(Sampler::start(telemetry.clone()))),
+        };
+        let cache = Arc::new(NeverEvictCache::new(
+            options.cache_budget,
+            policy,
+            telemetry,
+            disk,
+            metrics.clone(),
+        ));
         let views = Arc::new(Views::new(
             &options.views,
             Box::new(Cpu),
@@ -176,6 +200,7 @@ impl Fs {
             metrics,
             views,
             render_pool,
+            _sampler: sampler,
         }
     }
 
@@ -286,6 +311,7 @@ impl Fs {
         Gauges {
             open_handles: self.handles.len() as u64,
             inodes: self.inodes.len() as u64,
+            disk: self.cache.disk_gauges(),
             ..self.cache.gauges()
         }
     }
@@ -394,13 +420,17 @@ impl Fs {
             }
             *last = Some(identity);
         }
-        let cached = self.cache.file(identity);
+        let cached = self.cache.file(identity, &node.path);
         let serve = if self.options.passthrough && cached.passthrough_fd().is_some() {
             Serve::Passthrough(cached.clone())
         } else {
             Serve::Daemon
         };
-        let fh = self.add_handle(Handle::File { source, cached });
+        let fh = self.add_handle(Handle::File {
+            source,
+            cached,
+            unpacked: Unpacked::default(),
+        });
         Ok(Opened { fh, serve })
     }
 
@@ -426,7 +456,9 @@ impl Fs {
             Err(e) => return Some(Err(e)),
         };
         match &*handle {
-            Handle::File { cached, .. } => cached.read_cached(offset, size).map(Ok),
+            Handle::File {
+                cached, unpacked, ..
+            } => cached.read_cached(offset, size, unpacked).map(Ok),
             Handle::Snapshot(content) => Some(Ok(snapshot_range(content, offset, size))),
             Handle::View(open) => open
                 .ready()
@@ -438,7 +470,11 @@ impl Fs {
     /// Answers a read, fetching from the source where the cache misses. May block.
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<ReadBytes, FsError> {
         match &*self.handle(fh)? {
-            Handle::File { source, cached } => cached.read(source.as_ref(), offset, size),
+            Handle::File {
+                source,
+                cached,
+                unpacked,
+            } => cached.read(source.as_ref(), offset, size, unpacked),
             Handle::Snapshot(content) => Ok(snapshot_range(content, offset, size)),
             Handle::View(open) => Ok(snapshot_range(&open.wait()?, offset, size)),
             Handle::Dir(_) => Err(FsError::IsDirectory),

@@ -25,6 +25,7 @@ fn options(budget: u64) -> FsOptions {
         views: Vec::new(),
         seed: 0,
         render_threads: 2,
+        codec: Some(Codec::None),
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use super::{Attr, DirSnapshot, Fs, Handle, SOURCE_TTL};
-use crate::cache::{BLOCK_SIZE, NeverEvictCache};
+use crate::cache::{BLOCK_SIZE, NeverEvictCache, Unpacked};
 use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
 use crate::source::{Kind, Meta, Source};
@@ -160,13 +160,14 @@ impl Views {
             .source
             .open(&node.path)
             .map_err(|e| FsError::from_source(&e))?;
-        let cached = self.cache.file(source.identity());
+        let cached = self.cache.file(source.identity(), &node.path);
         let size = source.identity().size;
+        let unpacked = Unpacked::default();
         let end = limit.map_or(size, |l| size.min(l as u64));
         let mut out = Vec::with_capacity(end as usize);
         while (out.len() as u64) < end {
             let want = (end - out.len() as u64).min(BLOCK_SIZE) as u32;
-            let bytes = cached.read(source.as_ref(), out.len() as u64, want)?;
+            let bytes = cached.read(source.as_ref(), out.len() as u64, want, &unpacked)?;
             if bytes.as_slice().is_empty() {
                 break;
             }

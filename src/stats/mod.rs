@@ -138,6 +138,30 @@ pub struct Metrics {
     pub read_latency: Histogram,
     /// Latency of one block fetch from the source.
     pub source_latency: Histogram,
+    /// Nanoseconds spent in source fetches (with `source_bytes`: the source's bandwidth).
+    pub source_busy_ns: Counter,
+    /// CPU nanoseconds spent compressing cache entries (RAM packing and disk writes).
+    pub compress_cpu_ns: Counter,
+    /// CPU nanoseconds spent decompressing cache entries on hits.
+    pub decompress_cpu_ns: Counter,
+    /// Raw RAM blocks packed in the background.
+    pub packed_blocks: Counter,
+    /// Packed RAM blocks repacked with a stronger codec.
+    pub recompressions: Counter,
+    /// Blocks read from the disk tier.
+    pub disk_hits: Counter,
+    /// Disk tier lookups that found no usable entry.
+    pub disk_misses: Counter,
+    /// Entries written to the disk tier.
+    pub disk_writes: Counter,
+    /// Disk entries found damaged (truncated, corrupt, wrong version or identity); removed.
+    pub disk_integrity_errors: Counter,
+    /// Blocks not written to the disk tier (budget, free-space floor, queue full, write error).
+    pub disk_rejected: Counter,
+    /// Disk writes that hit ENOSPC or the free-space floor.
+    pub disk_enospc: Counter,
+    /// Entries of an earlier mount removed because their source file changed or vanished.
+    pub disk_stale_dropped: Counter,
 }
 
 impl Default for Metrics {
@@ -157,6 +181,18 @@ impl Default for Metrics {
             passthrough_opens: Counter::default(),
             read_latency: Histogram::default(),
             source_latency: Histogram::default(),
+            source_busy_ns: Counter::default(),
+            compress_cpu_ns: Counter::default(),
+            decompress_cpu_ns: Counter::default(),
+            packed_blocks: Counter::default(),
+            recompressions: Counter::default(),
+            disk_hits: Counter::default(),
+            disk_misses: Counter::default(),
+            disk_writes: Counter::default(),
+            disk_integrity_errors: Counter::default(),
+            disk_rejected: Counter::default(),
+            disk_enospc: Counter::default(),
+            disk_stale_dropped: Counter::default(),
         }
     }
 }
@@ -164,8 +200,16 @@ impl Default for Metrics {
 /// Figures owned elsewhere (the cache) that the stats files show beside the counters.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Gauges {
-    /// Bytes held by the RAM tier.
+    /// Bytes held by the RAM tier (stored size).
     pub cache_bytes: u64,
+    /// Bytes of file contents the RAM tier holds (before compression).
+    pub cache_logical_bytes: u64,
+    /// RAM blocks by codec family: none, lz4, zstd.
+    pub cache_blocks_by_codec: [u64; 3],
+    /// RAM blocks waiting to be packed or repacked.
+    pub pack_queue: u64,
+    /// The disk tier's figures, when there is one.
+    pub disk: Option<crate::cache::DiskGauges>,
     /// The RAM tier's hard budget.
     pub cache_budget_bytes: u64,
     /// Blocks held by the RAM tier.
@@ -285,7 +329,7 @@ impl Metrics {
                 "cache.bytes",
                 "cache_bytes",
                 G,
-                "Bytes held by the RAM tier.",
+                "Bytes held by the RAM tier (stored size, compressed where packed).",
                 g.cache_bytes as f64,
             ),
             (
@@ -352,7 +396,66 @@ impl Metrics {
                 self.source_errors.get() as f64,
             ),
         ];
-        for (json_path, prom_name, kind, help, value) in table {
+        let ratio = |logical: u64, stored: u64| {
+            if stored == 0 {
+                1.0
+            } else {
+                logical as f64 / stored as f64
+            }
+        };
+        let seconds = |c: &Counter| c.get() as f64 / 1e9;
+        let codec_table = [
+            (
+                "cache.logical_bytes",
+                "cache_logical_bytes",
+                G,
+                "Bytes of file contents held by the RAM tier, before compression.",
+                g.cache_logical_bytes as f64,
+            ),
+            (
+                "cache.capacity_ratio",
+                "cache_capacity_ratio",
+                G,
+                "Effective capacity of the RAM tier: logical_bytes / bytes.",
+                ratio(g.cache_logical_bytes, g.cache_bytes),
+            ),
+            (
+                "cache.pack_queue",
+                "cache_pack_queue",
+                G,
+                "RAM blocks waiting to be packed or repacked in the background.",
+                g.pack_queue as f64,
+            ),
+            (
+                "cache.packed_blocks",
+                "cache_packed_blocks_total",
+                C,
+                "Raw RAM blocks packed (compressed) in the background.",
+                self.packed_blocks.get() as f64,
+            ),
+            (
+                "cache.recompressions",
+                "cache_recompressions_total",
+                C,
+                "Packed RAM blocks repacked with a stronger codec when the CPU was idle.",
+                self.recompressions.get() as f64,
+            ),
+            (
+                "cache.compress_cpu_seconds",
+                "cache_compress_cpu_seconds_total",
+                C,
+                "CPU seconds spent compressing cache entries (RAM and disk).",
+                seconds(&self.compress_cpu_ns),
+            ),
+            (
+                "cache.decompress_cpu_seconds",
+                "cache_decompress_cpu_seconds_total",
+                C,
+                "CPU seconds spent decompressing cache entries on hits (RAM and disk).",
+                seconds(&self.decompress_cpu_ns),
+            ),
+        ];
+        for (json_path, prom_name, kind, help, value) in table.into_iter().chain(codec_table) {
             out.push(Sample {
                 json_path: json_path.to_owned(),
                 prom_name,
@@ -361,6 +464,98 @@ impl Metrics {
                 help,
                 value,
             });
+        }
+        for (name, blocks) in ["none", "lz4", "zstd"].into_iter().zip(g.cache_blocks_by_codec) {
+            out.push(Sample {
+                json_path: format!("cache.blocks_by_codec.{name}"),
+                prom_name: "cache_blocks_by_codec",
+                labels: vec![("codec", name.to_owned())],
+                kind: G,
+                help: "RAM blocks by the codec they are stored with.",
+                value: blocks as f64,
+            });
+        }
+        if let Some(d) = &g.disk {
+            let disk_table = [
+                ("disk.entries", "disk_entries", G, "Entries (blocks) in the disk tier.", d.entries as f64),
+                ("disk.bytes", "disk_bytes", G, "Bytes of disk tier entries.", d.bytes as f64),
+                (
+                    "disk.logical_bytes",
+                    "disk_logical_bytes",
+                    G,
+                    "Bytes of file contents the disk tier holds, before compression.",
+                    d.logical_bytes as f64,
+                ),
+                (
+                    "disk.capacity_ratio",
+                    "disk_capacity_ratio",
+                    G,
+                    "Effective capacity of the disk tier: logical_bytes / bytes.",
+                    ratio(d.logical_bytes, d.bytes),
+                ),
+                ("disk.budget_bytes", "disk_budget_bytes", G, "Byte budget of the disk tier.", d.budget_bytes as f64),
+                (
+                    "disk.free_bytes",
+                    "disk_free_bytes",
+                    G,
+                    "Free bytes on the cache dir's filesystem.",
+                    d.free_bytes as f64,
+                ),
+                (
+                    "disk.scanned",
+                    "disk_scanned",
+                    G,
+                    "1 once the background scan of the old cache finished (admission starts then).",
+                    f64::from(u8::from(d.scanned)),
+                ),
+                ("disk.hits", "disk_hits_total", C, "Blocks read from the disk tier.", self.disk_hits.get() as f64),
+                (
+                    "disk.misses",
+                    "disk_misses_total",
+                    C,
+                    "Disk tier lookups that found no usable entry.",
+                    self.disk_misses.get() as f64,
+                ),
+                ("disk.writes", "disk_writes_total", C, "Entries written to the disk tier.", self.disk_writes.get() as f64),
+                (
+                    "disk.integrity_errors",
+                    "disk_integrity_errors_total",
+                    C,
+                    "Damaged disk entries (truncated, corrupt, wrong version or identity); removed, refetched.",
+                    self.disk_integrity_errors.get() as f64,
+                ),
+                (
+                    "disk.admission_rejected",
+                    "disk_admission_rejected_total",
+                    C,
+                    "Blocks not written to disk: budget, free-space floor, queue full or write error.",
+                    self.disk_rejected.get() as f64,
+                ),
+                (
+                    "disk.enospc",
+                    "disk_enospc_total",
+                    C,
+                    "Disk writes stopped by ENOSPC or the free-space floor (admission pauses 10 s).",
+                    self.disk_enospc.get() as f64,
+                ),
+                (
+                    "disk.stale_dropped",
+                    "disk_stale_dropped_total",
+                    C,
+                    "Entries of an earlier mount removed because their source file changed or vanished.",
+                    self.disk_stale_dropped.get() as f64,
+                ),
+            ];
+            for (json_path, prom_name, kind, help, value) in disk_table {
+                out.push(Sample {
+                    json_path: json_path.to_owned(),
+                    prom_name,
+                    labels: Vec::new(),
+                    kind,
+                    help,
+                    value,
+                });
+            }
         }
         for (prefix, prom, help, h) in [
             (
