@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, MountConfig};
 use crate::run::{self, RunError};
@@ -22,60 +22,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Mount SOURCE read-only at MOUNTPOINT, served from a never-evict RAM cache.
-    Mount {
-        /// Dataset directory.
-        source: PathBuf,
-        /// Empty directory where the mount appears.
-        mountpoint: PathBuf,
-        /// RAM cache budget, e.g. 8G (default: half of the memory available now).
-        #[arg(long, value_name = "SIZE")]
-        cache_mem: Option<String>,
-        /// Stay in the foreground (logs to stderr) instead of returning once ready.
-        #[arg(long, short = 'f')]
-        foreground: bool,
-        /// Never use kernel passthrough (every read goes through the daemon).
-        #[arg(long)]
-        no_passthrough: bool,
-        /// Threads receiving FUSE requests (default: one per core, at least 2).
-        #[arg(long, value_name = "N")]
-        fuse_threads: Option<usize>,
-        /// Threads reading cache misses from the source.
-        #[arg(long, value_name = "N", default_value_t = config::DEFAULT_IO_THREADS)]
-        io_threads: usize,
-        /// Threads rendering view files (default: one per core).
-        #[arg(long, value_name = "N")]
-        render_threads: Option<usize>,
-        /// Let other users read the mount (off by default; needs user_allow_other for non-root).
-        #[arg(long)]
-        allow_other: bool,
-        /// Append the daemon's log to this file (default: discarded unless --foreground).
-        #[arg(long, value_name = "PATH")]
-        log_file: Option<PathBuf>,
-        /// A tensor view under .prepfs/views/NAME, e.g.
-        /// train='decode,random_resized_crop(224),hflip,normalize(imagenet)' (repeatable).
-        #[arg(long = "view", value_name = "NAME=PIPELINE")]
-        views: Vec<String>,
-        /// Seed of the views' random augmentation (each open of a file draws anew from it).
-        #[arg(long, value_name = "N", default_value_t = 0)]
-        seed: u64,
-        /// Codec of cached data: auto (chosen from CPU load and source speed), none, lz4, zstd
-        /// or zstd-N (1..19).
-        #[arg(long, value_name = "CODEC", default_value = "auto")]
-        codec: String,
-        /// Directory of the persistent disk tier (created 0700; one mount at a time).
-        #[arg(long, value_name = "DIR")]
-        cache_dir: Option<PathBuf>,
-        /// Disk tier budget, e.g. 100G (default: half of the free space in --cache-dir).
-        #[arg(long, value_name = "SIZE", requires = "cache_dir")]
-        cache_disk: Option<String>,
-        /// Share of the cache dir's filesystem kept free, in percent; admission stops below it.
-        #[arg(long, value_name = "PCT", default_value_t = 5.0, requires = "cache_dir")]
-        disk_min_free: f64,
-        /// Internal: this process is the daemon started by `prepfs mount`.
-        #[arg(long, hide = true)]
-        daemon_child: bool,
-    },
+    /// Mount SOURCE read-only at MOUNTPOINT, served from a never-evict RAM (and disk) cache.
+    Mount(Box<MountArgs>),
     /// Unmount a prepfs mount (the daemon then exits cleanly).
     Umount {
         /// The mountpoint.
@@ -100,11 +48,72 @@ enum Command {
     },
 }
 
+/// Options of `prepfs mount`.
+#[derive(Debug, Args)]
+struct MountArgs {
+    /// Dataset directory.
+    source: PathBuf,
+    /// Empty directory where the mount appears.
+    mountpoint: PathBuf,
+    /// RAM cache budget, e.g. 8G (default: half of the memory available now).
+    #[arg(long, value_name = "SIZE")]
+    cache_mem: Option<String>,
+    /// Stay in the foreground (logs to stderr) instead of returning once ready.
+    #[arg(long, short = 'f')]
+    foreground: bool,
+    /// Never use kernel passthrough (every read goes through the daemon).
+    #[arg(long)]
+    no_passthrough: bool,
+    /// Threads receiving FUSE requests (default: one per core, at least 2).
+    #[arg(long, value_name = "N")]
+    fuse_threads: Option<usize>,
+    /// Threads reading cache misses from the source.
+    #[arg(long, value_name = "N", default_value_t = config::DEFAULT_IO_THREADS)]
+    io_threads: usize,
+    /// Threads rendering view files (default: one per core).
+    #[arg(long, value_name = "N")]
+    render_threads: Option<usize>,
+    /// Let other users read the mount (off by default; needs user_allow_other for non-root).
+    #[arg(long)]
+    allow_other: bool,
+    /// Append the daemon's log to this file (default: discarded unless --foreground).
+    #[arg(long, value_name = "PATH")]
+    log_file: Option<PathBuf>,
+    /// A tensor view under .prepfs/views/NAME, e.g.
+    /// train='decode,random_resized_crop(224),hflip,normalize(imagenet)' (repeatable).
+    #[arg(long = "view", value_name = "NAME=PIPELINE")]
+    views: Vec<String>,
+    /// Seed of the views' random augmentation (each open of a file draws anew from it).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    seed: u64,
+    /// Codec of cached data: auto (chosen from CPU load and source speed), none, lz4, zstd
+    /// or zstd-N (1..19).
+    #[arg(long, value_name = "CODEC", default_value = "auto")]
+    codec: String,
+    /// Directory of the persistent disk tier (created 0700; one mount at a time).
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Disk tier budget, e.g. 100G (default: half of the free space in --cache-dir).
+    #[arg(long, value_name = "SIZE", requires = "cache_dir")]
+    cache_disk: Option<String>,
+    /// Share of the cache dir's filesystem kept free, in percent; admission stops below it.
+    #[arg(
+        long,
+        value_name = "PCT",
+        default_value_t = 5.0,
+        requires = "cache_dir"
+    )]
+    disk_min_free: f64,
+    /// Internal: this process is the daemon started by `prepfs mount`.
+    #[arg(long, hide = true)]
+    daemon_child: bool,
+}
+
 /// Parses the command line, runs it, and maps failure to one line on stderr and exit code 1.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // A mount logs its lifecycle at INFO; one-shot commands only warn.
-    let mount = matches!(cli.command, Command::Mount { .. });
+    let mount = matches!(cli.command, Command::Mount(_));
     init_logging(if mount {
         "warn,prepfs=info,fuser=error"
     } else {
@@ -133,25 +142,26 @@ fn init_logging(default: &str) {
 
 fn dispatch(command: Command) -> Result<(), RunError> {
     match command {
-        Command::Mount {
-            source,
-            mountpoint,
-            cache_mem,
-            foreground,
-            no_passthrough,
-            fuse_threads,
-            io_threads,
-            render_threads,
-            allow_other,
-            log_file,
-            views,
-            seed,
-            codec,
-            cache_dir,
-            cache_disk,
-            disk_min_free,
-            daemon_child,
-        } => {
+        Command::Mount(args) => {
+            let MountArgs {
+                source,
+                mountpoint,
+                cache_mem,
+                foreground,
+                no_passthrough,
+                fuse_threads,
+                io_threads,
+                render_threads,
+                allow_other,
+                log_file,
+                views,
+                seed,
+                codec,
+                cache_dir,
+                cache_disk,
+                disk_min_free,
+                daemon_child,
+            } = *args;
             let views = config::parse_views(&views)?;
             let codec = config::parse_codec(&codec)?;
             let cache_disk = cache_disk.map(|s| config::parse_size(&s)).transpose()?;

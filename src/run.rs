@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::cache::{CacheDir, DiskOptions, DiskSetup};
 use crate::config::{ConfigError, MountConfig};
 use crate::fs::{Fs, FsOptions};
 use crate::fuse::{Adapter, Config, MountOption, Session, SessionACL, SessionUnmounter};
-use crate::cache::{CacheDir, DiskOptions, DiskSetup};
 use crate::source::{LocalSource, Source};
 use crate::workers::WorkerPool;
 

@@ -125,16 +125,16 @@ const COMPRESSIBLE_RATIO: f64 = 1.1;
 
 /// Leading bytes of formats that are already compressed; checked before any trial compression.
 const COMPRESSED_MAGICS: &[&[u8]] = &[
-    b"\xff\xd8\xff",              // JPEG
-    b"\x89PNG\r\n\x1a\n",         // PNG
-    b"\x28\xb5\x2f\xfd",          // zstd frame
-    b"\x1f\x8b",                  // gzip
-    b"\xfd7zXZ\x00",              // xz
-    b"BZh",                       // bzip2
-    b"\x04\x22\x4d\x18",          // lz4 frame
-    b"GIF8",                      // GIF
-    b"\x00\x00\x00\x0cjP  \r\n",  // JPEG 2000
-    b"\xff\x4f\xff\x51",          // JPEG 2000 codestream
+    b"\xff\xd8\xff",             // JPEG
+    b"\x89PNG\r\n\x1a\n",        // PNG
+    b"\x28\xb5\x2f\xfd",         // zstd frame
+    b"\x1f\x8b",                 // gzip
+    b"\xfd7zXZ\x00",             // xz
+    b"BZh",                      // bzip2
+    b"\x04\x22\x4d\x18",         // lz4 frame
+    b"GIF8",                     // GIF
+    b"\x00\x00\x00\x0cjP  \r\n", // JPEG 2000
+    b"\xff\x4f\xff\x51",         // JPEG 2000 codestream
 ];
 
 /// Whether `bytes` (the first cached block of a file, or any block of it) look worth

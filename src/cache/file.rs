@@ -275,7 +275,12 @@ impl CachedFile {
     }
 
     /// A verified cached piece of block `index`, or `None` (absent, or corrupt and now dropped).
-    fn hit(self: &Arc<Self>, index: usize, range: Range<usize>, memo: &Unpacked) -> Option<ReadBytes> {
+    fn hit(
+        self: &Arc<Self>,
+        index: usize,
+        range: Range<usize>,
+        memo: &Unpacked,
+    ) -> Option<ReadBytes> {
         let stored = self.slots[index].lock().stored.clone()?;
         let bytes = match &stored {
             Stored::Packed(packed) => {
@@ -285,7 +290,10 @@ impl CachedFile {
                     _ => {
                         let started = thread_cpu();
                         let bytes = packed.unpack().map(Arc::new);
-                        self.tiers.metrics.decompress_cpu_ns.add(thread_cpu().saturating_sub(started));
+                        self.tiers
+                            .metrics
+                            .decompress_cpu_ns
+                            .add(thread_cpu().saturating_sub(started));
                         if let Some(b) = &bytes {
                             *last = Some((index, b.clone()));
                         }
@@ -539,17 +547,25 @@ impl CachedFile {
         };
         let Some(logical) = logical else {
             metrics.integrity_errors.inc();
-            tracing::warn!(block = index, "cached block failed its checksum before packing; dropped");
+            tracing::warn!(
+                block = index,
+                "cached block failed its checksum before packing; dropped"
+            );
             self.drop_block(index);
             return PackOutcome::Unchanged;
         };
         let started = thread_cpu();
         let packed = Packed::pack(codec, &logical);
-        metrics.compress_cpu_ns.add(thread_cpu().saturating_sub(started));
+        metrics
+            .compress_cpu_ns
+            .add(thread_cpu().saturating_sub(started));
         let Some(packed) = packed else {
             return PackOutcome::Unchanged;
         };
-        let (old, new) = (self.stored_charge(index, &stored), packed.payload.len() as u64);
+        let (old, new) = (
+            self.stored_charge(index, &stored),
+            packed.payload.len() as u64,
+        );
         let mut guard = slot.lock();
         let unchanged = match (&guard.stored, &stored) {
             (Some(Stored::Heap(a)), Stored::Heap(b)) => Arc::ptr_eq(a, b),

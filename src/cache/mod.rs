@@ -141,14 +141,22 @@ impl NeverEvictCache {
     ) -> NeverEvictCache {
         let packer = Arc::new(Packer::new(policy, telemetry, metrics.clone()));
         let disk = disk.map(|d| {
-            DiskTier::start(d.dir, d.options, d.validate, packer.clone(), metrics.clone())
+            DiskTier::start(
+                d.dir,
+                d.options,
+                d.validate,
+                packer.clone(),
+                metrics.clone(),
+            )
         });
         let packer_thread = if packer.enabled() {
             let p = packer.clone();
             std::thread::Builder::new()
                 .name("prepfs-packer".into())
                 .spawn(move || p.run())
-                .inspect_err(|e| tracing::warn!(error = %e, "cannot start the packer; entries stay raw"))
+                .inspect_err(
+                    |e| tracing::warn!(error = %e, "cannot start the packer; entries stay raw"),
+                )
                 .ok()
         } else {
             None
@@ -180,7 +188,11 @@ impl NeverEvictCache {
     /// source root) is recorded in disk entries.
     pub fn file(&self, identity: Identity, path: &Path) -> Arc<CachedFile> {
         self.files.get_or_insert_with(identity, || {
-            Arc::new(CachedFile::new(identity, Arc::from(path), self.tiers.clone()))
+            Arc::new(CachedFile::new(
+                identity,
+                Arc::from(path),
+                self.tiers.clone(),
+            ))
         })
     }
 
@@ -206,7 +218,10 @@ impl NeverEvictCache {
     /// Current figures for the stats files.
     pub fn gauges(&self) -> Gauges {
         let ledger = &self.tiers.ledger;
-        let by_codec = ledger.by_codec.each_ref().map(|c| c.load(Ordering::Relaxed));
+        let by_codec = ledger
+            .by_codec
+            .each_ref()
+            .map(|c| c.load(Ordering::Relaxed));
         Gauges {
             cache_bytes: ledger.used.load(Ordering::Relaxed),
             cache_logical_bytes: ledger.logical.load(Ordering::Relaxed),
@@ -215,7 +230,8 @@ impl NeverEvictCache {
             cache_blocks_by_codec: by_codec,
             cache_files: ledger.files.load(Ordering::Relaxed),
             cache_complete_files: ledger.complete_files.load(Ordering::Relaxed),
-            pack_queue: self.tiers.packer.queued() as u64,
+            pack_queue: self.tiers.packer.queued().0 as u64,
+            repack_queue: self.tiers.packer.queued().1 as u64,
             ..Gauges::default()
         }
     }

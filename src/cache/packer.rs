@@ -101,10 +101,11 @@ impl Packer {
         true
     }
 
-    /// Blocks waiting to be packed or upgraded.
-    pub fn queued(&self) -> usize {
+    /// Blocks waiting to be packed, and packed blocks waiting for an idle CPU to be repacked
+    /// with the policy's best codec.
+    pub fn queued(&self) -> (usize, usize) {
         let queues = self.queues.lock();
-        queues.fresh.len() + queues.upgrades.len()
+        (queues.fresh.len(), queues.upgrades.len())
     }
 
     /// Works through the queues until `stop`; the body of the packer thread.
@@ -117,7 +118,10 @@ impl Packer {
                 let job = if choice.codec == Codec::None {
                     None
                 } else if strength(choice.codec) >= strength(target) {
-                    queues.fresh.pop_front().or_else(|| queues.upgrades.pop_front())
+                    queues
+                        .fresh
+                        .pop_front()
+                        .or_else(|| queues.upgrades.pop_front())
                 } else {
                     queues.fresh.pop_front()
                 };

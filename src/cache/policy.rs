@@ -108,7 +108,10 @@ impl CodecPolicy for Heuristic {
     fn choose(&self, s: &Signals) -> Choice {
         let (codec, reason) = if s.cpu_idle < IDLE_FOR_ANY_PACKING {
             (Codec::None, Reason::CpuSaturated)
-        } else if s.source_bytes_per_s.is_some_and(|b| b >= FAST_SOURCE_BYTES_PER_S) {
+        } else if s
+            .source_bytes_per_s
+            .is_some_and(|b| b >= FAST_SOURCE_BYTES_PER_S)
+        {
             (Codec::Lz4, Reason::FastSource)
         } else if s.cpu_idle < IDLE_FOR_BEST_RATIO {
             (Codec::Lz4, Reason::CpuBusy)
@@ -163,10 +166,15 @@ mod tests {
     #[test]
     fn fixed_ignores_load_and_upgrades_rank_by_ratio() {
         let fixed = Fixed(Codec::Zstd(1));
-        assert_eq!(fixed.choose(&Signals {
-            cpu_idle: 0.0,
-            source_bytes_per_s: None
-        }).codec, Codec::Zstd(1));
+        assert_eq!(
+            fixed
+                .choose(&Signals {
+                    cpu_idle: 0.0,
+                    source_bytes_per_s: None
+                })
+                .codec,
+            Codec::Zstd(1)
+        );
         assert!(strength(Codec::None) < strength(Codec::Lz4));
         assert!(strength(Codec::Lz4) < strength(Codec::Zstd(1)));
         assert!(strength(Codec::Zstd(1)) < strength(Heuristic.target()));

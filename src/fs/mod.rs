@@ -291,15 +291,18 @@ impl Fs {
         }
         match ino {
             STATS_FILE => {
-                let failed = self
-                    .views
-                    .iter()
-                    .map(|v| {
+                let choice = self.cache.codec_choice();
+                let codec = serde_json::json!({
+                    "choice": choice.codec.name(),
+                    "reason": choice.reason.name(),
+                });
+                let documents = std::iter::once(("cache.codec".to_owned(), codec))
+                    .chain(self.views.iter().map(|v| {
                         let path = format!("views.{}.failed_files", v.spec.name);
                         (path, v.metrics.failed_files.to_json())
-                    })
+                    }))
                     .collect();
-                Some(stats::render_json(&samples, failed).into_bytes())
+                Some(stats::render_json(&samples, documents).into_bytes())
             }
             METRICS_FILE => Some(stats::render_prometheus(&samples).into_bytes()),
             _ => None,

@@ -206,8 +206,10 @@ pub struct Gauges {
     pub cache_logical_bytes: u64,
     /// RAM blocks by codec family: none, lz4, zstd.
     pub cache_blocks_by_codec: [u64; 3],
-    /// RAM blocks waiting to be packed or repacked.
+    /// Raw RAM blocks waiting to be packed.
     pub pack_queue: u64,
+    /// Packed RAM blocks waiting for an idle CPU to be repacked with the best codec.
+    pub repack_queue: u64,
     /// The disk tier's figures, when there is one.
     pub disk: Option<crate::cache::DiskGauges>,
     /// The RAM tier's hard budget.
@@ -423,8 +425,15 @@ impl Metrics {
                 "cache.pack_queue",
                 "cache_pack_queue",
                 G,
-                "RAM blocks waiting to be packed or repacked in the background.",
+                "Raw RAM blocks of compressible files waiting to be packed in the background.",
                 g.pack_queue as f64,
+            ),
+            (
+                "cache.repack_queue",
+                "cache_repack_queue",
+                G,
+                "Packed RAM blocks waiting for an idle CPU to be repacked with the best codec.",
+                g.repack_queue as f64,
             ),
             (
                 "cache.packed_blocks",
@@ -465,7 +474,10 @@ impl Metrics {
                 value,
             });
         }
-        for (name, blocks) in ["none", "lz4", "zstd"].into_iter().zip(g.cache_blocks_by_codec) {
+        for (name, blocks) in ["none", "lz4", "zstd"]
+            .into_iter()
+            .zip(g.cache_blocks_by_codec)
+        {
             out.push(Sample {
                 json_path: format!("cache.blocks_by_codec.{name}"),
                 prom_name: "cache_blocks_by_codec",
@@ -477,8 +489,20 @@ impl Metrics {
         }
         if let Some(d) = &g.disk {
             let disk_table = [
-                ("disk.entries", "disk_entries", G, "Entries (blocks) in the disk tier.", d.entries as f64),
-                ("disk.bytes", "disk_bytes", G, "Bytes of disk tier entries.", d.bytes as f64),
+                (
+                    "disk.entries",
+                    "disk_entries",
+                    G,
+                    "Entries (blocks) in the disk tier.",
+                    d.entries as f64,
+                ),
+                (
+                    "disk.bytes",
+                    "disk_bytes",
+                    G,
+                    "Bytes of disk tier entries.",
+                    d.bytes as f64,
+                ),
                 (
                     "disk.logical_bytes",
                     "disk_logical_bytes",
@@ -493,7 +517,13 @@ impl Metrics {
                     "Effective capacity of the disk tier: logical_bytes / bytes.",
                     ratio(d.logical_bytes, d.bytes),
                 ),
-                ("disk.budget_bytes", "disk_budget_bytes", G, "Byte budget of the disk tier.", d.budget_bytes as f64),
+                (
+                    "disk.budget_bytes",
+                    "disk_budget_bytes",
+                    G,
+                    "Byte budget of the disk tier.",
+                    d.budget_bytes as f64,
+                ),
                 (
                     "disk.free_bytes",
                     "disk_free_bytes",
@@ -508,7 +538,13 @@ impl Metrics {
                     "1 once the background scan of the old cache finished (admission starts then).",
                     f64::from(u8::from(d.scanned)),
                 ),
-                ("disk.hits", "disk_hits_total", C, "Blocks read from the disk tier.", self.disk_hits.get() as f64),
+                (
+                    "disk.hits",
+                    "disk_hits_total",
+                    C,
+                    "Blocks read from the disk tier.",
+                    self.disk_hits.get() as f64,
+                ),
                 (
                     "disk.misses",
                     "disk_misses_total",
@@ -516,7 +552,13 @@ impl Metrics {
                     "Disk tier lookups that found no usable entry.",
                     self.disk_misses.get() as f64,
                 ),
-                ("disk.writes", "disk_writes_total", C, "Entries written to the disk tier.", self.disk_writes.get() as f64),
+                (
+                    "disk.writes",
+                    "disk_writes_total",
+                    C,
+                    "Entries written to the disk tier.",
+                    self.disk_writes.get() as f64,
+                ),
                 (
                     "disk.integrity_errors",
                     "disk_integrity_errors_total",

@@ -23,7 +23,9 @@ pub enum DiskError {
         why: String,
     },
     /// It is owned by another user.
-    #[error("cache dir {path} is owned by uid {owner}, not by this user ({me}): refusing to use it")]
+    #[error(
+        "cache dir {path} is owned by uid {owner}, not by this user ({me}): refusing to use it"
+    )]
     Owner {
         /// The path given.
         path: PathBuf,
@@ -43,7 +45,9 @@ pub enum DiskError {
         mode: u32,
     },
     /// Another mount holds it.
-    #[error("cache dir {path} is in use by another prepfs mount ({holder}); give each mount its own")]
+    #[error(
+        "cache dir {path} is in use by another prepfs mount ({holder}); give each mount its own"
+    )]
     InUse {
         /// The path given.
         path: PathBuf,

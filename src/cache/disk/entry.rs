@@ -22,7 +22,7 @@
 //! Must never allocate from a length it has not bounded, and never return bytes that were not
 //! verified against the logical checksum. Changing the layout means bumping `FORMAT_VERSION`.
 
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 use crate::cache::BLOCK_SIZE;
 use crate::cache::codec::{Codec, CodecError};
@@ -252,25 +252,44 @@ mod tests {
     fn damaged_entries_are_rejected_with_their_reason() {
         let logical: Vec<u8> = (0..50_000).map(|i| (i / 10) as u8).collect();
         let payload = Codec::Lz4.compress(&logical).expect("compressible");
-        let good = encode(identity(), 7, b"train/x.npy", Codec::Lz4, &logical, &payload);
+        let good = encode(
+            identity(),
+            7,
+            b"train/x.npy",
+            Codec::Lz4,
+            &logical,
+            &payload,
+        );
         assert_eq!(decode(&good, &identity(), 7), Ok(logical.clone()));
 
         let truncated = &good[..good.len() - 1];
-        assert_eq!(decode(truncated, &identity(), 7), Err(EntryError::Truncated));
-        assert_eq!(decode(&good[..40], &identity(), 7), Err(EntryError::Truncated));
+        assert_eq!(
+            decode(truncated, &identity(), 7),
+            Err(EntryError::Truncated)
+        );
+        assert_eq!(
+            decode(&good[..40], &identity(), 7),
+            Err(EntryError::Truncated)
+        );
         let mut longer = good.clone();
         longer.push(0);
         assert_eq!(decode(&longer, &identity(), 7), Err(EntryError::Trailing));
 
         let mut version = good.clone();
         version[8] = 2;
-        assert_eq!(decode(&version, &identity(), 7), Err(EntryError::Version(2)));
+        assert_eq!(
+            decode(&version, &identity(), 7),
+            Err(EntryError::Version(2))
+        );
         let mut magic = good.clone();
         magic[0] = b'X';
         assert_eq!(decode(&magic, &identity(), 7), Err(EntryError::BadMagic));
         let mut header = good.clone();
         header[30] ^= 1;
-        assert_eq!(decode(&header, &identity(), 7), Err(EntryError::HeaderChecksum));
+        assert_eq!(
+            decode(&header, &identity(), 7),
+            Err(EntryError::HeaderChecksum)
+        );
         let mut absurd = good.clone();
         absurd[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(
@@ -283,7 +302,10 @@ mod tests {
             ..identity()
         };
         assert_eq!(decode(&good, &other, 7), Err(EntryError::WrongIdentity));
-        assert_eq!(decode(&good, &identity(), 8), Err(EntryError::WrongIdentity));
+        assert_eq!(
+            decode(&good, &identity(), 8),
+            Err(EntryError::WrongIdentity)
+        );
 
         let mut payload_bit = good.clone();
         let last = payload_bit.len() - 1;

@@ -157,7 +157,9 @@ impl DiskTier {
             .spawn(move || writer.write_all(&receiver, &packer))
         {
             Ok(t) => threads.push(t),
-            Err(e) => tracing::warn!(error = %e, "cannot start the disk writer; disk tier read-only"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the disk writer; disk tier read-only")
+            }
         }
         DiskTier {
             inner,
@@ -168,7 +170,8 @@ impl DiskTier {
 
     /// Whether a new entry would be admitted now (a hint).
     pub fn has_room(&self) -> bool {
-        self.inner.admitting() && self.inner.used.load(Ordering::Relaxed) < self.inner.options.budget
+        self.inner.admitting()
+            && self.inner.used.load(Ordering::Relaxed) < self.inner.options.budget
     }
 
     /// The verified bytes of block `index` of `identity`, if the tier holds them intact. A
@@ -331,10 +334,14 @@ impl Inner {
         {
             let _ = self
                 .used
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(len)));
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                    Some(u.saturating_sub(len))
+                });
             let _ = self
                 .entries
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| Some(e.saturating_sub(1)));
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| {
+                    Some(e.saturating_sub(1))
+                });
         }
     }
 
@@ -350,7 +357,9 @@ impl Inner {
                 Job::Remove { identity, blocks } => {
                     for index in 0..blocks {
                         let name = entry_name(&identity, index);
-                        if let Ok(stat) = rfs::statat(&self.dir.fd, &name, AtFlags::SYMLINK_NOFOLLOW) {
+                        if let Ok(stat) =
+                            rfs::statat(&self.dir.fd, &name, AtFlags::SYMLINK_NOFOLLOW)
+                        {
                             self.remove(&name, stat.st_size.max(0) as u64);
                         }
                     }

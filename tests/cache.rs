@@ -1,0 +1,398 @@
+//! Compression and the disk tier through real mounts: packed blocks serve intact bytes, a disk
+//! cache survives a clean unmount and a SIGKILL, damaged entries become misses, a full cache
+//! filesystem never fails a read, and the cache directory's permissions and lock are enforced.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{TestMount, is_mounted, pattern, prepfs};
+use serde_json::Value;
+
+/// Bytes that compress well (uint8-pixel-like gradients with noise), deterministic per seed.
+fn compressible(len: usize, seed: u64) -> Vec<u8> {
+    let noise = pattern(len, seed);
+    (0..len)
+        .map(|i| ((i % 640) / 5) as u8 ^ (noise[i] & 0x03))
+        .collect()
+}
+
+fn stat(stats: &Value, path: &str) -> f64 {
+    path.split('.')
+        .fold(stats, |v, k| &v[k])
+        .as_f64()
+        .unwrap_or_else(|| panic!("stats.json has no number at {path}"))
+}
+
+/// Polls the mount's stats until `done` holds (or fails after 30 s with the last stats).
+fn wait_for(t: &TestMount, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = t.stats();
+        if done(&stats) {
+            return stats;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {stats:#}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Writes `files` into the source and returns their names and bytes.
+fn fill(t: &TestMount, files: &[(&str, Vec<u8>)]) {
+    for (name, bytes) in files {
+        std::fs::write(t.s(name), bytes).expect("write source file");
+    }
+}
+
+fn read_all_and_compare(t: &TestMount, files: &[(&str, Vec<u8>)]) {
+    for (name, bytes) in files {
+        let got = std::fs::read(t.m(name)).expect("read through the mount");
+        assert!(got == *bytes, "{name}: bytes differ from the source");
+    }
+}
+
+fn dataset() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("pixels.npy", compressible(3 << 20, 1)),
+        ("small.bin", compressible(200_000, 2)),
+        ("random.bin", pattern(2 << 20, 3)),
+        ("empty", Vec::new()),
+        ("one", vec![7]),
+    ]
+}
+
+#[test]
+fn compressible_files_are_packed_in_the_background_and_read_back_intact() {
+    let mut t = TestMount::new();
+    let files = dataset();
+    fill(&t, &files);
+    t.mount(&["--codec", "zstd-3", "--cache-mem", "64M"]);
+    read_all_and_compare(&t, &files);
+    // 3 blocks of pixels.npy + 1 of small.bin are compressible; random.bin's 2 are not.
+    let stats = wait_for(&t, "the packer", |s| {
+        stat(s, "cache.blocks_by_codec.zstd") >= 4.0 && stat(s, "cache.pack_queue") == 0.0
+    });
+    assert_eq!(
+        stat(&stats, "cache.blocks_by_codec.none"),
+        3.0,
+        "random 2 + one-byte file 1"
+    );
+    // The compressible 3.2 MB must take well under 2/3 of their size; random.bin stays raw.
+    let packed = stat(&stats, "cache.bytes") - (2 << 20) as f64 - 1.0;
+    assert!(packed * 1.5 < (3_145_728 + 200_000) as f64, "{stats:#}");
+    assert!(stat(&stats, "cache.capacity_ratio") > 1.3, "{stats:#}");
+    assert!(stat(&stats, "cache.logical_bytes") > stat(&stats, "cache.bytes"));
+    assert!(stat(&stats, "cache.compress_cpu_seconds") > 0.0);
+    assert_eq!(stats["cache"]["codec"]["choice"], "zstd-3");
+    assert_eq!(stats["cache"]["codec"]["reason"], "fixed");
+    let before = stat(&stats, "source.bytes_read");
+    // Packed blocks serve the same bytes, from RAM, in reads of every size.
+    read_all_and_compare(&t, &files);
+    let pixels = &files[0].1;
+    let file = std::fs::File::open(t.m("pixels.npy")).expect("open");
+    let mut buf = vec![0u8; 4096];
+    for offset in [0u64, 4095, (1 << 20) - 10, 2 << 20, (3 << 20) - 4096] {
+        use std::os::unix::fs::FileExt;
+        let n = file.read_at(&mut buf, offset).expect("pread");
+        assert_eq!(
+            &buf[..n],
+            &pixels[offset as usize..offset as usize + n],
+            "at {offset}"
+        );
+    }
+    drop(file);
+    let stats = t.stats();
+    assert_eq!(
+        stat(&stats, "source.bytes_read"),
+        before,
+        "rereads were hits"
+    );
+    assert!(stat(&stats, "cache.decompress_cpu_seconds") > 0.0);
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+}
+
+#[test]
+fn the_adaptive_codec_explains_its_choice() {
+    let mut t = TestMount::new();
+    let files = dataset();
+    fill(&t, &files);
+    t.mount(&["--cache-mem", "64M"]);
+    read_all_and_compare(&t, &files);
+    // Either the policy found CPU to spare and packed the 4 compressible blocks, or it says
+    // the CPU is saturated and they wait, raw, in the queue.
+    let stats = wait_for(&t, "the packer or a saturated verdict", |s| {
+        stat(s, "cache.packed_blocks") >= 4.0
+            || (s["cache"]["codec"]["reason"] == "cpu_saturated"
+                && stat(s, "cache.pack_queue") >= 1.0)
+    });
+    let reason = stats["cache"]["codec"]["reason"].as_str().unwrap_or("");
+    assert!(
+        ["cpu_idle", "cpu_busy", "cpu_saturated", "fast_source"].contains(&reason),
+        "{stats:#}"
+    );
+    if stat(&stats, "cache.packed_blocks") >= 4.0 {
+        let packed =
+            stat(&stats, "cache.blocks_by_codec.lz4") + stat(&stats, "cache.blocks_by_codec.zstd");
+        assert!(packed >= 4.0, "{stats:#}");
+    }
+    read_all_and_compare(&t, &files);
+}
+
+fn cache_dir(t: &TestMount) -> PathBuf {
+    t.dir.path().join("cache")
+}
+
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for shard in std::fs::read_dir(dir.join("blocks")).expect("blocks/") {
+        for entry in std::fs::read_dir(shard.expect("shard").path()).expect("shard dir") {
+            out.push(entry.expect("entry").path());
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn the_disk_tier_survives_sigkill_and_serves_the_next_mount_without_the_source() {
+    let mut t = TestMount::new();
+    let mut files = dataset();
+    for i in 0..12 {
+        let name: &'static str = Box::leak(format!("extra{i}.bin").into_boxed_str());
+        files.push((name, compressible(1_500_000, 10 + i)));
+    }
+    fill(&t, &files);
+    let dir = cache_dir(&t);
+    let dir_arg = dir.to_str().expect("utf-8 path");
+    let args = [
+        "--cache-dir",
+        dir_arg,
+        "--cache-disk",
+        "1G",
+        "--cache-mem",
+        "64M",
+    ];
+    t.mount(&args);
+    // Kill the daemon while the writer is busy: some entries written, others in flight.
+    read_all_and_compare(&t, &files);
+    wait_for(&t, "the first disk writes", |s| {
+        stat(s, "disk.writes") >= 1.0
+    });
+    let mut child = t.child.take().expect("daemon");
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    let _ = Command::new("umount").arg("-l").arg(&t.mnt).output();
+    assert!(!is_mounted(&t.mnt));
+
+    // The next mount reads everything intact, whatever the kill left.
+    t.mount(&args);
+    read_all_and_compare(&t, &files);
+    let stats = wait_for(&t, "the writer to catch up", |s| {
+        stat(s, "disk.scanned") == 1.0 && stat(s, "disk.entries") >= 25.0
+    });
+    assert_eq!(stat(&stats, "cache.integrity_errors"), 0.0);
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+    for entry in entries(&dir) {
+        let mode = std::fs::metadata(&entry)
+            .expect("entry")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600, "{}", entry.display());
+    }
+
+    // Change one file and delete another: their entries must go, the rest must be reused.
+    std::fs::write(t.s("small.bin"), compressible(200_000, 99)).expect("rewrite");
+    std::fs::remove_file(t.s("extra0.bin")).expect("delete");
+    files.retain(|(n, _)| *n != "extra0.bin");
+    files[1].1 = compressible(200_000, 99);
+    t.mount(&args);
+    let stats = wait_for(&t, "the scan", |s| stat(s, "disk.scanned") == 1.0);
+    assert!(
+        stat(&stats, "disk.stale_dropped") >= 3.0,
+        "2 blocks of extra0 + small.bin: {stats:#}"
+    );
+    read_all_and_compare(&t, &files);
+    let stats = t.stats();
+    let fresh = 200_000.0;
+    assert!(stat(&stats, "disk.hits") >= 20.0, "{stats:#}");
+    assert_eq!(
+        stat(&stats, "source.bytes_read"),
+        fresh,
+        "only the changed file came from the source"
+    );
+}
+
+#[test]
+fn damaged_disk_entries_are_misses_and_the_right_bytes_are_served() {
+    let mut t = TestMount::new();
+    let files: Vec<(&str, Vec<u8>)> = (0..6)
+        .map(|i| {
+            let name: &'static str = Box::leak(format!("f{i}.npy").into_boxed_str());
+            (name, compressible(300_000, i))
+        })
+        .collect();
+    fill(&t, &files);
+    let dir = cache_dir(&t);
+    let dir_arg = dir.to_str().expect("utf-8 path");
+    let args = ["--cache-dir", dir_arg, "--cache-disk", "1G"];
+    t.mount(&args);
+    read_all_and_compare(&t, &files);
+    wait_for(&t, "all disk writes", |s| stat(s, "disk.entries") == 6.0);
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+
+    let victims = entries(&dir);
+    assert_eq!(victims.len(), 6);
+    let damage = |path: &Path, f: &dyn Fn(&mut Vec<u8>)| {
+        let mut bytes = std::fs::read(path).expect("read entry");
+        f(&mut bytes);
+        std::fs::write(path, bytes).expect("write entry");
+    };
+    damage(&victims[0], &|b| {
+        let last = b.len() - 1;
+        b[last] ^= 0x01; // a flipped payload bit
+    });
+    damage(&victims[1], &|b| b.truncate(b.len() / 2));
+    damage(&victims[2], &|b| b[8] = 99); // another format version
+    damage(&victims[3], &|b| {
+        b[16..20].copy_from_slice(&u32::MAX.to_le_bytes())
+    });
+    // An entry renamed over another: right format, wrong identity for that name.
+    std::fs::copy(&victims[5], &victims[4]).expect("copy entry");
+
+    t.mount(&args);
+    read_all_and_compare(&t, &files);
+    let stats = t.stats();
+    let caught = stat(&stats, "disk.integrity_errors") + stat(&stats, "disk.stale_dropped");
+    assert!(caught >= 5.0, "every damaged entry counted: {stats:#}");
+    assert!(
+        stat(&stats, "disk.hits") >= 1.0,
+        "the intact entry was used"
+    );
+    assert_eq!(stat(&stats, "ops.read.errors"), 0.0);
+}
+
+#[test]
+fn a_full_cache_filesystem_stops_admission_and_never_fails_a_read() {
+    let mut t = TestMount::new();
+    let dir = cache_dir(&t);
+    std::fs::create_dir(&dir).expect("mkdir");
+    let tmpfs = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=3m,mode=0700",
+            "prepfs-test",
+            dir.to_str().expect("utf-8"),
+        ])
+        .status()
+        .expect("mount tmpfs");
+    assert!(tmpfs.success(), "mounting a tmpfs needs root");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _tmpfs = Unmount(dir.clone());
+    let files: Vec<(&str, Vec<u8>)> = (0..10)
+        .map(|i| {
+            let name: &'static str = Box::leak(format!("r{i}.bin").into_boxed_str());
+            (name, pattern(1 << 20, 100 + i))
+        })
+        .collect();
+    fill(&t, &files);
+    let dir_arg = dir.to_str().expect("utf-8 path");
+    t.mount(&[
+        "--cache-dir",
+        dir_arg,
+        "--cache-disk",
+        "100M",
+        "--cache-mem",
+        "1M",
+    ]);
+    for _ in 0..3 {
+        read_all_and_compare(&t, &files);
+    }
+    let stats = wait_for(&t, "the writer", |s| stat(s, "disk.enospc") >= 1.0);
+    assert_eq!(stat(&stats, "ops.read.errors"), 0.0);
+    assert!(stat(&stats, "disk.entries") < 10.0, "{stats:#}");
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+}
+
+/// Runs `prepfs mount` in the foreground expecting it to fail; returns its stderr.
+fn mount_fails(t: &TestMount, cache: &Path) -> String {
+    let out = prepfs()
+        .arg("mount")
+        .arg(&t.src)
+        .arg(&t.mnt)
+        .arg("--foreground")
+        .arg("--cache-dir")
+        .arg(cache)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run prepfs");
+    assert!(!out.status.success(), "mount should have been refused");
+    assert!(!is_mounted(&t.mnt));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
+    err
+}
+
+#[test]
+fn the_cache_dir_must_be_private_and_used_by_one_mount_at_a_time() {
+    let mut t = TestMount::new();
+    fill(&t, &[("a", vec![1, 2, 3])]);
+    let open = t.dir.path().join("world-writable");
+    std::fs::create_dir(&open).expect("mkdir");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    assert!(mount_fails(&t, &open).contains("writable by group or others"));
+
+    let foreign = t.dir.path().join("foreign");
+    std::fs::create_dir(&foreign).expect("mkdir");
+    std::os::unix::fs::chown(&foreign, Some(4321), Some(4321)).expect("chown (needs root)");
+    assert!(mount_fails(&t, &foreign).contains("owned by uid 4321"));
+
+    let loose = t.dir.path().join("loose");
+    std::fs::create_dir(&loose).expect("mkdir");
+    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let created = t.dir.path().join("new/nested");
+    t.mount(&["--cache-dir", loose.to_str().expect("utf-8")]);
+    assert_eq!(
+        std::fs::metadata(&loose).expect("dir").mode() & 0o777,
+        0o700,
+        "tightened"
+    );
+    assert_eq!(
+        std::fs::metadata(loose.join("lock")).expect("lock").mode() & 0o777,
+        0o600
+    );
+
+    // A second mount of the same cache dir is refused while the first holds it.
+    let mut other = TestMount::new();
+    fill(&other, &[("b", vec![4])]);
+    let err = mount_fails(&other, &loose);
+    assert!(err.contains("in use by another prepfs mount"), "{err}");
+    assert!(
+        err.contains(&format!("pid {}", t.child.as_ref().map_or(0, |c| c.id()))),
+        "{err}"
+    );
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+
+    // Once it is released, the other mount may use it; a missing dir is created 0700.
+    other.mount(&["--cache-dir", loose.to_str().expect("utf-8")]);
+    assert_eq!(other.unmount().map(|s| s.success()), Some(true));
+    t.mount(&["--cache-dir", created.to_str().expect("utf-8")]);
+    assert_eq!(
+        std::fs::metadata(&created).expect("dir").mode() & 0o777,
+        0o700
+    );
+    assert_eq!(std::fs::read(t.m("a")).expect("read"), vec![1, 2, 3]);
+}
