@@ -107,7 +107,12 @@ fn run() -> Result<(), String> {
     println!("|---|---|---|---|---|");
     for codec in ["none", "zstd-3", "auto"] {
         let budget = budget.to_string();
-        let m = Mount::start(&group, &o, &disk, &["--codec", codec, "--cache-mem", &budget])?;
+        let m = Mount::start(
+            &group,
+            &o,
+            &disk,
+            &["--codec", codec, "--cache-mem", &budget],
+        )?;
         let mut last = 0.0;
         for epoch in 1..=3 {
             sandbox::drop_caches()?;
@@ -130,7 +135,14 @@ fn run() -> Result<(), String> {
     println!("|---|---|---|---|");
     let cache_dir = o.workdir.join("disk-tier");
     let dir = cache_dir.display().to_string();
-    let args = ["--cache-dir", &dir, "--cache-disk", "4G", "--cache-mem", "64M"];
+    let args = [
+        "--cache-dir",
+        &dir,
+        "--cache-disk",
+        "4G",
+        "--cache-mem",
+        "64M",
+    ];
     let mut times = Vec::new();
     for run in ["cold", "warm"] {
         let m = Mount::start(&group, &o, &disk, &args)?;
@@ -230,7 +242,8 @@ fn build(o: &Opts) -> Result<PathBuf, String> {
             .map_err(|e| e.to_string())?
             .to_rgb8();
         let (w, h) = pixels.dimensions();
-        let header = format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({h}, {w}, 3), }}");
+        let header =
+            format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({h}, {w}, 3), }}");
         let mut npy = b"\x93NUMPY\x01\x00".to_vec();
         let pad = 128 - 10 - header.len() - 1;
         npy.extend_from_slice(&(118u16).to_le_bytes());
@@ -239,8 +252,7 @@ fn build(o: &Opts) -> Result<PathBuf, String> {
         npy.push(b'\n');
         npy.extend_from_slice(pixels.as_raw());
         std::fs::write(root.join(format!("jpeg/{i:05}.jpg")), &jpeg).map_err(|e| e.to_string())?;
-        std::fs::write(root.join(format!("pixels/{i:05}.npy")), &npy)
-            .map_err(|e| e.to_string())?;
+        std::fs::write(root.join(format!("pixels/{i:05}.npy")), &npy).map_err(|e| e.to_string())?;
     }
     // Token ids with a Zipf-like law over a 50k vocabulary, as a tokenizer's output has.
     let mut rng = fastrand::Rng::with_seed(7);

@@ -64,8 +64,10 @@ enum Layout {
 pub enum PackOutcome {
     /// The block is now stored with this codec.
     Packed(Codec),
-    /// Nothing to do: gone, already at least as strong, or the codec did not shrink it.
+    /// Nothing to do: gone, changed meanwhile, or already at least as strong.
     Unchanged,
+    /// This codec did not make it smaller (a stronger one may).
+    NoGain,
 }
 
 /// The last block a handle decompressed, so that small sequential reads of a packed block
@@ -560,7 +562,7 @@ impl CachedFile {
             .compress_cpu_ns
             .add(thread_cpu().saturating_sub(started));
         let Some(packed) = packed else {
-            return PackOutcome::Unchanged;
+            return PackOutcome::NoGain;
         };
         let (old, new) = (
             self.stored_charge(index, &stored),

@@ -132,9 +132,12 @@ impl Packer {
             };
             let Some((file, index)) = job else { continue };
             let Some(file) = file.upgrade() else { continue };
-            if let PackOutcome::Packed(codec) = file.pack(index, choice.codec)
-                && strength(codec) < strength(target)
-            {
+            let upgradable = match file.pack(index, choice.codec) {
+                PackOutcome::Packed(codec) => strength(codec) < strength(target),
+                PackOutcome::NoGain => strength(choice.codec) < strength(target),
+                PackOutcome::Unchanged => false,
+            };
+            if upgradable {
                 let mut queues = self.queues.lock();
                 if queues.upgrades.len() < QUEUE_CAPACITY {
                     queues.upgrades.push_back((Arc::downgrade(&file), index));
