@@ -15,7 +15,7 @@ mod sandbox;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use sandbox::{Cgroup, Guard, Limits, SlowDisk};
@@ -279,7 +279,6 @@ struct Mount {
 impl Mount {
     fn start(group: &Cgroup, o: &Opts, disk: &SlowDisk, extra: &[&str]) -> Result<Mount, String> {
         let path = o.workdir.join("mnt");
-        std::fs::create_dir_all(&path).map_err(|e| e.to_string())?;
         let mut args = vec![
             "mount".to_owned(),
             disk.mountpoint.display().to_string(),
@@ -287,26 +286,9 @@ impl Mount {
             "--foreground".to_owned(),
         ];
         args.extend(extra.iter().map(|s| (*s).to_owned()));
-        let log = File::create(o.workdir.join("prepfs.log")).map_err(|e| e.to_string())?;
-        let mut child = group
-            .command(Path::new(PREPFS), &args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("cannot start prepfs: {e}"))?;
-        let stop_daemon = sandbox::guard_process(child.id());
-        let unmount = sandbox::guard_mount(&path);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::fs::metadata(path.join(".prepfs/stats.json")).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!("prepfs exited ({status}) before mounting"));
-            }
-            if Instant::now() > deadline {
-                return Err("prepfs did not mount within 20 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let log = o.workdir.join("prepfs.log");
+        let (child, stop_daemon, unmount) =
+            sandbox::start_prepfs(group, Path::new(PREPFS), &args, &path, &log)?;
         Ok(Mount {
             path,
             child,

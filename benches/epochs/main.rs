@@ -22,7 +22,7 @@ use std::io::{BufRead, BufReader, Lines, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -592,9 +592,6 @@ impl PrepfsMount {
         extra: &[String],
     ) -> Result<PrepfsMount, String> {
         let mountpoint = opts.workdir.join("mnt");
-        std::fs::create_dir_all(&mountpoint)
-            .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
-        let log = opts.workdir.join("prepfs.log");
         let mut args: Vec<String> = vec![
             "mount".into(),
             disk.mountpoint.display().to_string(),
@@ -604,29 +601,9 @@ impl PrepfsMount {
             cache_mem.to_string(),
         ];
         args.extend_from_slice(extra);
-        let log_file =
-            std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let mut child = group
-            .command(Path::new(PREPFS), &args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .map_err(|e| format!("cannot start prepfs: {e}"))?;
-        let stop_daemon = sandbox::guard_process(child.id());
-        let unmount = sandbox::guard_mount(&mountpoint);
-        let stats = mountpoint.join(".prepfs/stats.json");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::fs::metadata(&stats).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                let tail = std::fs::read_to_string(&log).unwrap_or_default();
-                return Err(format!("prepfs exited ({status}) before mounting:\n{tail}"));
-            }
-            if Instant::now() > deadline {
-                return Err("prepfs did not mount within 20 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let log = opts.workdir.join("prepfs.log");
+        let (child, stop_daemon, unmount) =
+            sandbox::start_prepfs(group, Path::new(PREPFS), &args, &mountpoint, &log)?;
         Ok(PrepfsMount {
             mountpoint,
             child,

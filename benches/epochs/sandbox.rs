@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -466,4 +466,39 @@ fn remove_cgroup(dir: &Path) {
         std::thread::sleep(Duration::from_millis(50));
     }
     eprintln!("epochs: could not remove cgroup {}", dir.display());
+}
+
+/// Starts `prepfs` with `args` inside `group`, its stderr to `log`, and waits (20 s at most) until
+/// `mountpoint` answers. Returns the daemon with its guards: SIGTERM it, then free the mountpoint.
+pub fn start_prepfs(
+    group: &Cgroup,
+    prepfs: &Path,
+    args: &[String],
+    mountpoint: &Path,
+    log: &Path,
+) -> Result<(Child, Guard, Guard), String> {
+    std::fs::create_dir_all(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let log_file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let mut child = group
+        .command(prepfs, args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .map_err(|e| format!("cannot start prepfs: {e}"))?;
+    let stop_daemon = guard_process(child.id());
+    let unmount = guard_mount(mountpoint);
+    let stats = mountpoint.join(".prepfs/stats.json");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::metadata(&stats).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            let tail = std::fs::read_to_string(log).unwrap_or_default();
+            return Err(format!("prepfs exited ({status}) before mounting:\n{tail}"));
+        }
+        if Instant::now() > deadline {
+            return Err("prepfs did not mount within 20 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((child, stop_daemon, unmount))
 }

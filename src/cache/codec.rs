@@ -68,11 +68,6 @@ impl Codec {
         }
     }
 
-    /// A short, stable name for stats: `none`, `lz4`, `zstd-3`.
-    pub fn name(self) -> String {
-        self.to_string()
-    }
-
     /// `bytes` compressed with this codec, or `None` when that would not make them smaller (the
     /// caller then keeps them raw).
     pub fn compress(self, bytes: &[u8]) -> Option<Vec<u8>> {
@@ -264,7 +259,7 @@ mod tests {
     fn tags_and_names_round_trip() {
         for codec in codecs() {
             assert_eq!(Codec::from_tag(codec.tag()), Ok(codec));
-            assert_eq!(Codec::parse(&codec.name()), Some(codec));
+            assert_eq!(Codec::parse(&codec.to_string()), Some(codec));
         }
         assert_eq!(Codec::parse("zstd"), Some(Codec::Zstd(3)));
         for bad in [2u8, 0x10, 0x11 + MAX_ZSTD_LEVEL, 0xff] {

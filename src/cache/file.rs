@@ -10,6 +10,7 @@
 //! checksum, or bytes of another file version: a fetch that sees the source change fails.
 
 use std::any::Any;
+use std::borrow::Cow;
 use std::ops::Range;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -252,7 +253,7 @@ impl CachedFile {
         self.assemble(pieces, |index, range| {
             match self.hit(index, range.clone(), memo) {
                 Some(bytes) => Ok(bytes),
-                None => self.fetch_piece(index, range, source),
+                None => self.fetch_piece(index, range, source, memo),
             }
         })
     }
@@ -336,6 +337,7 @@ impl CachedFile {
         index: usize,
         range: Range<usize>,
         source: &dyn SourceFile,
+        memo: &Unpacked,
     ) -> Result<ReadBytes, FsError> {
         let span = self.block_span(index);
         let disk = self.tiers.disk.as_ref();
@@ -361,7 +363,7 @@ impl CachedFile {
                 let mut slot = self.slots[index].lock();
                 if slot.stored.is_some() {
                     drop(slot);
-                    match self.hit(index, range.clone(), &Unpacked::default()) {
+                    match self.hit(index, range.clone(), memo) {
                         Some(bytes) => return Ok(bytes),
                         None => continue,
                     }
@@ -539,11 +541,11 @@ impl CachedFile {
             return PackOutcome::Unchanged;
         }
         let metrics = &self.tiers.metrics;
-        let logical = match &stored {
+        let logical: Option<Cow<'_, [u8]>> = match &stored {
             Stored::Heap(block) if block::verify(&block.data, &block.sums, 0..block.data.len()) => {
-                Some(block.data.to_vec())
+                Some(Cow::Borrowed(&block.data))
             }
-            Stored::Packed(packed) => packed.unpack(),
+            Stored::Packed(packed) => packed.unpack().map(Cow::Owned),
             Stored::Memfd(_) => return PackOutcome::Unchanged,
             Stored::Heap(_) => None,
         };

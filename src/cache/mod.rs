@@ -24,11 +24,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 pub use block::Block;
-pub use disk::{CacheDir, DiskError, DiskGauges, DiskOptions, DiskSetup, DiskTier};
+pub use disk::{CacheDir, DiskError, DiskGauges, DiskOptions, DiskSetup};
 pub use file::{CachedFile, ReadBytes, Unpacked};
 pub use policy::Choice;
 
 use codec::Codec;
+use disk::DiskTier;
 use packer::Packer;
 use policy::CodecPolicy;
 
@@ -173,17 +174,6 @@ impl NeverEvictCache {
         }
     }
 
-    /// A RAM-only cache that never compresses (tests and tools).
-    pub fn raw(budget: u64, metrics: Arc<Metrics>) -> NeverEvictCache {
-        NeverEvictCache::new(
-            budget,
-            Box::new(policy::Fixed(Codec::None)),
-            Arc::new(Telemetry::default()),
-            None,
-            metrics,
-        )
-    }
-
     /// The cache entry of one file version, created empty on first use. `path` (relative to the
     /// source root) is recorded in disk entries.
     pub fn file(&self, identity: Identity, path: &Path) -> Arc<CachedFile> {
@@ -222,6 +212,7 @@ impl NeverEvictCache {
             .by_codec
             .each_ref()
             .map(|c| c.load(Ordering::Relaxed));
+        let (pack_queue, repack_queue) = self.tiers.packer.queued();
         Gauges {
             cache_bytes: ledger.used.load(Ordering::Relaxed),
             cache_logical_bytes: ledger.logical.load(Ordering::Relaxed),
@@ -230,8 +221,8 @@ impl NeverEvictCache {
             cache_blocks_by_codec: by_codec,
             cache_files: ledger.files.load(Ordering::Relaxed),
             cache_complete_files: ledger.complete_files.load(Ordering::Relaxed),
-            pack_queue: self.tiers.packer.queued().0 as u64,
-            repack_queue: self.tiers.packer.queued().1 as u64,
+            pack_queue: pack_queue as u64,
+            repack_queue: repack_queue as u64,
             ..Gauges::default()
         }
     }

@@ -293,7 +293,7 @@ impl Fs {
             STATS_FILE => {
                 let choice = self.cache.codec_choice();
                 let codec = serde_json::json!({
-                    "choice": choice.codec.name(),
+                    "choice": choice.codec.to_string(),
                     "reason": choice.reason.name(),
                 });
                 let documents = std::iter::once(("cache.codec".to_owned(), codec))

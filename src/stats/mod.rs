@@ -464,7 +464,111 @@ impl Metrics {
                 seconds(&self.decompress_cpu_ns),
             ),
         ];
-        for (json_path, prom_name, kind, help, value) in table.into_iter().chain(codec_table) {
+        let disk_table = g.disk.as_ref().map(|d| [
+            (
+                "disk.entries",
+                "disk_entries",
+                G,
+                "Entries (blocks) in the disk tier.",
+                d.entries as f64,
+            ),
+            (
+                "disk.bytes",
+                "disk_bytes",
+                G,
+                "Bytes of disk tier entries.",
+                d.bytes as f64,
+            ),
+            (
+                "disk.logical_bytes",
+                "disk_logical_bytes",
+                G,
+                "Bytes of file contents the disk tier holds, before compression.",
+                d.logical_bytes as f64,
+            ),
+            (
+                "disk.capacity_ratio",
+                "disk_capacity_ratio",
+                G,
+                "Effective capacity of the disk tier: logical_bytes / bytes.",
+                ratio(d.logical_bytes, d.bytes),
+            ),
+            (
+                "disk.budget_bytes",
+                "disk_budget_bytes",
+                G,
+                "Byte budget of the disk tier.",
+                d.budget_bytes as f64,
+            ),
+            (
+                "disk.free_bytes",
+                "disk_free_bytes",
+                G,
+                "Free bytes on the cache dir's filesystem.",
+                d.free_bytes as f64,
+            ),
+            (
+                "disk.scanned",
+                "disk_scanned",
+                G,
+                "1 once the background scan of the old cache finished (admission starts then).",
+                f64::from(u8::from(d.scanned)),
+            ),
+            (
+                "disk.hits",
+                "disk_hits_total",
+                C,
+                "Blocks read from the disk tier.",
+                self.disk_hits.get() as f64,
+            ),
+            (
+                "disk.misses",
+                "disk_misses_total",
+                C,
+                "Disk tier lookups that found no usable entry.",
+                self.disk_misses.get() as f64,
+            ),
+            (
+                "disk.writes",
+                "disk_writes_total",
+                C,
+                "Entries written to the disk tier.",
+                self.disk_writes.get() as f64,
+            ),
+            (
+                "disk.integrity_errors",
+                "disk_integrity_errors_total",
+                C,
+                "Damaged disk entries (truncated, corrupt, wrong version or identity); removed, refetched.",
+                self.disk_integrity_errors.get() as f64,
+            ),
+            (
+                "disk.admission_rejected",
+                "disk_admission_rejected_total",
+                C,
+                "Blocks not written to disk: budget, free-space floor, queue full or write error.",
+                self.disk_rejected.get() as f64,
+            ),
+            (
+                "disk.enospc",
+                "disk_enospc_total",
+                C,
+                "Disk writes stopped by ENOSPC or the free-space floor (admission pauses 10 s).",
+                self.disk_enospc.get() as f64,
+            ),
+            (
+                "disk.stale_dropped",
+                "disk_stale_dropped_total",
+                C,
+                "Entries of an earlier mount removed because their source file changed or vanished.",
+                self.disk_stale_dropped.get() as f64,
+            ),
+        ]);
+        let rows = table
+            .into_iter()
+            .chain(codec_table)
+            .chain(disk_table.into_iter().flatten());
+        for (json_path, prom_name, kind, help, value) in rows {
             out.push(Sample {
                 json_path: json_path.to_owned(),
                 prom_name,
@@ -486,118 +590,6 @@ impl Metrics {
                 help: "RAM blocks by the codec they are stored with.",
                 value: blocks as f64,
             });
-        }
-        if let Some(d) = &g.disk {
-            let disk_table = [
-                (
-                    "disk.entries",
-                    "disk_entries",
-                    G,
-                    "Entries (blocks) in the disk tier.",
-                    d.entries as f64,
-                ),
-                (
-                    "disk.bytes",
-                    "disk_bytes",
-                    G,
-                    "Bytes of disk tier entries.",
-                    d.bytes as f64,
-                ),
-                (
-                    "disk.logical_bytes",
-                    "disk_logical_bytes",
-                    G,
-                    "Bytes of file contents the disk tier holds, before compression.",
-                    d.logical_bytes as f64,
-                ),
-                (
-                    "disk.capacity_ratio",
-                    "disk_capacity_ratio",
-                    G,
-                    "Effective capacity of the disk tier: logical_bytes / bytes.",
-                    ratio(d.logical_bytes, d.bytes),
-                ),
-                (
-                    "disk.budget_bytes",
-                    "disk_budget_bytes",
-                    G,
-                    "Byte budget of the disk tier.",
-                    d.budget_bytes as f64,
-                ),
-                (
-                    "disk.free_bytes",
-                    "disk_free_bytes",
-                    G,
-                    "Free bytes on the cache dir's filesystem.",
-                    d.free_bytes as f64,
-                ),
-                (
-                    "disk.scanned",
-                    "disk_scanned",
-                    G,
-                    "1 once the background scan of the old cache finished (admission starts then).",
-                    f64::from(u8::from(d.scanned)),
-                ),
-                (
-                    "disk.hits",
-                    "disk_hits_total",
-                    C,
-                    "Blocks read from the disk tier.",
-                    self.disk_hits.get() as f64,
-                ),
-                (
-                    "disk.misses",
-                    "disk_misses_total",
-                    C,
-                    "Disk tier lookups that found no usable entry.",
-                    self.disk_misses.get() as f64,
-                ),
-                (
-                    "disk.writes",
-                    "disk_writes_total",
-                    C,
-                    "Entries written to the disk tier.",
-                    self.disk_writes.get() as f64,
-                ),
-                (
-                    "disk.integrity_errors",
-                    "disk_integrity_errors_total",
-                    C,
-                    "Damaged disk entries (truncated, corrupt, wrong version or identity); removed, refetched.",
-                    self.disk_integrity_errors.get() as f64,
-                ),
-                (
-                    "disk.admission_rejected",
-                    "disk_admission_rejected_total",
-                    C,
-                    "Blocks not written to disk: budget, free-space floor, queue full or write error.",
-                    self.disk_rejected.get() as f64,
-                ),
-                (
-                    "disk.enospc",
-                    "disk_enospc_total",
-                    C,
-                    "Disk writes stopped by ENOSPC or the free-space floor (admission pauses 10 s).",
-                    self.disk_enospc.get() as f64,
-                ),
-                (
-                    "disk.stale_dropped",
-                    "disk_stale_dropped_total",
-                    C,
-                    "Entries of an earlier mount removed because their source file changed or vanished.",
-                    self.disk_stale_dropped.get() as f64,
-                ),
-            ];
-            for (json_path, prom_name, kind, help, value) in disk_table {
-                out.push(Sample {
-                    json_path: json_path.to_owned(),
-                    prom_name,
-                    labels: Vec::new(),
-                    kind,
-                    help,
-                    value,
-                });
-            }
         }
         for (prefix, prom, help, h) in [
             (

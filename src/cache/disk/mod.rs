@@ -14,12 +14,13 @@ pub mod entry;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use xxhash_rust::xxh3::xxh3_128;
 
@@ -272,7 +273,7 @@ impl Inner {
         if !self.scanned.load(Ordering::Acquire) {
             return false;
         }
-        let mut paused = self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
+        let mut paused = self.paused_until.lock();
         match *paused {
             Some(until) if Instant::now() < until => false,
             Some(_) => {
@@ -284,7 +285,7 @@ impl Inner {
     }
 
     fn pause(&self, why: &str) {
-        let mut paused = self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
+        let mut paused = self.paused_until.lock();
         if paused.is_none() {
             tracing::warn!(why, "disk cache admission paused");
         }
