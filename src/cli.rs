@@ -90,6 +90,10 @@ struct MountArgs {
     /// or zstd-N (1..19).
     #[arg(long, value_name = "CODEC", default_value = "auto")]
     codec: String,
+    /// Keep view images' decoded pixels in the cache, so later renders skip fetch and decode:
+    /// auto (when decoding costs more than fetching the pixels' size from the source), on, off.
+    #[arg(long, value_name = "MODE", default_value = "auto")]
+    decoded_cache: String,
     /// Directory of the persistent disk tier (created 0700; one mount at a time).
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
@@ -157,11 +161,13 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 views,
                 seed,
                 codec,
+                decoded_cache,
                 cache_dir,
                 cache_disk,
                 disk_min_free,
                 daemon_child,
             } = *args;
+            let decoded_caching = config::parse_decoded_caching(&decoded_cache)?;
             let views = config::parse_views(&views)?;
             let codec = config::parse_codec(&codec)?;
             let cache_disk = cache_disk.map(|s| config::parse_size(&s)).transpose()?;
@@ -187,6 +193,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 views,
                 seed,
                 codec,
+                decoded_caching,
                 cache_dir: cache_dir.map(|p| std::path::absolute(&p).unwrap_or(p)),
                 cache_disk,
                 disk_min_free,

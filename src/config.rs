@@ -5,6 +5,7 @@
 //! spawn or change anything: it only reads and decides.
 
 use crate::cache::codec::{Codec, MAX_ZSTD_LEVEL};
+use crate::cache::policy::DecodedCaching;
 use crate::view::ViewSpec;
 use std::path::{Path, PathBuf};
 
@@ -72,6 +73,8 @@ pub struct MountConfig {
     pub seed: u64,
     /// Codec of cached data; `None`: chosen adaptively.
     pub codec: Option<Codec>,
+    /// Whether view renders keep decoded pixels in the cache.
+    pub decoded_caching: DecodedCaching,
     /// Directory of the persistent disk tier, if any.
     pub cache_dir: Option<PathBuf>,
     /// Disk tier budget (`None`: half of the free space at mount).
@@ -88,6 +91,22 @@ pub fn parse_codec(text: &str) -> Result<Option<Codec>, ConfigError> {
     Codec::parse(text).map(Some).ok_or_else(|| {
         ConfigError::Invalid(format!(
             "invalid codec {text:?}: use auto, none, lz4, zstd or zstd-N with N in 1..={MAX_ZSTD_LEVEL}"
+        ))
+    })
+}
+
+/// Parses `--decoded-cache`: `auto`, `on` or `off`.
+pub fn parse_decoded_caching(text: &str) -> Result<DecodedCaching, ConfigError> {
+    [
+        DecodedCaching::Auto,
+        DecodedCaching::On,
+        DecodedCaching::Off,
+    ]
+    .into_iter()
+    .find(|mode| mode.name() == text)
+    .ok_or_else(|| {
+        ConfigError::Invalid(format!(
+            "invalid --decoded-cache {text:?}: use auto, on or off"
         ))
     })
 }

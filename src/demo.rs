@@ -65,6 +65,7 @@ pub fn run(files: usize) -> Result<(), String> {
         views: vec![crate::view::ViewSpec::parse(DEMO_VIEW).map_err(|e| e.to_string())?],
         seed: 0,
         codec: None,
+        decoded_caching: Default::default(),
         cache_dir: None,
         cache_disk: None,
         disk_min_free: 0.05,

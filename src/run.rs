@@ -137,6 +137,7 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
             seed: cfg.seed,
             render_threads: cfg.render_threads,
             codec: cfg.codec,
+            decoded_caching: cfg.decoded_caching,
         },
         disk,
     ));

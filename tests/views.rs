@@ -171,3 +171,53 @@ fn bad_view_specs_are_refused_at_mount_with_one_line() {
         assert!(!common::is_mounted(&t.mnt));
     }
 }
+
+#[test]
+fn decoded_pixels_cached_serve_later_epochs_without_fetching_or_decoding() {
+    let mut t = TestMount::new();
+    dataset(&t);
+    t.mount(&[
+        "--view",
+        VAL,
+        "--view",
+        TRAIN,
+        "--decoded-cache",
+        "on",
+        "--codec",
+        "zstd-3",
+    ]);
+    let files = [
+        "cat/img0.jpg.npy",
+        "cat/img1.jpg.npy",
+        "dog/img0.jpg.npy",
+        "dog/img1.jpg.npy",
+    ];
+    let epoch = |view: &str| -> Vec<Vec<u8>> {
+        files
+            .iter()
+            .map(|f| fs::read(t.m(&format!(".prepfs/views/{view}/{f}"))).expect("read view"))
+            .collect()
+    };
+    let first = epoch("val");
+    let source_bytes = t.stats()["source"]["bytes_read"].as_u64();
+    assert_eq!(
+        epoch("val"),
+        first,
+        "a deterministic view renders the same from cached pixels"
+    );
+    let train = epoch("train");
+    assert!(train.iter().all(|npy| npy.len() == 128 + 3 * 64 * 64 * 4));
+    let stats = t.stats();
+    let decoded = &stats["cache"]["decoded"];
+    assert_eq!(
+        stats["source"]["bytes_read"].as_u64(),
+        source_bytes,
+        "{stats}"
+    );
+    assert_eq!(decoded["misses"], 4, "{stats}");
+    assert_eq!(decoded["hits"], 8, "{stats}");
+    assert_eq!(decoded["entries"], 4, "{stats}");
+    assert_eq!(decoded["policy"]["mode"], "on");
+    assert_eq!(decoded["policy"]["reason"], "on");
+    assert_eq!(stats["views"]["train"]["errors"], 0);
+}

@@ -23,7 +23,7 @@ use super::block::{self, Block, Packed};
 use super::codec::{self, Codec};
 use super::memfd::MemfdBody;
 use super::policy::strength;
-use super::{BLOCK_SIZE, Tiers, thread_cpu};
+use super::{BLOCK_SIZE, Content, Tally, Tiers, thread_cpu};
 use crate::error::FsError;
 use crate::source::{Identity, SourceFile, read_full};
 
@@ -131,9 +131,12 @@ impl ReadBytes {
     }
 }
 
-/// The cache entry of one file version.
+/// The cache entry of one file version (its bytes, or its decoded pixels).
 pub struct CachedFile {
     identity: Identity,
+    content: Content,
+    /// Bytes of content: the file's size, or the decoded pixels' length.
+    len: u64,
     /// Source path, recorded in disk entries so an old cache can be validated against the source.
     path: Arc<std::path::Path>,
     slots: Box<[Mutex<Slot>]>,
@@ -153,12 +156,16 @@ pub struct CachedFile {
 impl CachedFile {
     pub(super) fn new(
         identity: Identity,
+        content: Content,
+        len: u64,
         path: Arc<std::path::Path>,
         tiers: Arc<Tiers>,
     ) -> CachedFile {
-        let blocks = identity.size.div_ceil(BLOCK_SIZE) as usize;
+        let blocks = len.div_ceil(BLOCK_SIZE) as usize;
         CachedFile {
             identity,
+            content,
+            len,
             path,
             slots: (0..blocks).map(|_| Mutex::new(Slot::default())).collect(),
             layout: OnceLock::new(),
@@ -176,8 +183,17 @@ impl CachedFile {
         self.identity
     }
 
+    /// Bytes of content: the file's size, or its decoded pixels' length.
+    pub fn content_len(&self) -> u64 {
+        self.len
+    }
+
     fn uses_memfd(&self) -> bool {
         self.slots.len() > 1 && self.layout.get() == Some(&Layout::Raw)
+    }
+
+    fn tally(&self) -> &Tally {
+        self.tiers.ledger.tally(self.content)
     }
 
     fn memfd_bytes(&self) -> Option<&[u8]> {
@@ -189,15 +205,13 @@ impl CachedFile {
 
     fn block_span(&self, index: usize) -> Range<u64> {
         let start = index as u64 * BLOCK_SIZE;
-        start..(start + BLOCK_SIZE).min(self.identity.size)
+        start..(start + BLOCK_SIZE).min(self.len)
     }
 
     /// The blocks touched by `len` bytes at `offset`, each with the byte range inside it; empty
     /// at or past end of file.
     fn pieces(&self, offset: u64, len: u32) -> Vec<(usize, Range<usize>)> {
-        let end = offset
-            .saturating_add(u64::from(len))
-            .min(self.identity.size);
+        let end = offset.saturating_add(u64::from(len)).min(self.len);
         let mut out = Vec::with_capacity(2);
         let mut pos = offset;
         while pos < end {
@@ -485,13 +499,13 @@ impl CachedFile {
             }
         });
         let bytes = self.charge(block.data.len() as u64);
-        if !ledger.try_reserve(bytes) {
+        if !ledger.try_reserve(self.content, bytes) {
             self.tiers.metrics.admission_rejected.inc();
             return None;
         }
         let stored = if self.uses_memfd() {
             let body = self.memfd.get_or_init(|| {
-                MemfdBody::create(self.identity.size as usize)
+                MemfdBody::create(self.len as usize)
                     .inspect_err(
                         |e| tracing::warn!(error = %e, "cannot create a memfd; file not cached"),
                     )
@@ -506,7 +520,7 @@ impl CachedFile {
                     if let Some(Err(e)) = failed {
                         tracing::warn!(error = %e, "cannot write to the cache memfd; block not cached");
                     }
-                    ledger.release(bytes);
+                    ledger.release(self.content, bytes);
                     self.tiers.metrics.admission_rejected.inc();
                     return None;
                 }
@@ -515,15 +529,52 @@ impl CachedFile {
             Stored::Heap(block.clone())
         };
         self.admitted_bytes.fetch_add(bytes, Ordering::AcqRel);
-        ledger.count_block(Codec::None, block.data.len() as u64, true);
+        ledger.count_block(self.content, Codec::None, block.data.len() as u64, true);
         let before = self.present.fetch_add(1, Ordering::AcqRel);
         if before == 0 {
-            ledger.files.fetch_add(1, Ordering::Relaxed);
+            self.tally().entries.fetch_add(1, Ordering::Relaxed);
         }
         if before + 1 == self.slots.len() {
-            ledger.complete_files.fetch_add(1, Ordering::Relaxed);
+            self.tally().complete.fetch_add(1, Ordering::Relaxed);
         }
         Some(stored)
+    }
+
+    /// Admits `bytes`, the whole content of this entry (decoded pixels, which have no source to
+    /// fetch from), if it all fits the budget; true once every block is stored. All or nothing:
+    /// a block refused midway drops the ones before it. Compressible content is queued for
+    /// packing like fetched blocks.
+    pub fn admit_whole(self: &Arc<Self>, bytes: Vec<u8>) -> bool {
+        if bytes.len() as u64 != self.len || !self.tiers.ledger.has_room(self.len) {
+            return false;
+        }
+        let blocks: Vec<Block> = if self.slots.len() == 1 {
+            vec![Block::new(bytes)]
+        } else {
+            bytes
+                .chunks(BLOCK_SIZE as usize)
+                .map(|chunk| Block::new(chunk.to_vec()))
+                .collect()
+        };
+        for (index, block) in blocks.into_iter().enumerate() {
+            let block = Arc::new(block);
+            let mut slot = self.slots[index].lock();
+            if slot.stored.is_none() {
+                match self.admit(index, &block) {
+                    Some(stored) => slot.stored = Some(stored),
+                    None => {
+                        drop(slot);
+                        (0..index).for_each(|i| self.drop_block(i));
+                        return false;
+                    }
+                }
+                drop(slot);
+                if self.layout.get() == Some(&Layout::Packable) {
+                    self.tiers.packer.enqueue(self, index);
+                }
+            }
+        }
+        true
     }
 
     /// Compresses block `index` with `codec` if that is stronger than how it is stored now and
@@ -583,9 +634,9 @@ impl CachedFile {
         drop(guard);
         let ledger = &self.tiers.ledger;
         self.admitted_bytes.fetch_sub(old - new, Ordering::AcqRel);
-        ledger.release(old - new);
-        ledger.count_block(from, logical.len() as u64, false);
-        ledger.count_block(codec, logical.len() as u64, true);
+        ledger.release(self.content, old - new);
+        ledger.count_block(self.content, from, logical.len() as u64, false);
+        ledger.count_block(self.content, codec, logical.len() as u64, true);
         if from == Codec::None {
             metrics.packed_blocks.inc();
         } else {
@@ -601,18 +652,18 @@ impl CachedFile {
         let span = self.block_span(index);
         let len = self.stored_charge(index, &stored);
         let ledger = &self.tiers.ledger;
-        ledger.count_block(stored.codec(), span.end - span.start, false);
+        ledger.count_block(self.content, stored.codec(), span.end - span.start, false);
         drop(stored);
         self.verified_complete.store(false, Ordering::Release);
         let before = self.present.fetch_sub(1, Ordering::AcqRel);
         if before == self.slots.len() {
-            ledger.complete_files.fetch_sub(1, Ordering::Relaxed);
+            self.tally().complete.fetch_sub(1, Ordering::Relaxed);
         }
         if before == 1 {
-            ledger.files.fetch_sub(1, Ordering::Relaxed);
+            self.tally().entries.fetch_sub(1, Ordering::Relaxed);
         }
         self.admitted_bytes.fetch_sub(len, Ordering::AcqRel);
-        ledger.release(len);
+        ledger.release(self.content, len);
     }
 
     /// The memfd holding this whole file, if every block is cached and verified: the kernel can
@@ -694,18 +745,19 @@ impl Drop for CachedFile {
     fn drop(&mut self) {
         let ledger = &self.tiers.ledger;
         let present = *self.present.get_mut();
-        ledger.release(*self.admitted_bytes.get_mut());
+        ledger.release(self.content, *self.admitted_bytes.get_mut());
         for index in 0..self.slots.len() {
             let span = self.block_span(index);
             if let Some(stored) = &self.slots[index].get_mut().stored {
-                ledger.count_block(stored.codec(), span.end - span.start, false);
+                ledger.count_block(self.content, stored.codec(), span.end - span.start, false);
             }
         }
+        let tally = ledger.tally(self.content);
         if present > 0 {
-            ledger.files.fetch_sub(1, Ordering::Relaxed);
+            tally.entries.fetch_sub(1, Ordering::Relaxed);
         }
         if present == self.slots.len() && present > 0 {
-            ledger.complete_files.fetch_sub(1, Ordering::Relaxed);
+            tally.complete.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }

@@ -7,8 +7,10 @@
 //! in the background (see `packer`), so the same budget holds more of it. Entries are keyed by
 //! source `Identity`: a changed file is a different key, and its old entry is dropped by
 //! `forget`. Cache failures (no memory, memfd refused, checksum mismatch, a bad disk entry) become
-//! misses and counters, never errors for the reader. Must never evict to make room, and never
-//! take a cache-wide lock on the read path.
+//! misses and counters, never errors for the reader. View renders may also keep an image's decoded
+//! pixels, under the same budget and packing, when the policy finds decoding dearer than fetching
+//! (`decoded`, `offer_decoded`; RAM only). Must never evict to make room, and never take a
+//! cache-wide lock on the read path.
 
 mod block;
 pub mod codec;
@@ -20,13 +22,14 @@ pub mod policy;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 pub use block::Block;
 pub use disk::{CacheDir, DiskError, DiskGauges, DiskOptions, DiskSetup};
 pub use file::{CachedFile, ReadBytes, Unpacked};
-pub use policy::Choice;
+pub use policy::{Choice, DecodedCaching, DecodedReason};
 
 use codec::Codec;
 use disk::DiskTier;
@@ -42,21 +45,40 @@ use crate::telemetry::Telemetry;
 /// one block and an unaligned one at most two.
 pub const BLOCK_SIZE: u64 = 1 << 20;
 
-/// Budget accounting shared by the cache and every cached file (files release on drop).
-#[derive(Debug)]
-pub struct Ledger {
-    budget: u64,
+/// What a cache entry holds; each kind has its own tallies under the one shared budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Content {
+    /// Bytes of a source file.
+    Source,
+    /// Decoded pixels of a source image (see `NeverEvictCache::decoded`).
+    Decoded,
+}
+
+/// The figures of one kind of entry.
+#[derive(Debug, Default)]
+struct Tally {
     /// Bytes charged to the budget (stored size: compressed where packed).
-    used: AtomicU64,
-    /// Bytes of the file contents those blocks hold (before compression).
+    stored: AtomicU64,
+    /// Bytes of content those blocks hold (before compression).
     logical: AtomicU64,
     /// Blocks by codec family: none, lz4, zstd.
     by_codec: [AtomicU64; 3],
-    files: AtomicU64,
-    complete_files: AtomicU64,
+    /// Entries with at least one block.
+    entries: AtomicU64,
+    /// Entries with every block.
+    complete: AtomicU64,
 }
 
-/// Index of a codec's family in `Ledger::by_codec`.
+/// Budget accounting shared by the cache and every cached entry (entries release on drop).
+#[derive(Debug)]
+pub struct Ledger {
+    budget: u64,
+    /// Bytes charged to the budget, all kinds together.
+    used: AtomicU64,
+    tallies: [Tally; 2],
+}
+
+/// Index of a codec's family in `Tally::by_codec`.
 fn family(codec: Codec) -> usize {
     match codec {
         Codec::None => 0,
@@ -70,33 +92,44 @@ impl Ledger {
         Ledger {
             budget,
             used: AtomicU64::new(0),
-            logical: AtomicU64::new(0),
-            by_codec: Default::default(),
-            files: AtomicU64::new(0),
-            complete_files: AtomicU64::new(0),
+            tallies: Default::default(),
         }
+    }
+
+    /// The figures of `content` entries.
+    fn tally(&self, content: Content) -> &Tally {
+        &self.tallies[content as usize]
     }
 
     /// Counts a block of `logical` bytes stored with `codec` in (`added`) or out.
-    fn count_block(&self, codec: Codec, logical: u64, added: bool) {
-        let blocks = &self.by_codec[family(codec)];
+    fn count_block(&self, content: Content, codec: Codec, logical: u64, added: bool) {
+        let tally = self.tally(content);
+        let blocks = &tally.by_codec[family(codec)];
         if added {
             blocks.fetch_add(1, Ordering::Relaxed);
-            self.logical.fetch_add(logical, Ordering::Relaxed);
+            tally.logical.fetch_add(logical, Ordering::Relaxed);
         } else {
             blocks.fetch_sub(1, Ordering::Relaxed);
-            self.logical.fetch_sub(logical, Ordering::Relaxed);
+            tally.logical.fetch_sub(logical, Ordering::Relaxed);
         }
     }
 
-    /// Reserves `bytes` if they fit under the budget; false (and nothing reserved) otherwise.
-    fn try_reserve(&self, bytes: u64) -> bool {
-        self.used
+    /// Reserves `bytes` for `content` if they fit under the budget; false (and nothing
+    /// reserved) otherwise.
+    fn try_reserve(&self, content: Content, bytes: u64) -> bool {
+        let reserved = self
+            .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(bytes)
                     .filter(|&total| total <= self.budget)
             })
-            .is_ok()
+            .is_ok();
+        if reserved {
+            self.tally(content)
+                .stored
+                .fetch_add(bytes, Ordering::Relaxed);
+        }
+        reserved
     }
 
     /// Whether `bytes` would fit now (a hint: a concurrent admission may take the room first).
@@ -104,7 +137,10 @@ impl Ledger {
         self.used.load(Ordering::Acquire).saturating_add(bytes) <= self.budget
     }
 
-    fn release(&self, bytes: u64) {
+    fn release(&self, content: Content, bytes: u64) {
+        self.tally(content)
+            .stored
+            .fetch_sub(bytes, Ordering::Relaxed);
         self.used.fetch_sub(bytes, Ordering::AcqRel);
     }
 }
@@ -123,10 +159,14 @@ fn thread_cpu() -> u64 {
     (t.tv_sec as u64).saturating_mul(1_000_000_000) + t.tv_nsec as u64
 }
 
-/// The cache of one mount: cached files by identity, under hard budgets.
+/// The cache of one mount: cached files (and decoded images) by identity, under hard budgets.
 pub struct NeverEvictCache {
     tiers: Arc<Tiers>,
     files: ShardedMap<Identity, Arc<CachedFile>>,
+    decoded: ShardedMap<Identity, Arc<CachedFile>>,
+    decoded_caching: DecodedCaching,
+    /// The latest `DecodedReason`, as its `repr` value.
+    decoded_last: AtomicU8,
     packer_thread: Option<JoinHandle<()>>,
 }
 
@@ -170,8 +210,17 @@ impl NeverEvictCache {
                 disk,
             }),
             files: ShardedMap::default(),
+            decoded: ShardedMap::default(),
+            decoded_caching: DecodedCaching::default(),
+            decoded_last: AtomicU8::new(DecodedReason::Off as u8),
             packer_thread,
         }
+    }
+
+    /// This cache, keeping view images' decoded pixels as `mode` says.
+    pub fn with_decoded_caching(mut self, mode: DecodedCaching) -> NeverEvictCache {
+        self.decoded_caching = mode;
+        self
     }
 
     /// The cache entry of one file version, created empty on first use. `path` (relative to the
@@ -180,10 +229,89 @@ impl NeverEvictCache {
         self.files.get_or_insert_with(identity, || {
             Arc::new(CachedFile::new(
                 identity,
+                Content::Source,
+                identity.size,
                 Arc::from(path),
                 self.tiers.clone(),
             ))
         })
+    }
+
+    /// The decoded pixels of image `identity`, if the cache holds them whole and intact.
+    pub fn decoded(&self, identity: &Identity, memo: &Unpacked) -> Option<ReadBytes> {
+        let metrics = &self.tiers.metrics;
+        let hit = self
+            .decoded
+            .get(identity)
+            .filter(|entry| entry.is_complete())
+            .and_then(|entry| entry.read_cached(0, entry.content_len() as u32, memo));
+        match hit {
+            Some(_) => metrics.decoded_hits.inc(),
+            None => metrics.decoded_misses.inc(),
+        }
+        hit
+    }
+
+    /// Offers the decoded pixels of image `identity` (at `path`): `len` bytes that took `decode`
+    /// to produce, made by `pixels` only if the policy finds them worth their memory and the
+    /// budget has room.
+    pub fn offer_decoded(
+        &self,
+        identity: Identity,
+        path: &Path,
+        len: u64,
+        decode: Duration,
+        pixels: impl FnOnce() -> Vec<u8>,
+    ) {
+        let metrics = &self.tiers.metrics;
+        let reason = policy::keep_decoded(
+            self.decoded_caching,
+            decode,
+            len,
+            metrics.source_bytes_per_s(),
+        );
+        self.decoded_last.store(reason as u8, Ordering::Relaxed);
+        if !reason.keeps() {
+            metrics.decoded_declined.inc();
+            return;
+        }
+        if len > u64::from(u32::MAX) || !self.tiers.ledger.has_room(len) {
+            metrics.decoded_rejected.inc();
+            return;
+        }
+        let entry = self.decoded.get_or_insert_with(identity, || {
+            Arc::new(CachedFile::new(
+                identity,
+                Content::Decoded,
+                len,
+                Arc::from(path),
+                self.tiers.clone(),
+            ))
+        });
+        if entry.admit_whole(pixels()) {
+            metrics.decoded_admitted.inc();
+        } else {
+            metrics.decoded_rejected.inc();
+            self.decoded.remove(&identity);
+        }
+    }
+
+    /// Flips a byte of the first block of image `identity`'s cached pixels.
+    #[cfg(test)]
+    pub(crate) fn corrupt_decoded_for_test(&self, identity: &Identity) {
+        if let Some(entry) = self.decoded.get(identity) {
+            entry.corrupt_for_test(0);
+        }
+    }
+
+    /// The mode of decoded-pixel caching, and the reason of the latest decision.
+    pub fn decoded_choice(&self) -> (DecodedCaching, DecodedReason) {
+        let last = self.decoded_last.load(Ordering::Relaxed);
+        let reason = DecodedReason::ALL
+            .get(usize::from(last))
+            .copied()
+            .unwrap_or(DecodedReason::Off);
+        (self.decoded_caching, reason)
     }
 
     /// The codec decision most recently taken, and why.
@@ -200,6 +328,7 @@ impl NeverEvictCache {
     /// budget once the last open handle on it is released.
     pub fn forget(&self, identity: &Identity) {
         self.files.remove(identity);
+        self.decoded.remove(identity);
         if let Some(disk) = &self.tiers.disk {
             disk.forget(*identity);
         }
@@ -208,19 +337,25 @@ impl NeverEvictCache {
     /// Current figures for the stats files.
     pub fn gauges(&self) -> Gauges {
         let ledger = &self.tiers.ledger;
-        let by_codec = ledger
-            .by_codec
-            .each_ref()
-            .map(|c| c.load(Ordering::Relaxed));
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (files, decoded) = (
+            ledger.tally(Content::Source),
+            ledger.tally(Content::Decoded),
+        );
+        let by_codec: [u64; 3] =
+            std::array::from_fn(|i| load(&files.by_codec[i]) + load(&decoded.by_codec[i]));
         let (pack_queue, repack_queue) = self.tiers.packer.queued();
         Gauges {
-            cache_bytes: ledger.used.load(Ordering::Relaxed),
-            cache_logical_bytes: ledger.logical.load(Ordering::Relaxed),
+            cache_bytes: load(&ledger.used),
+            cache_logical_bytes: load(&files.logical) + load(&decoded.logical),
             cache_budget_bytes: ledger.budget,
             cache_blocks: by_codec.iter().sum(),
             cache_blocks_by_codec: by_codec,
-            cache_files: ledger.files.load(Ordering::Relaxed),
-            cache_complete_files: ledger.complete_files.load(Ordering::Relaxed),
+            cache_files: load(&files.entries),
+            cache_complete_files: load(&files.complete),
+            decoded_entries: load(&decoded.complete),
+            decoded_bytes: load(&decoded.stored),
+            decoded_logical_bytes: load(&decoded.logical),
             pack_queue: pack_queue as u64,
             repack_queue: repack_queue as u64,
             ..Gauges::default()

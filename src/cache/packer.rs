@@ -74,11 +74,9 @@ impl Packer {
 
     /// The policy's decision for blocks packed now (recorded for stats).
     pub fn choose(&self) -> Choice {
-        let busy_ns = self.metrics.source_busy_ns.get();
         let signals = Signals {
             cpu_idle: self.telemetry.cpu_idle(),
-            source_bytes_per_s: (busy_ns > 0)
-                .then(|| self.metrics.source_bytes.get() as f64 * 1e9 / busy_ns as f64),
+            source_bytes_per_s: self.metrics.source_bytes_per_s(),
         };
         let choice = self.policy.choose(&signals);
         *self.last.lock() = choice;

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::cache::codec::Codec;
-use crate::cache::policy::{CodecPolicy, Fixed, Heuristic};
+use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed, Heuristic};
 use crate::cache::{BLOCK_SIZE, CachedFile, DiskSetup, NeverEvictCache, ReadBytes, Unpacked};
 use crate::error::FsError;
 use crate::inode::{
@@ -57,6 +57,8 @@ pub struct FsOptions {
     pub render_threads: usize,
     /// Codec of cache entries: fixed, or `None` for the adaptive heuristic.
     pub codec: Option<Codec>,
+    /// Whether view renders keep decoded pixels in the cache.
+    pub decoded_caching: DecodedCaching,
 }
 
 /// Attributes of one node, with how long the kernel may cache them.
@@ -168,13 +170,16 @@ impl Fs {
             Some(codec) => (Box::new(Fixed(codec)), None),
             None => (Box::new(Heuristic), Some(Sampler::start(telemetry.clone()))),
         };
-        let cache = Arc::new(NeverEvictCache::new(
-            options.cache_budget,
-            policy,
-            telemetry,
-            disk,
-            metrics.clone(),
-        ));
+        let cache = Arc::new(
+            NeverEvictCache::new(
+                options.cache_budget,
+                policy,
+                telemetry,
+                disk,
+                metrics.clone(),
+            )
+            .with_decoded_caching(options.decoded_caching),
+        );
         let views = Arc::new(Views::new(
             &options.views,
             Box::new(Cpu),
@@ -296,12 +301,22 @@ impl Fs {
                     "choice": choice.codec.to_string(),
                     "reason": choice.reason.name(),
                 });
-                let documents = std::iter::once(("cache.codec".to_owned(), codec))
-                    .chain(self.views.iter().map(|v| {
-                        let path = format!("views.{}.failed_files", v.spec.name);
-                        (path, v.metrics.failed_files.to_json())
-                    }))
-                    .collect();
+                let (mode, reason) = self.cache.decoded_choice();
+                let decoded = serde_json::json!({
+                    "mode": mode.name(),
+                    "keeping": reason.keeps(),
+                    "reason": reason.name(),
+                });
+                let documents = [
+                    ("cache.codec".to_owned(), codec),
+                    ("cache.decoded.policy".to_owned(), decoded),
+                ]
+                .into_iter()
+                .chain(self.views.iter().map(|v| {
+                    let path = format!("views.{}.failed_files", v.spec.name);
+                    (path, v.metrics.failed_files.to_json())
+                }))
+                .collect();
                 Some(stats::render_json(&samples, documents).into_bytes())
             }
             METRICS_FILE => Some(stats::render_prometheus(&samples).into_bytes()),

@@ -19,6 +19,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 fn options(budget: u64) -> FsOptions {
     FsOptions {
+        decoded_caching: Default::default(),
         cache_budget: budget,
         passthrough: true,
         owner: (0, 0),
@@ -430,4 +431,97 @@ fn symlinks_are_shown_never_followed() {
         fs.lookup(escape.ino, OsStr::new("x")).err(),
         Some(FsError::NotDirectory)
     );
+}
+
+#[test]
+fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let jpegs: Vec<Vec<u8>> = (0..3)
+        .map(|i| crate::synthetic::photo(i).expect("jpeg"))
+        .collect();
+    for (i, jpeg) in jpegs.iter().enumerate() {
+        std::fs::write(dir.path().join(format!("a{i}.jpg")), jpeg).expect("write");
+    }
+    let spec = crate::view::ViewSpec::parse("v=decode,resize(40),uint8(hwc)").expect("spec");
+    let fs_with = |mode| {
+        let mut o = options(1 << 30);
+        o.views = vec![spec.clone()];
+        o.decoded_caching = mode;
+        Fs::new(Arc::new(LocalSource::open(dir.path()).expect("source")), o)
+    };
+    let read_view = |fs: &Fs, i: usize| {
+        let ino = ino_of(fs, &format!(".prepfs/views/v/a{i}.jpg.npy"));
+        let size = fs.getattr(ino).expect("attr").size;
+        let opened = fs.open(ino, false).expect("open");
+        let bytes = read_all(fs, opened.fh, size).expect("read");
+        fs.release(opened.fh).expect("release");
+        bytes
+    };
+    let want: Vec<Vec<u8>> = jpegs
+        .iter()
+        .map(|j| {
+            crate::view::render::render(&spec, j, 0)
+                .expect("renders")
+                .npy
+        })
+        .collect();
+    let pixel_bytes: u64 = jpegs
+        .iter()
+        .map(|j| crate::view::render::decode(j).expect("decodes").byte_len() as u64)
+        .sum();
+
+    let fs = fs_with(DecodedCaching::On);
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&read_view(&fs, i), w, "first render of a{i}");
+    }
+    let source_bytes = fs.metrics.source_bytes.get();
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&read_view(&fs, i), w, "render of a{i} from cached pixels");
+    }
+    let m = &fs.metrics;
+    assert_eq!(
+        (
+            m.decoded_misses.get(),
+            m.decoded_admitted.get(),
+            m.decoded_hits.get()
+        ),
+        (3, 3, 3)
+    );
+    assert_eq!(
+        m.source_bytes.get(),
+        source_bytes,
+        "cached pixels need no fetch"
+    );
+    let g = fs.gauges();
+    assert_eq!((g.decoded_entries, g.decoded_bytes), (3, pixel_bytes));
+    assert_eq!(g.cache_files, 3, "decoded entries are not counted as files");
+
+    // A damaged cached copy is a miss: decoded again from the (cached) JPEG, and re-admitted.
+    let identity = LocalSource::open(dir.path())
+        .expect("source")
+        .stat(Path::new("a1.jpg"))
+        .expect("stat")
+        .identity;
+    fs.cache.corrupt_decoded_for_test(&identity);
+    assert_eq!(read_view(&fs, 1), want[1]);
+    assert_eq!(m.integrity_errors.get(), 1);
+    assert_eq!((m.decoded_misses.get(), m.decoded_admitted.get()), (4, 4));
+
+    let off = fs_with(DecodedCaching::Off);
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&read_view(&off, i), w);
+    }
+    assert_eq!(off.metrics.decoded_declined.get(), 3);
+    assert_eq!(off.gauges().decoded_entries, 0);
+
+    // Pixels that do not fit the budget are rejected; renders still succeed.
+    let mut o = options(jpegs.iter().map(|j| j.len() as u64).sum::<u64>() + 1000);
+    o.views = vec![spec.clone()];
+    o.decoded_caching = DecodedCaching::On;
+    let tight = Fs::new(Arc::new(LocalSource::open(dir.path()).expect("source")), o);
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&read_view(&tight, i), w);
+    }
+    assert_eq!(tight.metrics.decoded_rejected.get(), 3);
+    assert_eq!(tight.gauges().decoded_bytes, 0);
 }

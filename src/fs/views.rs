@@ -5,23 +5,24 @@
 //! fixes the shape, else from the image header), the per-open seed, and scheduling renders: each
 //! open queues its render on the render pool (sized to the cores) at once, so decoding overlaps
 //! the loader's open-to-read gap, and reads wait for it off the FUSE threads. Raw image bytes
-//! come through the never-evict cache like any source read. Must never serve part of a render: a
-//! render that fails answers EIO for that open, counted by path and logged.
+//! come through the never-evict cache like any source read; the decoded pixels are offered to it
+//! too, and a render that finds them cached runs only the ops after the decode. Must never serve
+//! part of a render: a render that fails answers EIO for that open, counted by path and logged.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{Attr, DirSnapshot, Fs, Handle, SOURCE_TTL};
 use crate::cache::{BLOCK_SIZE, NeverEvictCache, Unpacked};
 use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
-use crate::source::{Kind, Meta, Source};
+use crate::source::{Kind, Meta, Source, SourceFile};
 use crate::stats::ViewMetrics;
 use crate::view::npy::{self, Dtype};
-use crate::view::{Executor, Output, ViewSpec, render};
+use crate::view::{Executor, Output, Rgb, ViewSpec, render};
 
 /// Suffix of view files.
 const NPY: &str = ".npy";
@@ -160,6 +161,16 @@ impl Views {
             .source
             .open(&node.path)
             .map_err(|e| FsError::from_source(&e))?;
+        self.read_through(source.as_ref(), node, limit)
+    }
+
+    /// The first `limit` bytes (or all) of `source`, the open file of `node`, through the cache.
+    fn read_through(
+        &self,
+        source: &dyn SourceFile,
+        node: &Node,
+        limit: Option<usize>,
+    ) -> Result<Vec<u8>, FsError> {
         let cached = self.cache.file(source.identity(), &node.path);
         let size = source.identity().size;
         let unpacked = Unpacked::default();
@@ -167,7 +178,7 @@ impl Views {
         let mut out = Vec::with_capacity(end as usize);
         while (out.len() as u64) < end {
             let want = (end - out.len() as u64).min(BLOCK_SIZE) as u32;
-            let bytes = cached.read(source.as_ref(), out.len() as u64, want, &unpacked)?;
+            let bytes = cached.read(source, out.len() as u64, want, &unpacked)?;
             if bytes.as_slice().is_empty() {
                 break;
             }
@@ -183,40 +194,73 @@ impl Views {
         }
     }
 
+    /// The decoded pixels of `node`'s image, and the decode time when it was decoded now: from
+    /// the cache's decoded pixels, else fetched (through the cache), decoded, and offered to the
+    /// cache.
+    fn pixels(&self, node: &Node) -> Result<(Rgb, Option<Duration>), String> {
+        let source = self
+            .source
+            .open(&node.path)
+            .map_err(|e| format!("cannot read the image: {}", FsError::from_source(&e)))?;
+        let identity = source.identity();
+        if let Some(bytes) = self.cache.decoded(&identity, &Unpacked::default()) {
+            match Rgb::from_bytes(bytes.as_slice()) {
+                Ok(image) => return Ok((image, None)),
+                Err(e) => {
+                    tracing::warn!(path = %node.path.display(), error = %e, "cached decoded pixels unusable; decoding again")
+                }
+            }
+        }
+        let encoded = self
+            .read_through(source.as_ref(), node, None)
+            .map_err(|e| format!("cannot read the image: {e}"))?;
+        let started = Instant::now();
+        let image = self.executor.decode(&encoded).map_err(|e| e.to_string())?;
+        let decode = started.elapsed();
+        self.cache.offer_decoded(
+            identity,
+            &node.path,
+            image.byte_len() as u64,
+            decode,
+            || image.to_bytes(),
+        );
+        Ok((image, Some(decode)))
+    }
+
     fn render(&self, open: &ViewOpen) -> Result<Arc<Vec<u8>>, FsError> {
         let view = self.get(open.view)?;
         let started = Instant::now();
-        let result = self
-            .read_source(&open.node, None)
-            .map_err(|e| format!("cannot read the image: {e}"))
-            .and_then(|encoded| {
-                // The size getattr announced, from the bytes in hand (no second source read).
-                let expected = match view.spec.fixed_size() {
-                    Some((h, w)) => npy_size(&view.spec, h, w),
-                    None => {
-                        let (w, h) = render::dimensions(&encoded).map_err(|e| e.to_string())?;
-                        let (h, w) = view.spec.output_size(w, h);
-                        npy_size(&view.spec, h, w)
-                    }
-                };
-                let rendered = self
-                    .executor
-                    .render(&view.spec, &encoded, open.seed)
-                    .map_err(|e| e.to_string())?;
-                if rendered.npy.len() as u64 != expected {
-                    return Err(format!(
-                        "rendered {} bytes where {expected} were announced",
-                        rendered.npy.len()
-                    ));
+        let result = self.pixels(&open.node).and_then(|(image, decode)| {
+            // The size getattr announced, from the pixels in hand (no second source read).
+            let expected = match view.spec.fixed_size() {
+                Some((h, w)) => npy_size(&view.spec, h, w),
+                None => {
+                    let (w, h) = image.size();
+                    let (h, w) = view.spec.output_size(w, h);
+                    npy_size(&view.spec, h, w)
                 }
-                Ok(rendered)
-            });
+            };
+            let mut rendered = self
+                .executor
+                .transform(&view.spec, &image, open.seed)
+                .map_err(|e| e.to_string())?;
+            rendered.decode = decode.unwrap_or_default();
+            if rendered.npy.len() as u64 != expected {
+                return Err(format!(
+                    "rendered {} bytes where {expected} were announced",
+                    rendered.npy.len()
+                ));
+            }
+            Ok(rendered)
+        });
         let m = &view.metrics;
         m.render_latency.record(started.elapsed());
         match result {
             Ok(rendered) => {
                 tracing::debug!(view = %view.spec.name, path = %open.node.path.display(), seed = open.seed, crops = ?rendered.crops, flipped = rendered.flipped, "view rendered");
-                m.decode_latency.record(rendered.decode);
+                if rendered.decode > Duration::ZERO {
+                    m.decode_latency.record(rendered.decode);
+                }
                 m.transform_latency.record(rendered.transform);
                 m.renders.inc();
                 m.render_rate.tick();

@@ -162,6 +162,16 @@ pub struct Metrics {
     pub disk_enospc: Counter,
     /// Entries of an earlier mount removed because their source file changed or vanished.
     pub disk_stale_dropped: Counter,
+    /// View renders that found the image's decoded pixels cached (no fetch, no decode).
+    pub decoded_hits: Counter,
+    /// View renders that had to decode.
+    pub decoded_misses: Counter,
+    /// Decoded images admitted to the RAM tier.
+    pub decoded_admitted: Counter,
+    /// Decoded images the policy chose not to keep (`--decoded-cache`).
+    pub decoded_declined: Counter,
+    /// Decoded images the policy would have kept but the budget had no room for.
+    pub decoded_rejected: Counter,
 }
 
 impl Default for Metrics {
@@ -193,6 +203,11 @@ impl Default for Metrics {
             disk_rejected: Counter::default(),
             disk_enospc: Counter::default(),
             disk_stale_dropped: Counter::default(),
+            decoded_hits: Counter::default(),
+            decoded_misses: Counter::default(),
+            decoded_admitted: Counter::default(),
+            decoded_declined: Counter::default(),
+            decoded_rejected: Counter::default(),
         }
     }
 }
@@ -206,6 +221,12 @@ pub struct Gauges {
     pub cache_logical_bytes: u64,
     /// RAM blocks by codec family: none, lz4, zstd.
     pub cache_blocks_by_codec: [u64; 3],
+    /// View images whose decoded pixels the RAM tier holds whole.
+    pub decoded_entries: u64,
+    /// RAM tier bytes holding decoded pixels (stored size).
+    pub decoded_bytes: u64,
+    /// Bytes of decoded pixels held, before compression.
+    pub decoded_logical_bytes: u64,
     /// Raw RAM blocks waiting to be packed.
     pub pack_queue: u64,
     /// Packed RAM blocks waiting for an idle CPU to be repacked with the best codec.
@@ -265,6 +286,13 @@ impl Metrics {
     /// Counters of `op`.
     pub fn op(&self, op: Op) -> &OpCounters {
         &self.ops[op as usize]
+    }
+
+    /// Bytes per second the source delivered while a fetch was in flight, over the mount's life;
+    /// `None` before any fetch.
+    pub fn source_bytes_per_s(&self) -> Option<f64> {
+        let busy_ns = self.source_busy_ns.get();
+        (busy_ns > 0).then(|| self.source_bytes.get() as f64 * 1e9 / busy_ns as f64)
     }
 
     /// Every metric with its name, unit and meaning: the single definition both files render.
@@ -564,9 +592,68 @@ impl Metrics {
                 self.disk_stale_dropped.get() as f64,
             ),
         ]);
+        let decoded_table = [
+            (
+                "cache.decoded.entries",
+                "cache_decoded_entries",
+                G,
+                "View images whose decoded pixels the RAM tier holds.",
+                g.decoded_entries as f64,
+            ),
+            (
+                "cache.decoded.bytes",
+                "cache_decoded_bytes",
+                G,
+                "RAM tier bytes holding decoded pixels (stored size; part of cache.bytes).",
+                g.decoded_bytes as f64,
+            ),
+            (
+                "cache.decoded.logical_bytes",
+                "cache_decoded_logical_bytes",
+                G,
+                "Bytes of decoded pixels held, before compression (part of cache.logical_bytes).",
+                g.decoded_logical_bytes as f64,
+            ),
+            (
+                "cache.decoded.hits",
+                "cache_decoded_hits_total",
+                C,
+                "View renders that found the decoded pixels cached: no fetch, no decode.",
+                self.decoded_hits.get() as f64,
+            ),
+            (
+                "cache.decoded.misses",
+                "cache_decoded_misses_total",
+                C,
+                "View renders that decoded the image.",
+                self.decoded_misses.get() as f64,
+            ),
+            (
+                "cache.decoded.admitted",
+                "cache_decoded_admitted_total",
+                C,
+                "Decoded images admitted to the RAM tier.",
+                self.decoded_admitted.get() as f64,
+            ),
+            (
+                "cache.decoded.declined",
+                "cache_decoded_declined_total",
+                C,
+                "Decoded images the policy chose not to keep (--decoded-cache).",
+                self.decoded_declined.get() as f64,
+            ),
+            (
+                "cache.decoded.rejected",
+                "cache_decoded_rejected_total",
+                C,
+                "Decoded images the policy would keep but the budget had no room for.",
+                self.decoded_rejected.get() as f64,
+            ),
+        ];
         let rows = table
             .into_iter()
             .chain(codec_table)
+            .chain(decoded_table)
             .chain(disk_table.into_iter().flatten());
         for (json_path, prom_name, kind, help, value) in rows {
             out.push(Sample {

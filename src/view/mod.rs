@@ -9,15 +9,17 @@ pub mod npy;
 pub mod render;
 pub mod spec;
 
-pub use render::{RenderError, Rendered};
+pub use render::{RenderError, Rendered, Rgb};
 pub use spec::{Output, SpecError, ViewSpec};
 
-/// Where renders run.
+/// Where renders run, in two steps so each can be placed (and the decoded pixels cached) apart.
 pub trait Executor: Send + Sync {
     /// Short name for logs and stats ("cpu").
     fn name(&self) -> &'static str;
-    /// The complete .npy file of `spec` over `encoded`, random draws from `seed`.
-    fn render(&self, spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, RenderError>;
+    /// Decodes `encoded` into RGB pixels.
+    fn decode(&self, encoded: &[u8]) -> Result<Rgb, RenderError>;
+    /// The complete .npy file of `spec` over the decoded `image`, random draws from `seed`.
+    fn transform(&self, spec: &ViewSpec, image: &Rgb, seed: u64) -> Result<Rendered, RenderError>;
 }
 
 /// Renders on the calling thread's CPU.
@@ -29,7 +31,11 @@ impl Executor for Cpu {
         "cpu"
     }
 
-    fn render(&self, spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, RenderError> {
-        render::render(spec, encoded, seed)
+    fn decode(&self, encoded: &[u8]) -> Result<Rgb, RenderError> {
+        render::decode(encoded)
+    }
+
+    fn transform(&self, spec: &ViewSpec, image: &Rgb, seed: u64) -> Result<Rendered, RenderError> {
+        render::transform(spec, image, seed)
     }
 }

@@ -7,6 +7,7 @@
 //! are capped before pixels are decoded. Must never panic on any input bytes, and never return a
 //! partial image: an error is the only alternative to a complete file.
 
+use std::borrow::Cow;
 use std::io::Cursor;
 use std::time::{Duration, Instant};
 
@@ -38,11 +39,56 @@ pub enum RenderError {
     Resize(String),
 }
 
-/// An RGB8 image, rows of `width * 3` bytes.
-struct Rgb {
+/// A decoded RGB8 image, rows of `width * 3` bytes.
+#[derive(Clone)]
+pub struct Rgb {
     width: u32,
     height: u32,
     data: Vec<u8>,
+}
+
+/// Bytes after the pixels in `Rgb::into_bytes`: width and height, little-endian u32s.
+const TRAILER: usize = 8;
+
+impl Rgb {
+    /// Width and height in pixels.
+    pub fn size(&self) -> (u32, u32) {
+        (self.width, self.height)
+    }
+
+    /// Bytes of `to_bytes`.
+    pub fn byte_len(&self) -> usize {
+        self.data.len() + TRAILER
+    }
+
+    /// The image as one buffer for the cache: the pixels, then width and height.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(self.byte_len());
+        bytes.extend_from_slice(&self.data);
+        bytes.extend_from_slice(&self.width.to_le_bytes());
+        bytes.extend_from_slice(&self.height.to_le_bytes());
+        bytes
+    }
+
+    /// The image `to_bytes` made; an error if the length does not match the dimensions or
+    /// they are out of bounds (the same limits as a decode).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Rgb, RenderError> {
+        let corrupt = || RenderError::Corrupt("decoded image of a wrong length".into());
+        let pixels = bytes.len().checked_sub(TRAILER).ok_or_else(corrupt)?;
+        let word = |at: usize| {
+            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
+        let (width, height) = (word(pixels), word(pixels + 4));
+        check_side(width, height)?;
+        if width as usize * height as usize * 3 != pixels {
+            return Err(corrupt());
+        }
+        Ok(Rgb {
+            width,
+            height,
+            data: bytes[..pixels].to_vec(),
+        })
+    }
 }
 
 /// Reads only the header: (width, height), with the same limits as a full decode.
@@ -88,7 +134,8 @@ fn jpeg_is_complete(encoded: &[u8]) -> bool {
     matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
 }
 
-fn decode(encoded: &[u8]) -> Result<Rgb, RenderError> {
+/// Decodes `encoded` (JPEG, PNG) to RGB, within the pixel limits; a truncated JPEG is an error.
+pub fn decode(encoded: &[u8]) -> Result<Rgb, RenderError> {
     let reader = reader(encoded)?;
     if reader.format() == Some(image::ImageFormat::Jpeg) && !jpeg_is_complete(encoded) {
         return Err(RenderError::Corrupt(
@@ -128,9 +175,19 @@ pub struct Rendered {
 /// The complete .npy file of `spec` applied to `encoded`, with random draws from `seed`.
 pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, RenderError> {
     let started = Instant::now();
+    let image = decode(encoded)?;
+    let decoded = started.elapsed();
+    let mut rendered = transform(spec, &image, seed)?;
+    rendered.decode = decoded;
+    Ok(rendered)
+}
+
+/// The complete .npy file of `spec` applied to the decoded `image`, with random draws from
+/// `seed`: everything after the decode (`decode` is left zero).
+pub fn transform(spec: &ViewSpec, decoded: &Rgb, seed: u64) -> Result<Rendered, RenderError> {
+    let started = Instant::now();
+    let mut image = Cow::Borrowed(decoded);
     let mut rng = fastrand::Rng::with_seed(seed);
-    let mut image = decode(encoded)?;
-    let decoded = Instant::now();
     let mut resizer = Resizer::new();
     let (mut flip, mut norm, mut crops) = (false, None, Vec::new());
     for op in &spec.ops {
@@ -141,9 +198,11 @@ pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, Re
                     Size::Exact(h, w) => (h, w),
                 };
                 let full = (0, 0, image.width, image.height);
-                image = resize(&mut resizer, &image, full, w.max(1), h.max(1))?;
+                image = Cow::Owned(resize(&mut resizer, &image, full, w.max(1), h.max(1))?);
             }
-            Op::CenterCrop { height, width } => image = center_crop(&image, width, height),
+            Op::CenterCrop { height, width } => {
+                image = Cow::Owned(center_crop(&image, width, height));
+            }
             Op::RandomResizedCrop {
                 height,
                 width,
@@ -154,7 +213,7 @@ pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, Re
                     random_crop_box(&mut rng, image.width, image.height, scale, ratio);
                 crops.push([top, left, h, w]);
                 let region = (left, top, w, h);
-                image = resize(&mut resizer, &image, region, width, height)?;
+                image = Cow::Owned(resize(&mut resizer, &image, region, width, height)?);
             }
             Op::HorizontalFlip { p } => {
                 if rng.f64() < p {
@@ -167,8 +226,8 @@ pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, Re
     let npy = encode(spec.output, &image, flip, norm);
     Ok(Rendered {
         npy,
-        decode: decoded - started,
-        transform: decoded.elapsed(),
+        decode: Duration::ZERO,
+        transform: started.elapsed(),
         crops,
         flipped: flip,
     })
@@ -376,6 +435,27 @@ mod tests {
             b.len() as u64,
             npy::file_size(Dtype::U8, &[oh as usize, ow as usize, 3])
         );
+    }
+
+    #[test]
+    fn decoded_images_round_trip_through_cache_bytes_and_bad_lengths_are_refused() {
+        let jpeg = crate::synthetic::photo(4).expect("jpeg");
+        let s = spec("t=decode,random_resized_crop(64),hflip,normalize(imagenet)");
+        let bytes = decode(&jpeg).expect("decodes").to_bytes();
+        let again = Rgb::from_bytes(&bytes).expect("round trips");
+        assert_eq!(again.size(), dimensions(&jpeg).expect("header"));
+        assert_eq!(
+            transform(&s, &again, 7).expect("renders").npy,
+            render(&s, &jpeg, 7).expect("renders").npy,
+            "from cached pixels, the same file as from the JPEG"
+        );
+        for cut in [0, 7, 8, bytes.len() - 9, bytes.len() - 1] {
+            assert!(Rgb::from_bytes(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut huge = vec![0u8; 3];
+        huge.extend_from_slice(&1u32.to_le_bytes());
+        huge.extend_from_slice(&(MAX_SIDE + 1).to_le_bytes());
+        assert!(Rgb::from_bytes(&huge).is_err());
     }
 
     #[test]
