@@ -7,6 +7,7 @@
 //! never hand out bytes that failed verification.
 
 use super::codec::Codec;
+use super::rows;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Checksum granularity inside a block.
@@ -37,6 +38,8 @@ impl Block {
 pub struct Packed {
     /// How `payload` was compressed.
     pub codec: Codec,
+    /// Lag of the row filter applied before compressing (0: none; see `rows`).
+    pub lag: usize,
     /// The compressed bytes.
     pub payload: Box<[u8]>,
     /// Length of the logical (decompressed) bytes.
@@ -46,11 +49,17 @@ pub struct Packed {
 }
 
 impl Packed {
-    /// `data` compressed with `codec`, or `None` when that does not make it smaller.
-    pub fn pack(codec: Codec, data: &[u8]) -> Option<Packed> {
-        let payload = codec.compress(data)?;
+    /// `data` compressed with `codec` after the row filter at `lag` (0: none), or `None` when
+    /// that does not make it smaller.
+    pub fn pack(codec: Codec, lag: usize, data: &[u8]) -> Option<Packed> {
+        let payload = if lag > 0 {
+            codec.compress(&rows::delta(data, lag))?
+        } else {
+            codec.compress(data)?
+        };
         Some(Packed {
             codec,
+            lag,
             payload: payload.into_boxed_slice(),
             len: data.len(),
             sum: xxh3_64(data),
@@ -59,10 +68,9 @@ impl Packed {
 
     /// The logical bytes, or `None` if the payload is corrupt or does not match its checksum.
     pub fn unpack(&self) -> Option<Vec<u8>> {
-        self.codec
-            .decompress(&self.payload, self.len)
-            .ok()
-            .filter(|bytes| xxh3_64(bytes) == self.sum)
+        let mut bytes = self.codec.decompress(&self.payload, self.len).ok()?;
+        rows::undelta(&mut bytes, self.lag);
+        (xxh3_64(&bytes) == self.sum).then_some(bytes)
     }
 }
 
@@ -114,8 +122,10 @@ mod tests {
     #[test]
     fn a_packed_block_unpacks_only_when_intact() {
         let data: Vec<u8> = (0..200_000).map(|i| (i / 100) as u8).collect();
-        let packed = Packed::pack(Codec::Lz4, &data).expect("compressible");
+        let packed = Packed::pack(Codec::Lz4, 0, &data).expect("compressible");
         assert_eq!(packed.unpack().as_deref(), Some(data.as_slice()));
+        let filtered = Packed::pack(Codec::Zstd(1), 1000, &data).expect("compressible");
+        assert_eq!(filtered.unpack().as_deref(), Some(data.as_slice()));
         let mut payload = packed.payload.to_vec();
         let last = payload.len() - 1;
         payload[last] ^= 0x40;
@@ -126,7 +136,7 @@ mod tests {
         assert_eq!(corrupt.unpack(), None);
         let wrong_sum = Packed {
             sum: 1,
-            ..Packed::pack(Codec::Zstd(1), &data).expect("compressible")
+            ..Packed::pack(Codec::Zstd(1), 0, &data).expect("compressible")
         };
         assert_eq!(wrong_sum.unpack(), None);
     }

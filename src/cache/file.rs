@@ -23,6 +23,7 @@ use super::block::{self, Block, Packed};
 use super::codec::{self, Codec};
 use super::memfd::MemfdBody;
 use super::policy::strength;
+use super::rows;
 use super::{BLOCK_SIZE, Content, Tally, Tiers, thread_cpu};
 use crate::error::FsError;
 use crate::source::{Identity, SourceFile, read_full};
@@ -56,8 +57,12 @@ impl Stored {
 enum Layout {
     /// Raw: on the heap for one block, in a memfd (passthrough-able) for more.
     Raw,
-    /// Compressible: on the heap, packed in the background.
-    Packable,
+    /// Compressible: on the heap, packed in the background, after the row filter at `lag`
+    /// when the bytes are image rows of that length (0: no filter).
+    Packable {
+        /// Row length in bytes, or 0.
+        lag: usize,
+    },
 }
 
 /// What `CachedFile::pack` did.
@@ -137,6 +142,9 @@ pub struct CachedFile {
     content: Content,
     /// Bytes of content: the file's size, or the decoded pixels' length.
     len: u64,
+    /// Length of the content's image rows when known up front (decoded pixels); else found
+    /// from an `.npy` header, if any, when the layout is decided.
+    rows: Option<usize>,
     /// Source path, recorded in disk entries so an old cache can be validated against the source.
     path: Arc<std::path::Path>,
     slots: Box<[Mutex<Slot>]>,
@@ -158,6 +166,7 @@ impl CachedFile {
         identity: Identity,
         content: Content,
         len: u64,
+        rows: Option<usize>,
         path: Arc<std::path::Path>,
         tiers: Arc<Tiers>,
     ) -> CachedFile {
@@ -166,6 +175,7 @@ impl CachedFile {
             identity,
             content,
             len,
+            rows,
             path,
             slots: (0..blocks).map(|_| Mutex::new(Slot::default())).collect(),
             layout: OnceLock::new(),
@@ -404,7 +414,7 @@ impl CachedFile {
                 if admitted {
                     // The cache holds these bytes now; the kernel's copy would be a second one.
                     source.drop_page_cache(span.clone());
-                    if self.layout.get() == Some(&Layout::Packable)
+                    if matches!(self.layout.get(), Some(Layout::Packable { .. }))
                         && !self.tiers.packer.enqueue(self, index)
                     {
                         tracing::debug!(block = index, "packing queue full; block stays raw");
@@ -492,8 +502,16 @@ impl CachedFile {
     fn admit(&self, index: usize, block: &Arc<Block>) -> Option<Stored> {
         let ledger = &self.tiers.ledger;
         self.layout.get_or_init(|| {
-            if self.tiers.packer.enabled() && codec::is_compressible(&block.data) {
-                Layout::Packable
+            let lag = match self.rows {
+                Some(row) => row,
+                None if index == 0 => rows::npy_row_bytes(&block.data).unwrap_or(0),
+                None => 0,
+            };
+            if !self.tiers.packer.enabled() {
+                Layout::Raw
+            } else if lag > 0 || codec::is_compressible(&block.data) {
+                // Image rows compress once filtered, even when the raw bytes look random.
+                Layout::Packable { lag }
             } else {
                 Layout::Raw
             }
@@ -569,7 +587,7 @@ impl CachedFile {
                     }
                 }
                 drop(slot);
-                if self.layout.get() == Some(&Layout::Packable) {
+                if matches!(self.layout.get(), Some(Layout::Packable { .. })) {
                     self.tiers.packer.enqueue(self, index);
                 }
             }
@@ -610,7 +628,11 @@ impl CachedFile {
             return PackOutcome::Unchanged;
         };
         let started = thread_cpu();
-        let packed = Packed::pack(codec, &logical);
+        let lag = match self.layout.get() {
+            Some(Layout::Packable { lag }) => *lag,
+            _ => 0,
+        };
+        let packed = Packed::pack(codec, lag, &logical);
         metrics
             .compress_cpu_ns
             .add(thread_cpu().saturating_sub(started));

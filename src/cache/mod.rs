@@ -19,6 +19,7 @@ mod file;
 mod memfd;
 mod packer;
 pub mod policy;
+mod rows;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -231,6 +232,7 @@ impl NeverEvictCache {
                 identity,
                 Content::Source,
                 identity.size,
+                None,
                 Arc::from(path),
                 self.tiers.clone(),
             ))
@@ -252,14 +254,14 @@ impl NeverEvictCache {
         hit
     }
 
-    /// Offers the decoded pixels of image `identity` (at `path`): `len` bytes that took `decode`
-    /// to produce, made by `pixels` only if the policy finds them worth their memory and the
-    /// budget has room.
+    /// Offers the decoded pixels of image `identity` (at `path`): `len` bytes in rows of `row`
+    /// bytes that took `decode` to produce, made by `pixels` only if the policy finds them worth
+    /// their memory and the budget has room.
     pub fn offer_decoded(
         &self,
         identity: Identity,
         path: &Path,
-        len: u64,
+        (len, row): (u64, usize),
         decode: Duration,
         pixels: impl FnOnce() -> Vec<u8>,
     ) {
@@ -284,6 +286,7 @@ impl NeverEvictCache {
                 identity,
                 Content::Decoded,
                 len,
+                Some(row),
                 Arc::from(path),
                 self.tiers.clone(),
             ))

@@ -220,7 +220,7 @@ impl Views {
         self.cache.offer_decoded(
             identity,
             &node.path,
-            image.byte_len() as u64,
+            (image.byte_len() as u64, image.row_len()),
             decode,
             || image.to_bytes(),
         );

@@ -61,6 +61,11 @@ impl Rgb {
         self.data.len() + TRAILER
     }
 
+    /// Bytes of one row of pixels.
+    pub fn row_len(&self) -> usize {
+        self.width as usize * 3
+    }
+
     /// The image as one buffer for the cache: the pixels, then width and height.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(self.byte_len());
