@@ -1,13 +1,19 @@
 //! Cache codecs and the disk tier, measured through real mounts on a throttled source.
 //!
-//! 1. Effective capacity (logical / stored bytes) per data kind and codec: uint8 pixel arrays
-//!    (.npy, decoded from the synthetic photos), token-id shards (Zipf-distributed u16), JPEGs.
-//! 2. Three epochs in a fresh random order over the compressible kinds with a RAM budget of half
-//!    their size: misses and epoch time with `--codec none`, `zstd-3` and `auto`.
+//! 1. Effective capacity (logical / stored bytes) per data kind and codec. Kinds: uint8 pixel
+//!    arrays (.npy HWC) decoded from the synthetic photos (`pixels-synthetic`) and, with
+//!    `--photos DIR`, from real photos (`pixels-photos`: random crops and flips of each photo
+//!    after a JPEG q90 round trip); u16 token shards, i.i.d. Zipf ids (`tokens-iid`) and, with
+//!    `--text DIR`, real text (`tokens-text`: the HTML/Markdown/text files under DIR, split into
+//!    word pieces with hashed ids in a 50,257-id vocabulary, as a BPE tokenizer's output); JPEGs.
+//! 2. Three epochs in a fresh random order over the realistic compressible kinds together, with a
+//!    RAM budget of half their size: misses and epoch time with `--codec none`, `zstd-3` and
+//!    `auto`.
 //! 3. The first epoch after a remount with a warm disk tier vs a cold one.
 //!
-//! Run as root: `cargo bench --bench cache [-- --quick] [--throttle-mb 50]`. Reads are done by
-//! this process with 2 threads, whole files, so the numbers isolate the cache from any loader.
+//! Run as root: `cargo bench --bench cache -- [--quick] [--throttle-mb 50] [--photos DIR]
+//! [--text DIR]`. Reads are done by this process with 2 threads, whole files, so the numbers
+//! isolate the cache from any loader.
 
 #[path = "epochs/sandbox.rs"]
 #[allow(dead_code)]
@@ -22,7 +28,6 @@ use sandbox::{Cgroup, Guard, Limits, SlowDisk};
 use serde_json::Value;
 
 const PREPFS: &str = env!("CARGO_BIN_EXE_prepfs");
-const KINDS: [&str; 3] = ["pixels", "tokens", "jpeg"];
 
 fn main() {
     if let Err(e) = run() {
@@ -36,6 +41,36 @@ struct Opts {
     images: usize,
     shards: usize,
     throttle: u64,
+    photos: Option<PathBuf>,
+    text: Option<PathBuf>,
+}
+
+impl Opts {
+    /// The data kinds of this run.
+    fn kinds(&self) -> Vec<&'static str> {
+        let mut kinds = vec!["pixels-synthetic"];
+        kinds.extend(self.photos.as_ref().map(|_| "pixels-photos"));
+        kinds.push("tokens-iid");
+        kinds.extend(self.text.as_ref().map(|_| "tokens-text"));
+        kinds.push("jpeg");
+        kinds
+    }
+
+    /// The compressible kinds closest to real data, for the epochs comparison.
+    fn realistic(&self) -> [&'static str; 2] {
+        [
+            if self.photos.is_some() {
+                "pixels-photos"
+            } else {
+                "pixels-synthetic"
+            },
+            if self.text.is_some() {
+                "tokens-text"
+            } else {
+                "tokens-iid"
+            },
+        ]
+    }
 }
 
 fn opts() -> Opts {
@@ -47,7 +82,15 @@ fn opts() -> Opts {
             .and_then(|v| v.parse::<u64>().ok())
     };
     let quick = args.iter().any(|a| a == "--quick");
+    let path = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .map(PathBuf::from)
+    };
     Opts {
+        photos: path("--photos"),
+        text: path("--text"),
         workdir: PathBuf::from("/tmp/prepfs-cache-bench"),
         images: if quick { 40 } else { 300 },
         shards: if quick { 2 } else { 8 },
@@ -81,7 +124,7 @@ fn run() -> Result<(), String> {
     println!("## Effective capacity (logical / stored) after one pass, RAM budget > data\n");
     println!("| kind | MB | codec | capacity | compress CPU s | RAM MB |");
     println!("|---|---|---|---|---|---|");
-    for kind in KINDS {
+    for kind in o.kinds() {
         for codec in ["none", "lz4", "zstd-3", "auto"] {
             let m = Mount::start(&group, &o, &disk, &["--codec", codec, "--cache-mem", "4G"])?;
             read_epoch(&m.path.join(kind), 1)?;
@@ -96,10 +139,12 @@ fn run() -> Result<(), String> {
         }
     }
 
-    let data = size("pixels") + size("tokens");
+    let realistic = o.realistic();
+    let data: u64 = realistic.iter().map(|k| size(k)).sum();
     let budget = data / 2;
     println!(
-        "\n## Three epochs, random order, compressible kinds ({:.0} MB), RAM budget {:.0} MB\n",
+        "\n## Three epochs, random order, {} ({:.0} MB), RAM budget {:.0} MB\n",
+        realistic.join(" + "),
         data as f64 / 1e6,
         budget as f64 / 1e6
     );
@@ -116,7 +161,7 @@ fn run() -> Result<(), String> {
         let mut last = 0.0;
         for epoch in 1..=3 {
             sandbox::drop_caches()?;
-            let took = read_epochs_of(&m, epoch)?;
+            let took = read_epochs_of(&m, &realistic, epoch)?;
             let s = m.stats();
             let source = num(&s, "source.bytes_read");
             println!(
@@ -148,7 +193,7 @@ fn run() -> Result<(), String> {
         let m = Mount::start(&group, &o, &disk, &args)?;
         sandbox::drop_caches()?;
         let started = Instant::now();
-        for kind in KINDS {
+        for kind in o.kinds() {
             read_epoch(&m.path.join(kind), 1)?;
         }
         let took = started.elapsed().as_secs_f64();
@@ -193,7 +238,11 @@ fn files(dir: &Path) -> Vec<PathBuf> {
 
 /// Reads every file of `dir` once, in an order shuffled by `seed`, on 2 threads.
 fn read_epoch(dir: &Path, seed: u64) -> Result<(), String> {
-    let mut all = files(dir);
+    read_files(files(dir), seed)
+}
+
+/// Reads `all` once, in an order shuffled by `seed`, on 2 threads.
+fn read_files(mut all: Vec<PathBuf>, seed: u64) -> Result<(), String> {
     fastrand::Rng::with_seed(seed).shuffle(&mut all);
     let half = all.len() / 2;
     std::thread::scope(|s| {
@@ -215,46 +264,53 @@ fn read_epoch(dir: &Path, seed: u64) -> Result<(), String> {
     })
 }
 
-fn read_epochs_of(m: &Mount, epoch: u64) -> Result<f64, String> {
+/// One epoch over the files of `kinds` together, shuffled; returns its seconds.
+fn read_epochs_of(m: &Mount, kinds: &[&str], epoch: u64) -> Result<f64, String> {
+    let all = kinds.iter().flat_map(|k| files(&m.path.join(k))).collect();
     let started = Instant::now();
-    read_epoch(&m.path.join("pixels"), epoch)?;
-    read_epoch(&m.path.join("tokens"), epoch)?;
+    read_files(all, epoch)?;
     Ok(started.elapsed().as_secs_f64())
 }
 
-/// Builds the dataset image once: pixels (.npy uint8 HWC), tokens (u16 shards), jpeg.
+/// Builds the dataset image: the kinds of `o.kinds()`, each in its own directory.
 fn build(o: &Opts) -> Result<PathBuf, String> {
     let image = o.workdir.join("dataset.img");
     let shard = 16u64 << 20;
-    let size = o.images as u64 * 900_000 + o.shards as u64 * shard + (128 << 20);
+    let size = 2 * (o.images as u64 * 1_000_000 + o.shards as u64 * shard) + (128 << 20);
     File::create(&image)
         .and_then(|f| f.set_len(size))
         .map_err(|e| e.to_string())?;
     sandbox::must(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image))?;
     let disk = SlowDisk::attach(&image, &o.workdir.join("build"), true)?;
     let root = &disk.mountpoint;
-    for kind in KINDS {
+    for kind in o.kinds() {
         std::fs::create_dir_all(root.join(kind)).map_err(|e| e.to_string())?;
     }
+    let write = |rel: String, bytes: &[u8]| {
+        std::fs::write(root.join(&rel), bytes).map_err(|e| format!("{rel}: {e}"))
+    };
     for i in 0..o.images {
         let jpeg = prepfs::synthetic::photo(2026 + i as u64)?;
-        let pixels = image::load_from_memory(&jpeg)
-            .map_err(|e| e.to_string())?
-            .to_rgb8();
-        let (w, h) = pixels.dimensions();
-        let header =
-            format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({h}, {w}, 3), }}");
-        let mut npy = b"\x93NUMPY\x01\x00".to_vec();
-        let pad = 128 - 10 - header.len() - 1;
-        npy.extend_from_slice(&(118u16).to_le_bytes());
-        npy.extend_from_slice(header.as_bytes());
-        npy.extend(std::iter::repeat_n(b' ', pad));
-        npy.push(b'\n');
-        npy.extend_from_slice(pixels.as_raw());
-        std::fs::write(root.join(format!("jpeg/{i:05}.jpg")), &jpeg).map_err(|e| e.to_string())?;
-        std::fs::write(root.join(format!("pixels/{i:05}.npy")), &npy).map_err(|e| e.to_string())?;
+        write(format!("jpeg/{i:05}.jpg"), &jpeg)?;
+        let pixels = decode(&jpeg)?;
+        write(format!("pixels-synthetic/{i:05}.npy"), &npy(&pixels))?;
     }
-    // Token ids with a Zipf-like law over a 50k vocabulary, as a tokenizer's output has.
+    if let Some(dir) = &o.photos {
+        let photos = real_photos(dir)?;
+        let mut rng = fastrand::Rng::with_seed(11);
+        for i in 0..o.images {
+            let photo = &photos[i % photos.len()];
+            let (w, h) = photo.dimensions();
+            let (cw, ch) = (w / 2 + rng.u32(0..=w / 2), h / 2 + rng.u32(0..=h / 2));
+            let (x, y) = (rng.u32(0..=w - cw), rng.u32(0..=h - ch));
+            let mut crop = image::imageops::crop_imm(photo, x, y, cw, ch).to_image();
+            if rng.bool() {
+                image::imageops::flip_horizontal_in_place(&mut crop);
+            }
+            write(format!("pixels-photos/{i:05}.npy"), &npy(&crop))?;
+        }
+    }
+    // Token ids with a Zipf-like law over a 50k vocabulary, drawn independently.
     let mut rng = fastrand::Rng::with_seed(7);
     for s in 0..o.shards {
         let mut bytes = Vec::with_capacity(shard as usize);
@@ -262,11 +318,144 @@ fn build(o: &Opts) -> Result<PathBuf, String> {
             let id = ((50_000f64).powf(rng.f64()) as u16).saturating_sub(1);
             bytes.extend_from_slice(&id.to_le_bytes());
         }
-        std::fs::write(root.join(format!("tokens/shard-{s:03}.bin")), &bytes)
-            .map_err(|e| e.to_string())?;
+        write(format!("tokens-iid/shard-{s:03}.bin"), &bytes)?;
+    }
+    if let Some(dir) = &o.text {
+        let tokens = text_tokens(dir)?;
+        let per_shard = (shard / 2) as usize;
+        for s in 0..o.shards {
+            // Contiguous stretches of the corpus, each shard starting elsewhere.
+            let start = s * tokens.len() / o.shards;
+            let bytes: Vec<u8> = tokens
+                .iter()
+                .cycle()
+                .skip(start)
+                .take(per_shard)
+                .flat_map(|id| id.to_le_bytes())
+                .collect();
+            write(format!("tokens-text/shard-{s:03}.bin"), &bytes)?;
+        }
     }
     drop(disk);
     Ok(image)
+}
+
+fn decode(encoded: &[u8]) -> Result<image::RgbImage, String> {
+    Ok(image::load_from_memory(encoded)
+        .map_err(|e| e.to_string())?
+        .to_rgb8())
+}
+
+/// A uint8 HWC .npy file of `pixels`.
+fn npy(pixels: &image::RgbImage) -> Vec<u8> {
+    let (w, h) = pixels.dimensions();
+    let header = format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({h}, {w}, 3), }}");
+    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
+    let pad = 128 - 10 - header.len() - 1;
+    npy.extend_from_slice(&(118u16).to_le_bytes());
+    npy.extend_from_slice(header.as_bytes());
+    npy.extend(std::iter::repeat_n(b' ', pad));
+    npy.push(b'\n');
+    npy.extend_from_slice(pixels.as_raw());
+    npy
+}
+
+/// The photos (JPEG, PNG) in `dir`, each after a JPEG q90 round trip, as a dataset stores them.
+fn real_photos(dir: &Path) -> Result<Vec<image::RgbImage>, String> {
+    let mut photos = Vec::new();
+    for path in files(dir) {
+        let Ok(img) = image::open(&path) else {
+            continue;
+        };
+        let mut jpeg = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
+            .encode_image(&img.to_rgb8())
+            .map_err(|e| e.to_string())?;
+        photos.push(decode(&jpeg)?);
+    }
+    if photos.is_empty() {
+        return Err(format!("no photos in {}", dir.display()));
+    }
+    println!("{} real photos from {}", photos.len(), dir.display());
+    Ok(photos)
+}
+
+/// Token ids of the text under `dir` (.html with tags removed, .md, .txt): word pieces (a word
+/// with its leading space, a number, or one other character), each id a hash of the piece in a
+/// GPT-2-sized vocabulary, so ids carry no frequency order a real BPE vocabulary would not.
+fn text_tokens(dir: &Path) -> Result<Vec<u16>, String> {
+    const VOCAB: u64 = 50_257;
+    let mut tokens = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for path in files(&d) {
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+            if !["html", "md", "txt"].contains(&ext) {
+                continue;
+            }
+            let Ok(raw) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let text = if ext == "html" { strip_tags(&raw) } else { raw };
+            let mut piece = String::new();
+            let mut flush = |piece: &mut String| {
+                if !piece.is_empty() {
+                    let id = xxhash_rust::xxh3::xxh3_64(piece.as_bytes()) % VOCAB;
+                    tokens.push(id as u16);
+                    piece.clear();
+                }
+            };
+            for c in text.chars() {
+                let joins = match piece.chars().last() {
+                    Some(last) => {
+                        (c.is_alphabetic() && (last.is_alphabetic() || last == ' '))
+                            || (c.is_ascii_digit() && (last.is_ascii_digit() || last == ' '))
+                    }
+                    None => false,
+                };
+                if !joins {
+                    flush(&mut piece);
+                }
+                piece.push(c);
+            }
+            flush(&mut piece);
+        }
+    }
+    if tokens.len() < 1 << 20 {
+        return Err(format!(
+            "too little text under {} ({} tokens)",
+            dir.display(),
+            tokens.len()
+        ));
+    }
+    println!("{} tokens of text from {}", tokens.len(), dir.display());
+    Ok(tokens)
+}
+
+/// `html` without its tags, scripts and styles, whitespace runs folded to one space.
+fn strip_tags(html: &str) -> String {
+    let mut out = String::with_capacity(html.len() / 2);
+    let mut rest = html;
+    while let Some(open) = rest.find('<') {
+        out.push_str(&rest[..open]);
+        let tag = &rest[open..];
+        let skip_to = ["<script", "<style"]
+            .iter()
+            .find(|t| tag.starts_with(*t))
+            .map(|t| format!("</{}>", &t[1..]));
+        let end = match skip_to {
+            Some(close) => tag.find(&close).map(|e| e + close.len()),
+            None => tag.find('>').map(|e| e + 1),
+        };
+        rest = end.map_or("", |e| &tag[e..]);
+        out.push(' ');
+    }
+    out.push_str(rest);
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 struct Mount {

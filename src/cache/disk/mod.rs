@@ -30,6 +30,7 @@ use super::block::Block;
 use super::codec::{self, Codec};
 use super::packer::Packer;
 use super::thread_cpu;
+use crate::shards::ShardedMap;
 use crate::source::Identity;
 use crate::stats::Metrics;
 
@@ -85,6 +86,10 @@ struct Inner {
     paused_until: Mutex<Option<Instant>>,
     stop: AtomicBool,
     metrics: Arc<Metrics>,
+    /// Blocks queued for the writer, served from here until written: a block the RAM tier
+    /// could not admit would otherwise be fetched from the source again by every read of it
+    /// until its entry lands. Bounded by the write queue.
+    pending: ShardedMap<(Identity, usize), Arc<Block>>,
 }
 
 /// Tells whether a source path still holds the file version an old entry was written for.
@@ -141,6 +146,7 @@ impl DiskTier {
             paused_until: Mutex::new(None),
             stop: AtomicBool::new(false),
             metrics,
+            pending: ShardedMap::default(),
         });
         let (sender, receiver) = std::sync::mpsc::sync_channel(WRITE_QUEUE);
         let mut threads = Vec::new();
@@ -179,6 +185,10 @@ impl DiskTier {
     /// damaged entry is removed and counted.
     pub fn get(&self, identity: &Identity, index: usize) -> Option<Vec<u8>> {
         let inner = &self.inner;
+        if let Some(block) = inner.pending.get(&(*identity, index)) {
+            inner.metrics.disk_hits.inc();
+            return Some(block.data.to_vec());
+        }
         let name = entry_name(identity, index);
         let bytes = match inner.read_entry(&name) {
             Ok(Some(bytes)) => bytes,
@@ -222,16 +232,20 @@ impl DiskTier {
             }
             return;
         }
+        let Some(sender) = &self.sender else { return };
+        let key = (identity, index);
+        self.inner.pending.insert(key, block.clone());
         let job = Job::Write {
             identity,
             path,
             index,
             block,
         };
-        if let Some(sender) = &self.sender
-            && let Err(TrySendError::Full(_)) = sender.try_send(job)
-        {
-            self.inner.metrics.disk_rejected.inc();
+        if let Err(e) = sender.try_send(job) {
+            self.inner.pending.remove(&key);
+            if let TrySendError::Full(_) = e {
+                self.inner.metrics.disk_rejected.inc();
+            }
         }
     }
 
@@ -354,7 +368,10 @@ impl Inner {
                     path,
                     index,
                     block,
-                } => self.write(identity, &path, index, &block, packer),
+                } => {
+                    self.write(identity, &path, index, &block, packer);
+                    self.pending.remove(&(identity, index));
+                }
                 Job::Remove { identity, blocks } => {
                     for index in 0..blocks {
                         let name = entry_name(&identity, index);
