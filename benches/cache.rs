@@ -207,7 +207,7 @@ fn run() -> Result<(), String> {
         // Let the writer finish before the clean unmount.
         m.wait_for(|s| num(s, "disk.writes") + num(s, "disk.admission_rejected") > 0.0);
         std::thread::sleep(Duration::from_secs(2));
-        m.stop();
+        drop(m);
     }
     println!("\nwarm / cold = {:.3}", times[1] / times[0]);
     Ok(())
@@ -458,10 +458,11 @@ fn strip_tags(html: &str) -> String {
     out.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// A prepfs mount of the dataset; dropping it stops the daemon and reaps it.
 struct Mount {
     path: PathBuf,
     child: Child,
-    stop_daemon: Guard,
+    stop_daemon: Option<Guard>,
     _unmount: Guard,
 }
 
@@ -481,7 +482,7 @@ impl Mount {
         Ok(Mount {
             path,
             child,
-            stop_daemon,
+            stop_daemon: Some(stop_daemon),
             _unmount: unmount,
         })
     }
@@ -508,9 +509,11 @@ impl Mount {
     fn settle(&self) -> Value {
         self.wait_for(|s| num(s, "cache.pack_queue") == 0.0 && num(s, "cache.repack_queue") == 0.0)
     }
+}
 
-    fn stop(mut self) {
-        drop(self.stop_daemon);
+impl Drop for Mount {
+    fn drop(&mut self) {
+        drop(self.stop_daemon.take());
         let _ = self.child.wait();
     }
 }

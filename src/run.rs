@@ -252,12 +252,14 @@ pub fn mount(cfg: &MountConfig, daemon_child: bool) -> Result<(), RunError> {
         signal_hook::consts::SIGHUP,
     ])
     .map_err(|e| RunError::Other(format!("cannot install signal handlers: {e}")))?;
+    // Opened before mounting: a log file that cannot be opened is an error, not a dead mount.
+    let log = cfg.log_file.as_deref().map(open_log).transpose()?;
     let mounted = start(cfg)?;
     if daemon_child {
-        detach_from_parent(cfg)?;
-    } else if let Some(path) = &cfg.log_file {
+        detach_from_parent(log)?;
+    } else if let Some(log) = &log {
         // In the foreground too, once mounted, the log goes where the user asked.
-        let _ = rustix::stdio::dup2_stderr(&open_log(path)?);
+        let _ = rustix::stdio::dup2_stderr(log);
     }
     let unmounter = mounted.unmounter();
     let handle = signals.handle();
@@ -320,12 +322,12 @@ fn spawn_daemon() -> Result<(), RunError> {
 }
 
 /// In the daemon child, once mounted: new session, report readiness, and let go of the parent's
-/// pipes (stdout/stderr become the log file or /dev/null).
-fn detach_from_parent(cfg: &MountConfig) -> Result<(), RunError> {
+/// pipes (stdout/stderr become the `log` file or /dev/null).
+fn detach_from_parent(log: Option<std::fs::File>) -> Result<(), RunError> {
     let _ = rustix::process::setsid();
     println!("{READY_LINE}");
-    let sink = match &cfg.log_file {
-        Some(path) => open_log(path)?,
+    let sink = match log {
+        Some(file) => file,
         None => std::fs::OpenOptions::new()
             .write(true)
             .open("/dev/null")

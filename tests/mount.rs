@@ -471,6 +471,7 @@ fn bad_input_gets_one_line_and_nothing_mounted() {
     fs::create_dir(&full).expect("mkdir");
     fs::write(full.join("occupant"), b"x").expect("write");
     let missing = t.dir.path().join("missing");
+    let bad_log = missing.join("prepfs.log");
     let src = t.src.as_os_str();
     let mnt = t.mnt.as_os_str();
     let file = t.s("file");
@@ -505,6 +506,28 @@ fn bad_input_gets_one_line_and_nothing_mounted() {
                 "12X".as_ref(),
             ],
             "invalid size",
+        ),
+        (
+            "log file in a missing directory",
+            vec![
+                "mount".as_ref(),
+                src,
+                mnt,
+                "--log-file".as_ref(),
+                bad_log.as_os_str(),
+            ],
+            "cannot open the log file",
+        ),
+        (
+            "bad decoded-cache mode",
+            vec![
+                "mount".as_ref(),
+                src,
+                mnt,
+                "--decoded-cache".as_ref(),
+                "sometimes".as_ref(),
+            ],
+            "decoded-cache",
         ),
         (
             "umount of a non-mount",

@@ -73,6 +73,16 @@ pub fn targets(runs: &[Run], view_runs: &[ViewRun]) -> Vec<Target> {
             bound: ">= 2.50".into(),
             met: ratio >= 2.5,
         });
+        if let Some(decoded) = find_view(view_runs, Pipeline::ViewFloat32Decoded) {
+            let ratio = warm_view(decoded, |e| e.items_per_s)
+                / warm_view(stock, |e| e.items_per_s).max(1e-9);
+            out.push(Target {
+                name: "views, epochs 2+: float32 view with decoded cache / stock PyTorch".into(),
+                measured: ratio,
+                bound: ">= 2.50".into(),
+                met: ratio >= 2.5,
+            });
+        }
     }
     if let (Some(pc), Some(pf)) = (
         find(runs, Reader::Plain, Side::PageCache),

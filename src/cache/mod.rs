@@ -221,6 +221,9 @@ impl NeverEvictCache {
     /// This cache, keeping view images' decoded pixels as `mode` says.
     pub fn with_decoded_caching(mut self, mode: DecodedCaching) -> NeverEvictCache {
         self.decoded_caching = mode;
+        // Until the first render, stats show what the mode decides with nothing measured yet.
+        let first = policy::keep_decoded(mode, Duration::ZERO, 0, None);
+        self.decoded_last = AtomicU8::new(first as u8);
         self
     }
 

@@ -17,7 +17,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::codec::Codec;
 use super::file::{CachedFile, PackOutcome};
-use super::policy::{Choice, CodecPolicy, Reason, Signals, strength};
+use super::policy::{Choice, CodecPolicy, Signals, strength};
 use crate::stats::Metrics;
 use crate::telemetry::Telemetry;
 
@@ -52,10 +52,11 @@ impl Packer {
         telemetry: Arc<Telemetry>,
         metrics: Arc<Metrics>,
     ) -> Packer {
-        let last = Choice {
-            codec: policy.target(),
-            reason: Reason::Fixed,
-        };
+        // Until the packer's first decision, stats show the one taken on the signals of now.
+        let last = policy.choose(&Signals {
+            cpu_idle: telemetry.cpu_idle(),
+            source_bytes_per_s: None,
+        });
         Packer {
             policy,
             telemetry,
