@@ -488,10 +488,7 @@ impl Mount {
     }
 
     fn stats(&self) -> Value {
-        std::fs::read(self.path.join(".prepfs/stats.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(Value::Null)
+        sandbox::read_stats(&self.path)
     }
 
     fn wait_for(&self, done: impl Fn(&Value) -> bool) -> Value {

@@ -613,10 +613,7 @@ impl PrepfsMount {
     }
 
     fn stats(&self) -> Value {
-        std::fs::read(self.mountpoint.join(".prepfs/stats.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(Value::Null)
+        sandbox::read_stats(&self.mountpoint)
     }
 
     fn miss_bytes(&self) -> u64 {

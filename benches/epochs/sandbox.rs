@@ -224,6 +224,14 @@ pub fn clear_leftovers(workdir: &Path) {
     }
 }
 
+/// The parsed `.prepfs/stats.json` of the mount at `mountpoint` (null if unreadable).
+pub fn read_stats(mountpoint: &Path) -> serde_json::Value {
+    std::fs::read(mountpoint.join(".prepfs/stats.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
 /// Drops clean page cache, dentries and inodes system-wide, so the next run starts cold.
 pub fn drop_caches() -> Result<(), String> {
     // SAFETY: sync(2) takes no arguments and cannot fail.

@@ -124,10 +124,8 @@ pub fn run(
         spec: None,
         epochs: stock,
     }];
-    for (pipeline, spec) in [
-        (Pipeline::ViewFloat32, FLOAT32_VIEW),
-        (Pipeline::ViewUint8, UINT8_VIEW),
-    ] {
+    // One pipeline over view `spec` of `mount`.
+    let view_run = |mount: &PrepfsMount, pipeline, spec: &'static str| {
         let name = spec.split_once('=').map_or(spec, |(n, _)| n);
         let root = mount.mountpoint.join(".prepfs/views").join(name);
         let epochs = epochs(
@@ -137,38 +135,26 @@ pub fn run(
             "view",
             &images(&root),
             pipeline,
-            Some((&mount, name)),
+            Some((mount, name)),
         )?;
-        runs.push(ViewRun {
+        Ok::<_, String>(ViewRun {
             pipeline,
             spec: Some(spec),
             epochs,
-        });
-    }
+        })
+    };
+    runs.push(view_run(&mount, Pipeline::ViewFloat32, FLOAT32_VIEW)?);
+    runs.push(view_run(&mount, Pipeline::ViewUint8, UINT8_VIEW)?);
     mount.stop();
 
     let cache_mem = manifest.file_bytes * DECODED_BUDGET + CACHE_SLACK;
     let extra = ["--view", FLOAT32_VIEW, "--decoded-cache", "on"].map(String::from);
     let mount = PrepfsMount::start(&group, opts, disk, cache_mem, &extra)?;
-    let name = FLOAT32_VIEW
-        .split_once('=')
-        .map_or(FLOAT32_VIEW, |(n, _)| n);
-    let root = mount.mountpoint.join(".prepfs/views").join(name);
-    let pipeline = Pipeline::ViewFloat32Decoded;
-    let epochs = epochs(
-        opts,
-        &group,
-        python,
-        "view",
-        &images(&root),
-        pipeline,
-        Some((&mount, name)),
-    )?;
-    runs.push(ViewRun {
-        pipeline,
-        spec: Some(FLOAT32_VIEW),
-        epochs,
-    });
+    runs.push(view_run(
+        &mount,
+        Pipeline::ViewFloat32Decoded,
+        FLOAT32_VIEW,
+    )?);
     mount.stop();
     Ok(runs)
 }

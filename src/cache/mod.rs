@@ -248,7 +248,6 @@ impl NeverEvictCache {
         let hit = self
             .decoded
             .get(identity)
-            .filter(|entry| entry.is_complete())
             .and_then(|entry| entry.read_cached(0, entry.content_len() as u32, memo));
         match hit {
             Some(_) => metrics.decoded_hits.inc(),
