@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, MountConfig};
+use crate::prefetch::PrefetchOptions;
 use crate::run::{self, RunError};
 
 /// prepfs: a read-only FUSE mount for training data, with a never-evict cache.
@@ -94,6 +95,16 @@ struct MountArgs {
     /// auto (when decoding costs more than fetching the pixels' size from the source), on, off.
     #[arg(long, value_name = "MODE", default_value = "auto")]
     decoded_cache: String,
+    /// Never fetch ahead of the readers (epochs are still tracked and shown).
+    #[arg(long)]
+    no_prefetch: bool,
+    /// Threads fetching files ahead of the readers.
+    #[arg(long, value_name = "N", default_value_t = config::DEFAULT_PREFETCH_THREADS)]
+    prefetch_threads: usize,
+    /// Staging buffer for prefetched data the cache has no room for, e.g. 64M (apart from
+    /// --cache-mem; 0: prefetch only into the cache). Default 64M.
+    #[arg(long, value_name = "SIZE")]
+    prefetch_buffer: Option<String>,
     /// Directory of the persistent disk tier (created 0700; one mount at a time).
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
@@ -162,11 +173,18 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 seed,
                 codec,
                 decoded_cache,
+                no_prefetch,
+                prefetch_threads,
+                prefetch_buffer,
                 cache_dir,
                 cache_disk,
                 disk_min_free,
                 daemon_child,
             } = *args;
+            let prefetch_buffer = prefetch_buffer
+                .map(|s| config::parse_size(&s))
+                .transpose()?
+                .unwrap_or(config::DEFAULT_PREFETCH_BUFFER);
             let decoded_caching = config::parse_decoded_caching(&decoded_cache)?;
             let views = config::parse_views(&views)?;
             let codec = config::parse_codec(&codec)?;
@@ -194,6 +212,11 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 seed,
                 codec,
                 decoded_caching,
+                prefetch: PrefetchOptions {
+                    enabled: !no_prefetch,
+                    threads: prefetch_threads.max(1),
+                },
+                prefetch_buffer,
                 cache_dir: cache_dir.map(|p| std::path::absolute(&p).unwrap_or(p)),
                 cache_disk,
                 disk_min_free,

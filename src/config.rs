@@ -6,6 +6,7 @@
 
 use crate::cache::codec::{Codec, MAX_ZSTD_LEVEL};
 use crate::cache::policy::DecodedCaching;
+use crate::prefetch::PrefetchOptions;
 use crate::view::ViewSpec;
 use std::path::{Path, PathBuf};
 
@@ -75,6 +76,10 @@ pub struct MountConfig {
     pub codec: Option<Codec>,
     /// Whether view renders keep decoded pixels in the cache.
     pub decoded_caching: DecodedCaching,
+    /// Prefetch workers, or off.
+    pub prefetch: PrefetchOptions,
+    /// Byte budget of the prefetch staging buffer.
+    pub prefetch_buffer: u64,
     /// Directory of the persistent disk tier, if any.
     pub cache_dir: Option<PathBuf>,
     /// Disk tier budget (`None`: half of the free space at mount).
@@ -177,6 +182,12 @@ pub fn default_render_threads() -> usize {
 
 /// Default I/O threads: enough parallel source reads to keep network or slow storage busy.
 pub const DEFAULT_IO_THREADS: usize = 16;
+/// Prefetch workers: enough concurrent fetches to hide a few ms of per-request latency at the
+/// rate one training job opens files, few enough to leave the source to demand reads.
+pub const DEFAULT_PREFETCH_THREADS: usize = 4;
+/// Prefetch staging buffer: a few dozen files or shards' first blocks ahead, small next to any
+/// cache budget worth having.
+pub const DEFAULT_PREFETCH_BUFFER: u64 = 64 << 20;
 
 /// Parses `8G`, `512M`, `1.5G`, `4096`, `64KiB` (binary multiples).
 pub fn parse_size(text: &str) -> Result<u64, ConfigError> {

@@ -66,6 +66,11 @@ pub fn run(files: usize) -> Result<(), String> {
         seed: 0,
         codec: None,
         decoded_caching: Default::default(),
+        prefetch: crate::prefetch::PrefetchOptions {
+            enabled: true,
+            threads: config::DEFAULT_PREFETCH_THREADS,
+        },
+        prefetch_buffer: config::DEFAULT_PREFETCH_BUFFER,
         cache_dir: None,
         cache_disk: None,
         disk_min_free: 0.05,

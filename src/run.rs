@@ -138,6 +138,8 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
             render_threads: cfg.render_threads,
             codec: cfg.codec,
             decoded_caching: cfg.decoded_caching,
+            prefetch: cfg.prefetch,
+            prefetch_buffer: cfg.prefetch_buffer,
         },
         disk,
     ));

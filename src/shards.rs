@@ -60,6 +60,23 @@ impl<K: Hash + Eq, V: Clone> ShardedMap<K, V> {
         self.shard(key).write().remove(key)
     }
 
+    /// Removes the value under `key` if `matches` it; true when it did.
+    pub fn remove_if(&self, key: &K, matches: impl FnOnce(&V) -> bool) -> bool {
+        let mut shard = self.shard(key).write();
+        if shard.get(key).is_some_and(matches) {
+            shard.remove(key);
+            return true;
+        }
+        false
+    }
+
+    /// Keeps the entries for which `keep` returns true, one shard at a time (not a consistent cut).
+    pub fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
+        for shard in self.shards.iter() {
+            shard.write().retain(|k, v| keep(k, v));
+        }
+    }
+
     /// Number of entries (sums the shards; a snapshot, not a consistent cut).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.read().len()).sum()

@@ -203,7 +203,8 @@ fn source_file_going_bad_fails_that_read_only() {
     let mut t = TestMount::new();
     fs::write(t.s("victim"), pattern(3 * MIB, 5)).expect("write");
     fs::write(t.s("healthy"), pattern(1000, 6)).expect("write");
-    t.mount(&[]);
+    // Without readahead, so that the later block is still to be fetched when the source goes bad.
+    t.mount(&["--no-prefetch"]);
     let f = fs::File::open(t.m("victim")).expect("open");
     let mut buf = vec![0u8; 4096];
     f.read_at(&mut buf, 0).expect("first block reads");
@@ -680,7 +681,8 @@ fn demo_runs_two_epochs_and_the_second_is_all_hits() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("epoch 1: 80 files") && stdout.contains("cache hit rate 0.0%"),
+        // Epoch 1 reads from the source, though prefetch may already turn some reads into hits.
+        stdout.contains("epoch 1: 80 files, ") && stdout.contains("every byte matched the source"),
         "{stdout}"
     );
     assert!(

@@ -76,6 +76,19 @@ pub enum PackOutcome {
     NoGain,
 }
 
+/// What `CachedFile::prefetch_block` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefetched {
+    /// Already cached: nothing to do.
+    Present,
+    /// Fetched into the cache.
+    Fetched,
+    /// Fetched into the staging buffer.
+    Staged,
+    /// Neither the cache nor the staging buffer has room.
+    NoRoom,
+}
+
 /// The last block a handle decompressed, so that small sequential reads of a packed block
 /// decompress it once, not once per read. One per open handle, dropped with it.
 #[derive(Default)]
@@ -84,18 +97,22 @@ pub struct Unpacked(Mutex<Option<(usize, Arc<Vec<u8>>)>>);
 /// A fetch in progress; concurrent readers of the same block wait on it instead of reading the
 /// source again.
 #[derive(Default)]
-struct Flight {
+pub(super) struct Flight {
     result: Mutex<Option<Result<Arc<Block>, FsError>>>,
     done: Condvar,
 }
 
 impl Flight {
-    fn finish(&self, result: Result<Arc<Block>, FsError>) {
+    pub(super) fn finish(&self, result: Result<Arc<Block>, FsError>) {
         *self.result.lock() = Some(result);
         self.done.notify_all();
     }
 
-    fn wait(&self) -> Result<Arc<Block>, FsError> {
+    pub(super) fn is_done(&self) -> bool {
+        self.result.lock().is_some()
+    }
+
+    pub(super) fn wait(&self) -> Result<Arc<Block>, FsError> {
         let mut result = self.result.lock();
         loop {
             if let Some(r) = result.as_ref() {
@@ -364,16 +381,16 @@ impl CachedFile {
         memo: &Unpacked,
     ) -> Result<ReadBytes, FsError> {
         let span = self.block_span(index);
-        let disk = self.tiers.disk.as_ref();
-        let ram_room = self
-            .tiers
-            .ledger
-            .has_room(self.charge(span.end - span.start));
-        if !ram_room && !disk.is_some_and(|d| d.has_room()) {
+        if !self.has_room(&span) {
             // Never-evict and full: this block can never be admitted, so fetching all of it
             // would only multiply source reads for small or unaligned requests. Serve it from
-            // the disk tier if it has it, else read exactly what was asked for.
+            // the staging buffer or the disk tier if either has it, else read exactly what was
+            // asked for.
+            if let Some(block) = self.tiers.staging.take(self.identity, index, &range) {
+                return Ok(ReadBytes::Shared(block, range));
+            }
             self.tiers.metrics.cache_misses.inc();
+            let disk = self.tiers.disk.as_ref();
             if let Some(bytes) = disk.and_then(|d| d.get(&self.identity, index)) {
                 return Ok(ReadBytes::Whole(Arc::new(bytes), range));
             }
@@ -383,55 +400,129 @@ impl CachedFile {
             return Ok(ReadBytes::Owned(bytes));
         }
         loop {
-            let (flight, leader) = {
-                let mut slot = self.slots[index].lock();
-                if slot.stored.is_some() {
-                    drop(slot);
-                    match self.hit(index, range.clone(), memo) {
-                        Some(bytes) => return Ok(bytes),
-                        None => continue,
-                    }
+            match self.fetch_shared(index, source) {
+                None => match self.hit(index, range.clone(), memo) {
+                    Some(bytes) => return Ok(bytes),
+                    None => continue,
+                },
+                Some(result) => {
+                    self.tiers.metrics.cache_misses.inc();
+                    return result.map(|block| ReadBytes::Shared(block, range));
                 }
-                match &slot.flight {
-                    Some(f) => (f.clone(), false),
-                    None => {
-                        let f = Arc::new(Flight::default());
-                        slot.flight = Some(f.clone());
-                        (f, true)
-                    }
-                }
-            };
-            self.tiers.metrics.cache_misses.inc();
-            let result = if leader {
-                let result = self.load(index, span.clone(), source);
-                let mut slot = self.slots[index].lock();
-                if let Ok(block) = &result {
-                    slot.stored = self.admit(index, block);
-                }
-                let admitted = slot.stored.is_some();
-                slot.flight = None;
-                drop(slot);
-                if admitted {
-                    // The cache holds these bytes now; the kernel's copy would be a second one.
-                    source.drop_page_cache(span.clone());
-                    if matches!(self.layout.get(), Some(Layout::Packable { .. }))
-                        && !self.tiers.packer.enqueue(self, index)
-                    {
-                        tracing::debug!(block = index, "packing queue full; block stays raw");
-                    }
-                }
-                flight.finish(result.clone());
-                result
-            } else {
-                flight.wait()
-            };
-            return result.map(|block| ReadBytes::Shared(block, range));
+            }
         }
     }
 
-    /// Block `index` from the disk tier if it holds it intact, else from the source (and then
-    /// offered to the disk tier).
+    /// Whether the RAM or the disk tier can still admit the block at `span`.
+    fn has_room(&self, span: &Range<u64>) -> bool {
+        self.tiers
+            .ledger
+            .has_room(self.charge(span.end - span.start))
+            || self.tiers.disk.as_ref().is_some_and(|d| d.has_room())
+    }
+
+    /// Block `index` fetched once however many readers ask at the same time (the first fetches
+    /// and admits it, the others wait on its flight); `None` when it is stored already.
+    fn fetch_shared(
+        self: &Arc<Self>,
+        index: usize,
+        source: &dyn SourceFile,
+    ) -> Option<Result<Arc<Block>, FsError>> {
+        let (flight, leader) = {
+            let mut slot = self.slots[index].lock();
+            if slot.stored.is_some() {
+                return None;
+            }
+            match &slot.flight {
+                Some(f) => (f.clone(), false),
+                None => {
+                    let f = Arc::new(Flight::default());
+                    slot.flight = Some(f.clone());
+                    (f, true)
+                }
+            }
+        };
+        if !leader {
+            return Some(flight.wait());
+        }
+        let span = self.block_span(index);
+        let result = self.load(index, span.clone(), source);
+        let mut slot = self.slots[index].lock();
+        if let Ok(block) = &result {
+            slot.stored = self.admit(index, block);
+        }
+        let admitted = slot.stored.is_some();
+        slot.flight = None;
+        drop(slot);
+        if admitted {
+            // The cache holds these bytes now; the kernel's copy would be a second one.
+            source.drop_page_cache(span);
+            if matches!(self.layout.get(), Some(Layout::Packable { .. }))
+                && !self.tiers.packer.enqueue(self, index)
+            {
+                tracing::debug!(block = index, "packing queue full; block stays raw");
+            }
+        }
+        flight.finish(result.clone());
+        Some(result)
+    }
+
+    /// Fetches block `index` ahead of its readers: into the cache while it has room, else into
+    /// the staging buffer when `stage` allows it. Counts no hit or miss: no reader asked yet.
+    pub fn prefetch_block(
+        self: &Arc<Self>,
+        index: usize,
+        source: &dyn SourceFile,
+        stage: bool,
+    ) -> Result<Prefetched, FsError> {
+        if index >= self.slots.len() || self.slots[index].lock().stored.is_some() {
+            return Ok(Prefetched::Present);
+        }
+        let span = self.block_span(index);
+        if self.has_room(&span) {
+            return match self.fetch_shared(index, source) {
+                None => Ok(Prefetched::Present),
+                Some(result) => result.map(|_| Prefetched::Fetched),
+            };
+        }
+        let staging = &self.tiers.staging;
+        if !stage || staging.contains(self.identity, index) {
+            return Ok(Prefetched::NoRoom);
+        }
+        let mut failed = None;
+        let staged = staging.fill(self.identity, index, span.end - span.start, || {
+            self.load_unstaged(index, span.clone(), source)
+                .inspect_err(|e| failed = Some(*e))
+        });
+        match (staged, failed) {
+            (true, _) => Ok(Prefetched::Staged),
+            (false, Some(e)) => Err(e),
+            (false, None) => Ok(Prefetched::NoRoom),
+        }
+    }
+
+    /// Number of blocks.
+    pub fn blocks(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Block `index` from the staging buffer, else the disk tier if it holds it intact, else
+    /// from the source (and then offered to the disk tier).
     fn load(
+        &self,
+        index: usize,
+        span: Range<u64>,
+        source: &dyn SourceFile,
+    ) -> Result<Arc<Block>, FsError> {
+        let whole = 0..(span.end - span.start) as usize;
+        if let Some(block) = self.tiers.staging.take(self.identity, index, &whole) {
+            return Ok(block);
+        }
+        self.load_unstaged(index, span, source)
+    }
+
+    /// Block `index` from the disk tier or the source, never from the staging buffer.
+    fn load_unstaged(
         &self,
         index: usize,
         span: Range<u64>,

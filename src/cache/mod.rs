@@ -20,6 +20,7 @@ mod memfd;
 mod packer;
 pub mod policy;
 mod rows;
+mod staging;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -29,8 +30,9 @@ use std::time::Duration;
 
 pub use block::Block;
 pub use disk::{CacheDir, DiskError, DiskGauges, DiskOptions, DiskSetup};
-pub use file::{CachedFile, ReadBytes, Unpacked};
+pub use file::{CachedFile, Prefetched, ReadBytes, Unpacked};
 pub use policy::{Choice, DecodedCaching, DecodedReason};
+pub use staging::Staging;
 
 use codec::Codec;
 use disk::DiskTier;
@@ -146,12 +148,14 @@ impl Ledger {
     }
 }
 
-/// What every cached file shares: the RAM budget, the counters, the packer and the disk tier.
+/// What every cached file shares: the RAM budget, the counters, the packer, the disk tier and
+/// the prefetch staging buffer.
 pub(crate) struct Tiers {
     ledger: Ledger,
     metrics: Arc<Metrics>,
     packer: Arc<Packer>,
     disk: Option<DiskTier>,
+    staging: Arc<Staging>,
 }
 
 /// CPU time this thread has used, in nanoseconds (for the codec CPU counters).
@@ -173,12 +177,14 @@ pub struct NeverEvictCache {
 
 impl NeverEvictCache {
     /// An empty cache holding at most `budget` bytes in RAM, packing with `policy`, over an
-    /// optional disk tier. Starts the packer thread (without it, entries simply stay raw).
+    /// optional disk tier, with `staging` for prefetched blocks none of them has room for.
+    /// Starts the packer thread (without it, entries simply stay raw).
     pub fn new(
         budget: u64,
         policy: Box<dyn CodecPolicy>,
         telemetry: Arc<Telemetry>,
         disk: Option<DiskSetup>,
+        staging: Arc<Staging>,
         metrics: Arc<Metrics>,
     ) -> NeverEvictCache {
         let packer = Arc::new(Packer::new(policy, telemetry, metrics.clone()));
@@ -209,6 +215,7 @@ impl NeverEvictCache {
                 metrics,
                 packer,
                 disk,
+                staging,
             }),
             files: ShardedMap::default(),
             decoded: ShardedMap::default(),
@@ -240,6 +247,26 @@ impl NeverEvictCache {
                 self.tiers.clone(),
             ))
         })
+    }
+
+    /// Whether the RAM tier can still admit `bytes`.
+    pub fn has_room(&self, bytes: u64) -> bool {
+        self.tiers.ledger.has_room(bytes)
+    }
+
+    /// Starts a new pass of the staging buffer (see `Staging::retire`).
+    pub fn retire_staged(&self) {
+        self.tiers.staging.retire();
+    }
+
+    /// Bytes held by the staging buffer, and its budget.
+    pub fn staged(&self) -> (u64, u64) {
+        (self.tiers.staging.bytes(), self.tiers.staging.budget())
+    }
+
+    /// The cache entry of one file version, if there is one.
+    pub fn get(&self, identity: &Identity) -> Option<Arc<CachedFile>> {
+        self.files.get(identity)
     }
 
     /// The decoded pixels of image `identity`, if the cache holds them whole and intact.

@@ -16,16 +16,19 @@ pub use views::View;
 use std::ffi::{OsStr, OsString};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::cache::codec::Codec;
 use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed, Heuristic};
-use crate::cache::{BLOCK_SIZE, CachedFile, DiskSetup, NeverEvictCache, ReadBytes, Unpacked};
+use crate::cache::{
+    BLOCK_SIZE, CachedFile, DiskSetup, NeverEvictCache, ReadBytes, Staging, Unpacked,
+};
 use crate::error::FsError;
 use crate::inode::{
     self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE,
     VIEWS_DIR,
 };
+use crate::prefetch::{PrefetchOptions, Prefetcher, Readahead};
 use crate::shards::ShardedMap;
 use crate::source::{Kind, Meta, Source, SourceFile, SpaceStats};
 use crate::stats::{self, Gauges, Metrics};
@@ -59,6 +62,10 @@ pub struct FsOptions {
     pub codec: Option<Codec>,
     /// Whether view renders keep decoded pixels in the cache.
     pub decoded_caching: DecodedCaching,
+    /// Prefetch workers, or off.
+    pub prefetch: PrefetchOptions,
+    /// Byte budget of the prefetch staging buffer (apart from `cache_budget`).
+    pub prefetch_buffer: u64,
 }
 
 /// Attributes of one node, with how long the kernel may cache them.
@@ -124,6 +131,7 @@ enum Handle {
         source: Arc<dyn SourceFile>,
         cached: Arc<CachedFile>,
         unpacked: Unpacked,
+        readahead: Readahead,
     },
     Snapshot(Arc<Vec<u8>>),
     View(Arc<views::ViewOpen>),
@@ -152,6 +160,8 @@ pub struct Fs {
     views: Arc<Views>,
     /// Runs view renders; started only when there are views.
     render_pool: Option<WorkerPool>,
+    /// Infers epochs from opens and fetches ahead of the readers.
+    prefetcher: Prefetcher,
     /// Keeps the machine figures the codec policy reads current (adaptive codec only).
     _sampler: Option<Sampler>,
 }
@@ -170,15 +180,30 @@ impl Fs {
             Some(codec) => (Box::new(Fixed(codec)), None),
             None => (Box::new(Heuristic), Some(Sampler::start(telemetry.clone()))),
         };
+        let staging_budget = if options.prefetch.enabled {
+            options.prefetch_buffer
+        } else {
+            0
+        };
+        let staging = Arc::new(Staging::new(staging_budget, metrics.clone()));
         let cache = Arc::new(
             NeverEvictCache::new(
                 options.cache_budget,
                 policy,
                 telemetry,
                 disk,
+                staging,
                 metrics.clone(),
             )
             .with_decoded_caching(options.decoded_caching),
+        );
+        let view_names: Vec<String> = options.views.iter().map(|v| v.name.clone()).collect();
+        let prefetcher = Prefetcher::start(
+            source.clone(),
+            cache.clone(),
+            metrics.clone(),
+            options.prefetch,
+            &view_names,
         );
         let views = Arc::new(Views::new(
             &options.views,
@@ -205,6 +230,7 @@ impl Fs {
             metrics,
             views,
             render_pool,
+            prefetcher,
             _sampler: sampler,
         }
     }
@@ -310,6 +336,7 @@ impl Fs {
                 let documents = [
                     ("cache.codec".to_owned(), codec),
                     ("cache.decoded.policy".to_owned(), decoded),
+                    ("epochs".to_owned(), self.prefetcher.status()),
                 ]
                 .into_iter()
                 .chain(self.views.iter().map(|v| {
@@ -326,10 +353,14 @@ impl Fs {
 
     /// Cache and table figures for the stats files.
     pub fn gauges(&self) -> Gauges {
+        let (staged_bytes, staging_budget_bytes) = self.cache.staged();
         Gauges {
             open_handles: self.handles.len() as u64,
             inodes: self.inodes.len() as u64,
             disk: self.cache.disk_gauges(),
+            staged_bytes,
+            staging_budget_bytes,
+            prefetch_depth: self.prefetcher.depth() as u64,
             ..self.cache.gauges()
         }
     }
@@ -439,6 +470,7 @@ impl Fs {
             *last = Some(identity);
         }
         let cached = self.cache.file(identity, &node.path);
+        self.prefetcher.opened(0, &node.path, Some(identity));
         let serve = if self.options.passthrough && cached.passthrough_fd().is_some() {
             Serve::Passthrough(cached.clone())
         } else {
@@ -448,6 +480,7 @@ impl Fs {
             source,
             cached,
             unpacked: Unpacked::default(),
+            readahead: Readahead::default(),
         });
         Ok(Opened { fh, serve })
     }
@@ -475,8 +508,16 @@ impl Fs {
         };
         match &*handle {
             Handle::File {
-                cached, unpacked, ..
-            } => cached.read_cached(offset, size, unpacked).map(Ok),
+                source,
+                cached,
+                unpacked,
+                readahead,
+            } => {
+                let bytes = cached.read_cached(offset, size, unpacked)?;
+                self.prefetcher
+                    .readahead(readahead, cached, source, offset, u64::from(size));
+                Some(Ok(bytes))
+            }
             Handle::Snapshot(content) => Some(Ok(snapshot_range(content, offset, size))),
             Handle::View(open) => open
                 .ready()
@@ -492,9 +533,29 @@ impl Fs {
                 source,
                 cached,
                 unpacked,
-            } => cached.read(source.as_ref(), offset, size, unpacked),
+                readahead,
+            } => {
+                let waited = Instant::now();
+                let bytes = {
+                    let _demand = self.prefetcher.demand();
+                    cached.read(source.as_ref(), offset, size, unpacked)
+                };
+                self.metrics
+                    .fetch_stall_ns
+                    .add(waited.elapsed().as_nanos() as u64);
+                self.prefetcher
+                    .readahead(readahead, cached, source, offset, u64::from(size));
+                bytes
+            }
             Handle::Snapshot(content) => Ok(snapshot_range(content, offset, size)),
-            Handle::View(open) => Ok(snapshot_range(&open.wait()?, offset, size)),
+            Handle::View(open) => {
+                let waited = Instant::now();
+                let rendered = open.wait();
+                self.metrics
+                    .prep_stall_ns
+                    .add(waited.elapsed().as_nanos() as u64);
+                Ok(snapshot_range(&rendered?, offset, size))
+            }
             Handle::Dir(_) => Err(FsError::IsDirectory),
         }
     }

@@ -27,6 +27,12 @@ fn options(budget: u64) -> FsOptions {
         seed: 0,
         render_threads: 2,
         codec: Some(Codec::None),
+        // Prefetch reads ahead of the reader; these tests count source reads exactly.
+        prefetch: crate::prefetch::PrefetchOptions {
+            enabled: false,
+            threads: 2,
+        },
+        prefetch_buffer: 8 << 20,
     }
 }
 
@@ -524,4 +530,103 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     }
     assert_eq!(tight.metrics.decoded_rejected.get(), 3);
     assert_eq!(tight.gauges().decoded_bytes, 0);
+}
+
+/// A mount over a source whose every read takes 2 ms, with room in RAM for 4 of `files` files
+/// of 64 KiB and a staging buffer for all of them, prefetching with 2 threads.
+fn slow_prefetching_fs(files: u8) -> (tempfile::TempDir, Fs, Arc<FaultPlan>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for i in 0..files {
+        std::fs::write(dir.path().join(format!("f{i:02}")), pattern(64 << 10, i)).expect("write");
+    }
+    let (source, plan) =
+        FaultySource::new(Arc::new(LocalSource::open(dir.path()).expect("source")));
+    plan.read_delay_us.store(2000, Ordering::SeqCst);
+    let options = FsOptions {
+        prefetch: crate::prefetch::PrefetchOptions {
+            enabled: true,
+            threads: 2,
+        },
+        prefetch_buffer: 8 << 20,
+        ..options(256 << 10)
+    };
+    let fs = Fs::new(Arc::new(source), options);
+    (dir, fs, plan)
+}
+
+/// Reads `order` through `fs` as a training loop does, thinking 3 ms after each file.
+fn read_pass(fs: &Fs, order: &[u8], want: impl Fn(u8) -> Vec<u8>) {
+    for &i in order {
+        let name = format!("f{i:02}");
+        let fh = fs.open(ino_of(fs, &name), false).expect("open").fh;
+        assert_eq!(read_all(fs, fh, 1 << 20).expect("read"), want(i), "{name}");
+        fs.release(fh).expect("release");
+        std::thread::sleep(Duration::from_millis(3));
+    }
+}
+
+/// The planner's published status once it shows `epoch` for the source tree.
+fn status_at_epoch(fs: &Fs, epoch: u64) -> serde_json::Value {
+    for _ in 0..100 {
+        let status = fs.prefetcher.status();
+        if status["files"]["epoch"] == epoch {
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!(
+        "planner never showed epoch {epoch}: {}",
+        fs.prefetcher.status()
+    );
+}
+
+#[test]
+fn replayed_order_is_prefetched_from_a_slow_source_into_the_staging_buffer() {
+    let (_dir, fs, _plan) = slow_prefetching_fs(60);
+    let mut order: Vec<u8> = (0..60).collect();
+    fastrand::Rng::with_seed(7).shuffle(&mut order);
+    for _ in 0..3 {
+        read_pass(&fs, &order, |i| pattern(64 << 10, i));
+    }
+    let status = status_at_epoch(&fs, 3);
+    assert_eq!(status["files"]["predictor"], "replay", "{status}");
+    assert!(
+        status["files"]["predictors"]["replay"]["precision"]
+            .as_f64()
+            .is_some_and(|p| p > 0.9),
+        "{status}"
+    );
+    let m = fs.metrics();
+    assert!(m.prefetch_useful.get() > 0, "no prefetched file was opened");
+    assert!(
+        m.prefetch_staged_reads.get() > 0,
+        "nothing served from staging"
+    );
+    assert_eq!(
+        status["files"]["history"][1]["files"], 60,
+        "epoch 2 recorded: {status}"
+    );
+}
+
+#[test]
+fn a_prefetched_file_changed_in_the_source_is_served_at_its_new_version() {
+    let (dir, fs, _plan) = slow_prefetching_fs(40);
+    let order: Vec<u8> = (0..40).rev().collect();
+    for _ in 0..2 {
+        read_pass(&fs, &order, |i| pattern(64 << 10, i));
+    }
+    read_pass(&fs, &order[..10], |i| pattern(64 << 10, i));
+    // Let the prefetcher fetch the next files of the replayed order (old versions).
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(fs.cache.staged().0 > 0, "the next files were staged");
+    let changed = order[10];
+    let fresh = pattern(70_000, 99);
+    std::fs::write(dir.path().join(format!("f{changed:02}")), &fresh).expect("rewrite");
+    read_pass(&fs, &order[10..], |i| {
+        if i == changed {
+            fresh.clone()
+        } else {
+            pattern(64 << 10, i)
+        }
+    });
 }

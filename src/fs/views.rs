@@ -398,6 +398,8 @@ impl Fs {
         let index = node.view.ok_or(FsError::NotFound)?;
         let view = self.views.get(index)?;
         view.metrics.opens.inc();
+        self.prefetcher
+            .opened(1 + usize::from(index), &node.path, None);
         let count = node.opens.fetch_add(1, Ordering::Relaxed);
         let mut key = Vec::new();
         key.extend_from_slice(&self.options.seed.to_le_bytes());

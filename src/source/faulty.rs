@@ -1,6 +1,7 @@
 //! `FaultySource`: a test double that wraps a real source and injects failures.
 //!
-//! Owns: the fault plan (EIO on the Nth read, short reads, a vanished tree, counting reads).
+//! Owns: the fault plan (EIO on the Nth read, short reads, a vanished tree, slow reads,
+//! counting reads).
 //! Exists so that the core's error paths are exercised without a misbehaving disk. Must never be
 //! compiled into the product (test builds only).
 
@@ -23,6 +24,8 @@ pub struct FaultPlan {
     pub vanished: AtomicBool,
     /// Read calls seen so far.
     pub reads: AtomicU64,
+    /// Microseconds each read waits before it runs, as on slow or remote storage.
+    pub read_delay_us: AtomicU64,
 }
 
 /// A `Source` that forwards to `inner` and applies `plan`.
@@ -91,6 +94,10 @@ impl SourceFile for FaultyFile {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let n = self.plan.reads.fetch_add(1, Ordering::SeqCst) + 1;
+        let delay = self.plan.read_delay_us.load(Ordering::SeqCst);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay));
+        }
         if self.plan.vanished.load(Ordering::SeqCst)
             || self.plan.fail_read_number.load(Ordering::SeqCst) == n
         {

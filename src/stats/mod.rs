@@ -172,6 +172,28 @@ pub struct Metrics {
     pub decoded_declined: Counter,
     /// Decoded images the policy would have kept but the budget had no room for.
     pub decoded_rejected: Counter,
+    /// Nanoseconds demand reads of source files waited on a fetch (the fetch stall).
+    pub fetch_stall_ns: Counter,
+    /// Nanoseconds view reads waited for their render (the preprocessing stall).
+    pub prep_stall_ns: Counter,
+    /// Files the prefetcher fetched ahead of their open (at least one block).
+    pub prefetch_issued: Counter,
+    /// Prefetched files opened in the same pass after their prefetch finished.
+    pub prefetch_useful: Counter,
+    /// Prefetched files opened while their prefetch was still running.
+    pub prefetch_late: Counter,
+    /// Prefetched files not opened before the pass ended.
+    pub prefetch_wasted: Counter,
+    /// Staged bytes dropped unread two passes after they were staged.
+    pub prefetch_wasted_bytes: Counter,
+    /// Block reads answered from the staging buffer.
+    pub prefetch_staged_reads: Counter,
+    /// Blocks fetched ahead of the readers (files and readahead).
+    pub prefetch_blocks: Counter,
+    /// Prefetches that failed (the reader's own read reports any error).
+    pub prefetch_failed: Counter,
+    /// Opens the planner never saw because its queue was full.
+    pub prefetch_events_dropped: Counter,
 }
 
 impl Default for Metrics {
@@ -208,6 +230,17 @@ impl Default for Metrics {
             decoded_admitted: Counter::default(),
             decoded_declined: Counter::default(),
             decoded_rejected: Counter::default(),
+            fetch_stall_ns: Counter::default(),
+            prep_stall_ns: Counter::default(),
+            prefetch_issued: Counter::default(),
+            prefetch_useful: Counter::default(),
+            prefetch_late: Counter::default(),
+            prefetch_wasted: Counter::default(),
+            prefetch_wasted_bytes: Counter::default(),
+            prefetch_staged_reads: Counter::default(),
+            prefetch_blocks: Counter::default(),
+            prefetch_failed: Counter::default(),
+            prefetch_events_dropped: Counter::default(),
         }
     }
 }
@@ -245,6 +278,12 @@ pub struct Gauges {
     pub open_handles: u64,
     /// Inodes known to the mount.
     pub inodes: u64,
+    /// Bytes held (or being fetched) by the prefetch staging buffer.
+    pub staged_bytes: u64,
+    /// Budget of the staging buffer.
+    pub staging_budget_bytes: u64,
+    /// Files the prefetch planner keeps queued ahead of the readers.
+    pub prefetch_depth: u64,
 }
 
 /// Whether a sample only grows or may go down.
@@ -650,10 +689,111 @@ impl Metrics {
                 self.decoded_rejected.get() as f64,
             ),
         ];
+        let prefetch_table = [
+            (
+                "stall.fetch_seconds",
+                "stall_fetch_seconds_total",
+                C,
+                "Seconds demand reads of dataset files waited on the source (fetch stall).",
+                seconds(&self.fetch_stall_ns),
+            ),
+            (
+                "stall.prep_seconds",
+                "stall_prep_seconds_total",
+                C,
+                "Seconds view reads waited for their render (preprocessing stall, fetch included).",
+                seconds(&self.prep_stall_ns),
+            ),
+            (
+                "prefetch.issued",
+                "prefetch_issued_total",
+                C,
+                "Files fetched ahead of their open.",
+                self.prefetch_issued.get() as f64,
+            ),
+            (
+                "prefetch.useful",
+                "prefetch_useful_total",
+                C,
+                "Prefetched files opened in the same pass after their prefetch finished.",
+                self.prefetch_useful.get() as f64,
+            ),
+            (
+                "prefetch.late",
+                "prefetch_late_total",
+                C,
+                "Prefetched files opened while their prefetch was still running.",
+                self.prefetch_late.get() as f64,
+            ),
+            (
+                "prefetch.wasted",
+                "prefetch_wasted_total",
+                C,
+                "Prefetched files not opened before their pass ended.",
+                self.prefetch_wasted.get() as f64,
+            ),
+            (
+                "prefetch.blocks",
+                "prefetch_blocks_total",
+                C,
+                "Blocks fetched ahead of the readers (whole files and sequential readahead).",
+                self.prefetch_blocks.get() as f64,
+            ),
+            (
+                "prefetch.failed",
+                "prefetch_failed_total",
+                C,
+                "Prefetches that failed; the reader's own read reports any error.",
+                self.prefetch_failed.get() as f64,
+            ),
+            (
+                "prefetch.events_dropped",
+                "prefetch_events_dropped_total",
+                C,
+                "Opens the planner never saw because its queue was full.",
+                self.prefetch_events_dropped.get() as f64,
+            ),
+            (
+                "prefetch.depth",
+                "prefetch_depth",
+                G,
+                "Files the planner keeps queued ahead of the readers (controller output).",
+                g.prefetch_depth as f64,
+            ),
+            (
+                "prefetch.staged.bytes",
+                "prefetch_staged_bytes",
+                G,
+                "Bytes in the staging buffer: prefetched blocks no cache tier had room for.",
+                g.staged_bytes as f64,
+            ),
+            (
+                "prefetch.staged.budget_bytes",
+                "prefetch_staged_budget_bytes",
+                G,
+                "Budget of the staging buffer (--prefetch-buffer).",
+                g.staging_budget_bytes as f64,
+            ),
+            (
+                "prefetch.staged.reads",
+                "prefetch_staged_reads_total",
+                C,
+                "Block reads answered from the staging buffer.",
+                self.prefetch_staged_reads.get() as f64,
+            ),
+            (
+                "prefetch.staged.wasted_bytes",
+                "prefetch_staged_wasted_bytes_total",
+                C,
+                "Staged bytes dropped unread.",
+                self.prefetch_wasted_bytes.get() as f64,
+            ),
+        ];
         let rows = table
             .into_iter()
             .chain(codec_table)
             .chain(decoded_table)
+            .chain(prefetch_table)
             .chain(disk_table.into_iter().flatten());
         for (json_path, prom_name, kind, help, value) in rows {
             out.push(Sample {

@@ -1,0 +1,347 @@
+//! `EpochTracker`: infers epochs of one file set from the opens it sees, with no loader hooks.
+//!
+//! Owns: the current pass (files opened, in first-open order), the last complete pass, and the
+//! rule that ends a pass. A pass ends when a file it already opened is opened again and either
+//! the pass has covered the previous pass's files (`COVERED`), or such repeats of files opened
+//! long ago keep coming (`RESTART_REPEATS`: the loader started over on a different subset, or
+//! this is the first pass and there is nothing to cover). Repeats of files opened moments ago are
+//! double opens of one sample, not a new pass. While a new pass is young, files the previous pass
+//! never opened are its stragglers (another worker finishing it), not members of the new one.
+//! Must never do I/O or block: it is plain data driven by the prefetch planner.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::Arc;
+
+/// A file of the set, by its path relative to the source root.
+pub type FileKey = Arc<Path>;
+
+/// Fraction of the previous pass's files after which a repeat ends the pass.
+const COVERED: f64 = 0.95;
+/// Repeats of files opened long ago that end a pass which has not covered the previous one.
+/// More than one, so that a single sample read twice never splits an epoch.
+const RESTART_REPEATS: usize = 2;
+/// A repeat of one of the most recent `max(RECENT_MIN, len / RECENT_DIVISOR)` first opens is a
+/// double open (a loader reading one sample twice), not the start of a new pass.
+const RECENT_MIN: usize = 8;
+const RECENT_DIVISOR: usize = 16;
+/// Opens after which a repeat of a long-ago file that no other followed stops counting: a new
+/// pass repeats file after file, interleaved only with stragglers of the old one.
+const LONE_REPEAT: u64 = 64;
+/// Repeats remembered as candidate first opens of a new pass (bounded for loaders that open
+/// every sample twice, whose repeats never start one).
+const REPEATS_KEPT: usize = 1024;
+/// A new pass is young, and accepts stragglers of the previous one, until it has opened
+/// `max(YOUNG_MIN, previous / YOUNG_DIVISOR)` files: readers sharing a mount (data-parallel
+/// ranks, loader workers) rarely drift further apart.
+const YOUNG_MIN: usize = 64;
+const YOUNG_DIVISOR: usize = 10;
+
+/// What one open meant to the tracker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opened {
+    /// The first open of this file in the current pass.
+    First,
+    /// A file the current pass already opened (no new pass yet).
+    Repeat,
+    /// A late first open of a file belonging to the previous pass.
+    Straggler,
+    /// This open started a new pass (epoch).
+    NewEpoch,
+}
+
+/// Files opened by one pass, in first-open order.
+#[derive(Debug, Default, Clone)]
+pub struct Pass {
+    order: Vec<FileKey>,
+    position: HashMap<FileKey, usize>,
+}
+
+impl Pass {
+    fn add(&mut self, file: &FileKey) -> bool {
+        if self.position.contains_key(file) {
+            return false;
+        }
+        self.position.insert(file.clone(), self.order.len());
+        self.order.push(file.clone());
+        true
+    }
+
+    /// Files in first-open order.
+    pub fn order(&self) -> &[FileKey] {
+        &self.order
+    }
+
+    /// Where `file` was first opened in this pass.
+    pub fn position(&self, file: &Path) -> Option<usize> {
+        self.position.get(file).copied()
+    }
+
+    /// Whether this pass opened `file`.
+    pub fn contains(&self, file: &Path) -> bool {
+        self.position.contains_key(file)
+    }
+
+    /// Files opened.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether nothing was opened.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}
+
+/// The epoch state of one file set.
+#[derive(Debug, Clone)]
+pub struct EpochTracker {
+    epoch: u64,
+    current: Pass,
+    previous: Option<Pass>,
+    /// Files of `previous` the current pass has opened (for coverage).
+    covered: usize,
+    /// Opens seen, all passes together.
+    opens: u64,
+    /// Recent repeats with their open number: the first opens of a possible new pass.
+    repeats: VecDeque<(u64, FileKey)>,
+    /// Open number of the first repeat of a long-ago file in this pass, and how many followed.
+    old_repeats: Option<(u64, usize)>,
+}
+
+impl Default for EpochTracker {
+    fn default() -> Self {
+        EpochTracker {
+            epoch: 1,
+            current: Pass::default(),
+            previous: None,
+            covered: 0,
+            opens: 0,
+            repeats: VecDeque::new(),
+            old_repeats: None,
+        }
+    }
+}
+
+impl EpochTracker {
+    /// Records an open of `file`.
+    pub fn open(&mut self, file: &FileKey) -> Opened {
+        self.opens += 1;
+        if let Some(first) = self.current.position(file) {
+            return self.repeat(file, first);
+        }
+        if let Some(previous) = self.previous.as_mut()
+            && self.current.len() < YOUNG_MIN.max(previous.len() / YOUNG_DIVISOR)
+            && !previous.contains(file)
+        {
+            previous.add(file);
+            return Opened::Straggler;
+        }
+        // A lone repeat long before the next ones was a sample read again, not a new pass.
+        if self
+            .old_repeats
+            .is_some_and(|(since, _)| self.opens - since > LONE_REPEAT)
+        {
+            self.old_repeats = None;
+        }
+        self.current.add(file);
+        if self.previous.as_ref().is_some_and(|p| p.contains(file)) {
+            self.covered += 1;
+        }
+        Opened::First
+    }
+
+    fn repeat(&mut self, file: &FileKey, first: usize) -> Opened {
+        if self.repeats.len() == REPEATS_KEPT {
+            self.repeats.pop_front();
+        }
+        self.repeats.push_back((self.opens, file.clone()));
+        let recent = RECENT_MIN.max(self.current.len() / RECENT_DIVISOR);
+        if first + recent >= self.current.len() {
+            return Opened::Repeat;
+        }
+        let (since, count) = self.old_repeats.get_or_insert((self.opens, 0));
+        *count += 1;
+        let (since, count) = (*since, *count);
+        let covered = self
+            .previous
+            .as_ref()
+            .is_some_and(|p| !p.is_empty() && self.covered as f64 >= COVERED * p.len() as f64);
+        if !covered && count < RESTART_REPEATS {
+            return Opened::Repeat;
+        }
+        // The new pass began with the old repeats, and with any double-open-looking repeat just
+        // before them (its first file may have been among the last ones of this pass).
+        let from = since.saturating_sub(RECENT_MIN as u64);
+        let mut next = Pass::default();
+        for (_, f) in self.repeats.drain(..).filter(|(n, _)| *n >= from) {
+            next.add(&f);
+        }
+        self.old_repeats = None;
+        let ended = std::mem::replace(&mut self.current, next);
+        self.covered = self
+            .current
+            .order
+            .iter()
+            .filter(|f| ended.contains(f))
+            .count();
+        self.previous = Some(ended);
+        self.epoch += 1;
+        Opened::NewEpoch
+    }
+
+    /// The current epoch, from 1.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The pass in progress.
+    pub fn current(&self) -> &Pass {
+        &self.current
+    }
+
+    /// The last complete pass, once there is one.
+    pub fn previous(&self) -> Option<&Pass> {
+        self.previous.as_ref()
+    }
+
+    /// Fraction of the previous pass's files the current pass has opened (`None` in epoch 1).
+    pub fn progress(&self) -> Option<f64> {
+        let previous = self.previous.as_ref().filter(|p| !p.is_empty())?;
+        Some((self.covered as f64 / previous.len() as f64).min(1.0))
+    }
+
+    /// Files of the previous pass not opened yet in this one: what is still to come this epoch.
+    pub fn remaining(&self) -> impl Iterator<Item = &FileKey> {
+        self.previous
+            .iter()
+            .flat_map(|p| p.order.iter())
+            .filter(|f| !self.current.contains(f))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(n: usize) -> Vec<FileKey> {
+        (0..n)
+            .map(|i| Arc::from(Path::new(&format!("c{}/f{i:05}.jpg", i % 7))))
+            .collect()
+    }
+
+    fn shuffled(files: &[FileKey], seed: u64) -> Vec<FileKey> {
+        let mut out = files.to_vec();
+        fastrand::Rng::with_seed(seed).shuffle(&mut out);
+        out
+    }
+
+    /// Feeds `order` and returns the epoch after each open.
+    fn feed(t: &mut EpochTracker, order: &[FileKey]) -> Vec<u64> {
+        order
+            .iter()
+            .map(|f| {
+                t.open(f);
+                t.epoch()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_shuffled_pass_is_one_epoch() {
+        let files = keys(500);
+        let mut t = EpochTracker::default();
+        for epoch in 1..=4 {
+            let order = shuffled(&files, epoch);
+            let epochs = feed(&mut t, &order);
+            // The boundary is seen within the first few repeats of the new pass.
+            assert!(epochs[3..].iter().all(|&e| e == epoch), "epoch {epoch}");
+            assert_eq!(t.epoch(), epoch);
+        }
+        assert_eq!(t.progress(), Some(1.0));
+        assert_eq!(t.previous().map(Pass::len), Some(500));
+    }
+
+    #[test]
+    fn replayed_order_starts_a_new_epoch_at_its_first_file() {
+        let files = keys(100);
+        let mut t = EpochTracker::default();
+        feed(&mut t, &files);
+        assert_eq!(t.open(&files[0]), Opened::Repeat);
+        assert_eq!(t.open(&files[1]), Opened::NewEpoch);
+        assert_eq!(t.current().order(), &files[..2]);
+        feed(&mut t, &files[2..]);
+        // Epoch 2 covered epoch 1: the very first repeat starts epoch 3.
+        assert_eq!(t.open(&files[0]), Opened::NewEpoch);
+        assert_eq!(t.epoch(), 3);
+    }
+
+    #[test]
+    fn interleaved_workers_with_stragglers_keep_one_epoch_per_pass() {
+        let files = keys(400);
+        let mut t = EpochTracker::default();
+        feed(&mut t, &files[..390]);
+        // Worker A starts epoch 2 while worker B still opens the last ten files of epoch 1.
+        let next = shuffled(&files, 9);
+        let mut mixed = Vec::new();
+        for i in 0..10 {
+            mixed.push(next[2 * i].clone());
+            mixed.push(files[390 + i].clone());
+            mixed.push(next[2 * i + 1].clone());
+        }
+        mixed.extend(next[20..].iter().cloned());
+        feed(&mut t, &mixed);
+        assert_eq!(t.epoch(), 2);
+        assert_eq!(
+            t.previous().map(Pass::len),
+            Some(400),
+            "stragglers belong to epoch 1"
+        );
+        assert_eq!(t.current().len(), 400);
+        assert_eq!(t.progress(), Some(1.0));
+    }
+
+    #[test]
+    fn a_sample_opened_twice_does_not_split_an_epoch() {
+        let files = keys(200);
+        let mut t = EpochTracker::default();
+        for f in &files {
+            t.open(f);
+            t.open(f);
+        }
+        assert_eq!(t.epoch(), 1);
+        assert_eq!(t.current().len(), 200);
+    }
+
+    #[test]
+    fn a_loader_reading_a_subset_sees_epochs_over_that_subset() {
+        let files = keys(1000);
+        let subset: Vec<FileKey> = files.iter().step_by(3).cloned().collect();
+        let mut t = EpochTracker::default();
+        for epoch in 1..=3 {
+            feed(&mut t, &shuffled(&subset, epoch));
+        }
+        assert_eq!(t.epoch(), 3);
+        assert_eq!(t.previous().map(Pass::len), Some(subset.len()));
+        // A different random half each epoch still ends each pass once repeats come.
+        let mut t = EpochTracker::default();
+        for epoch in 1..=3u64 {
+            let half: Vec<FileKey> = shuffled(&files, epoch)[..500].to_vec();
+            let epochs = feed(&mut t, &half);
+            assert_eq!(*epochs.last().unwrap(), epoch, "epoch {epoch}");
+        }
+    }
+
+    #[test]
+    fn remaining_is_what_the_previous_pass_read_and_this_one_has_not() {
+        let files = keys(50);
+        let mut t = EpochTracker::default();
+        feed(&mut t, &files);
+        feed(&mut t, &files[..10]);
+        assert_eq!(t.epoch(), 2);
+        let remaining: Vec<&FileKey> = t.remaining().collect();
+        assert_eq!(remaining.len(), 40);
+        assert!(remaining.iter().all(|f| !t.current().contains(f)));
+        assert_eq!(t.progress(), Some(0.2));
+    }
+}

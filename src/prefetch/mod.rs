@@ -1,0 +1,686 @@
+//! Predictive prefetch: epochs inferred from opens, the next files fetched before they are asked.
+//!
+//! Owns: the planner thread (one `EpochTracker` and set of scored predictors per file set: the
+//! source tree, and each view), the prefetch workers and their bounded queue, sequential
+//! readahead within large files, per-epoch records, and the heuristic controller of depth and
+//! concurrency. Opens reach the planner through a bounded channel (an open never waits on it;
+//! a full channel drops the event and counts it). The planner replaces its queued files after
+//! every open with the best predictor's next ones; when no predictor has been right recently it
+//! falls back to the files the last pass read and this one has not (epochs >= 2), or, in epoch 1,
+//! to filling the cache in walk order while it has room. Workers fetch into the never-evict
+//! cache, else into the staging buffer. Demand reads never queue behind prefetch (they do not
+//! use this queue), and while any demand read waits on the source, at most half the workers
+//! run. Must never serve bytes (the cache does, keyed by file version), never block an open or a
+//! read on planning, and never fetch past the cache's budget and the staging buffer's.
+
+pub mod epoch;
+pub mod predict;
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use serde_json::{Value, json};
+
+use crate::cache::{CachedFile, NeverEvictCache, Prefetched};
+use crate::source::{Identity, Source, SourceFile};
+use crate::stats::Metrics;
+use epoch::{EpochTracker, FileKey, Opened};
+use predict::{HORIZON, Predictor, Replay, Score, Tree};
+
+/// Opens waiting for the planner; beyond it they are dropped (and counted), never waited for.
+const EVENT_QUEUE: usize = 4096;
+/// Blocks a file prefetch fetches from the start of a file; sequential readahead fetches the
+/// rest of larger files (shards) as they are read.
+const FILE_BLOCKS: usize = 8;
+/// Readahead window bounds, in blocks: it starts small and doubles while reads stay sequential.
+const READAHEAD_MIN: u64 = 2;
+const READAHEAD_MAX: u64 = 16;
+/// Files the planner keeps queued ahead of the readers, at least and at most.
+const DEPTH_MIN: usize = 4;
+const DEPTH_MAX: usize = 128;
+/// Recent recall a predictor needs before its order is trusted.
+const TRUSTED_RECALL: f64 = 0.5;
+/// How often the planner refreshes the stats snapshot.
+const STATUS_EVERY: Duration = Duration::from_millis(100);
+/// Epoch records kept per set.
+const HISTORY: usize = 32;
+/// Weight of the newest sample in the controller's moving averages.
+const EWMA: f64 = 0.1;
+
+/// Prefetch settings.
+#[derive(Debug, Clone, Copy)]
+pub struct PrefetchOptions {
+    /// Whether to prefetch at all (epochs are tracked either way).
+    pub enabled: bool,
+    /// Worker threads (concurrent source fetches ahead of the readers).
+    pub threads: usize,
+}
+
+/// A file set: the source tree (0) or view `n - 1`.
+pub type SetId = usize;
+
+/// What became of a file the planner queued in this pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    InFlight,
+    Done,
+}
+
+enum Job {
+    /// Fetch the first blocks of a file ahead of its open.
+    File {
+        set: SetId,
+        file: FileKey,
+        identity: Option<Identity>,
+        stage: bool,
+    },
+    /// Fetch blocks of an open file ahead of a sequential reader.
+    Blocks {
+        entry: Arc<CachedFile>,
+        source: Arc<dyn SourceFile>,
+        blocks: Range<usize>,
+    },
+}
+
+struct Event {
+    set: SetId,
+    file: FileKey,
+    identity: Option<Identity>,
+}
+
+#[derive(Default)]
+struct Jobs {
+    queue: VecDeque<Job>,
+    running: usize,
+}
+
+/// Counter values at an epoch boundary, to record each epoch's share.
+#[derive(Debug, Clone, Copy, Default)]
+struct Marks {
+    hits: u64,
+    misses: u64,
+    fetch_stall_ns: u64,
+    prep_stall_ns: u64,
+    source_bytes: u64,
+    useful: u64,
+    late: u64,
+    wasted: u64,
+    staged_reads: u64,
+}
+
+impl Marks {
+    fn now(m: &Metrics) -> Marks {
+        Marks {
+            hits: m.cache_hits.get(),
+            misses: m.cache_misses.get(),
+            fetch_stall_ns: m.fetch_stall_ns.get(),
+            prep_stall_ns: m.prep_stall_ns.get(),
+            source_bytes: m.source_bytes.get(),
+            useful: m.prefetch_useful.get(),
+            late: m.prefetch_late.get(),
+            wasted: m.prefetch_wasted.get(),
+            staged_reads: m.prefetch_staged_reads.get(),
+        }
+    }
+
+    fn since(&self, start: &Marks, epoch: u64, files: usize, seconds: f64) -> Value {
+        json!({
+            "epoch": epoch,
+            "files": files,
+            "seconds": seconds,
+            "cache_hits": self.hits - start.hits,
+            "cache_misses": self.misses - start.misses,
+            "fetch_stall_seconds": (self.fetch_stall_ns - start.fetch_stall_ns) as f64 / 1e9,
+            "prep_stall_seconds": (self.prep_stall_ns - start.prep_stall_ns) as f64 / 1e9,
+            "source_bytes": self.source_bytes - start.source_bytes,
+            "prefetch_useful": self.useful - start.useful,
+            "prefetch_late": self.late - start.late,
+            "prefetch_wasted": self.wasted - start.wasted,
+            "staged_reads": self.staged_reads - start.staged_reads,
+        })
+    }
+}
+
+/// What the planner knows about one file set.
+struct SetState {
+    name: String,
+    tracker: EpochTracker,
+    predictors: Vec<(Box<dyn Predictor>, Score)>,
+    /// A sorted walk for epoch 1's cache fill.
+    fill: Tree,
+    /// Identities seen at opens (a fully cached file is not queued again).
+    known: HashMap<FileKey, Identity>,
+    opens: u64,
+    cursor: usize,
+    in_use: &'static str,
+    /// Opens per second (moving average) and when the last one came.
+    rate: f64,
+    last_open: Option<Instant>,
+    epoch_started: Instant,
+    marks: Marks,
+    history: VecDeque<Value>,
+}
+
+struct Shared {
+    source: Arc<dyn Source>,
+    cache: Arc<NeverEvictCache>,
+    metrics: Arc<Metrics>,
+    options: PrefetchOptions,
+    jobs: Mutex<Jobs>,
+    work: Condvar,
+    stop: AtomicBool,
+    /// Demand reads waiting on the source now.
+    demand: AtomicUsize,
+    /// Per set: files queued or fetched ahead in this pass.
+    outcomes: Vec<Mutex<HashMap<FileKey, Outcome>>>,
+    /// Seconds a file prefetch takes (moving average, f64 bits).
+    file_seconds: AtomicU64,
+    depth: AtomicUsize,
+    status: Mutex<Value>,
+}
+
+/// The prefetcher of one mount.
+pub struct Prefetcher {
+    shared: Arc<Shared>,
+    events: Option<SyncSender<Event>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// Marks a demand read waiting on the source for as long as it lives.
+pub struct DemandGuard<'a>(&'a AtomicUsize);
+
+impl Drop for DemandGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Per-handle state of sequential readahead.
+#[derive(Debug, Default)]
+pub struct Readahead {
+    next: AtomicU64,
+    window: AtomicU64,
+    requested: AtomicU64,
+}
+
+impl Prefetcher {
+    /// Starts the planner and `options.threads` workers for the source tree and `views` views
+    /// (named `view_names`).
+    pub fn start(
+        source: Arc<dyn Source>,
+        cache: Arc<NeverEvictCache>,
+        metrics: Arc<Metrics>,
+        options: PrefetchOptions,
+        view_names: &[String],
+    ) -> Prefetcher {
+        let names: Vec<String> = std::iter::once("files".to_owned())
+            .chain(view_names.iter().map(|n| format!("view:{n}")))
+            .collect();
+        let shared = Arc::new(Shared {
+            source: source.clone(),
+            cache,
+            metrics: metrics.clone(),
+            options,
+            jobs: Mutex::new(Jobs::default()),
+            work: Condvar::new(),
+            stop: AtomicBool::new(false),
+            demand: AtomicUsize::new(0),
+            outcomes: names.iter().map(|_| Mutex::default()).collect(),
+            file_seconds: AtomicU64::new(0f64.to_bits()),
+            depth: AtomicUsize::new(DEPTH_MIN),
+            status: Mutex::new(json!({})),
+        });
+        let sets: Vec<SetState> = names
+            .into_iter()
+            .map(|name| SetState::new(name, &source, &metrics))
+            .collect();
+        let (tx, rx) = sync_channel(EVENT_QUEUE);
+        let mut threads = Vec::new();
+        let s = shared.clone();
+        match std::thread::Builder::new()
+            .name("prepfs-planner".into())
+            .spawn(move || plan(&s, sets, &rx))
+        {
+            Ok(t) => threads.push(t),
+            Err(e) => tracing::warn!(error = %e, "cannot start the prefetch planner; no prefetch"),
+        }
+        if options.enabled {
+            for i in 0..options.threads.max(1) {
+                let s = shared.clone();
+                match std::thread::Builder::new()
+                    .name(format!("prepfs-prefetch-{i}"))
+                    .spawn(move || work(&s))
+                {
+                    Ok(t) => threads.push(t),
+                    Err(e) => tracing::warn!(error = %e, "cannot start a prefetch worker"),
+                }
+            }
+        }
+        Prefetcher {
+            shared,
+            events: Some(tx),
+            threads,
+        }
+    }
+
+    /// Tells the planner that a reader opened `file` of set `set` (at version `identity`, when
+    /// the open knows it).
+    pub fn opened(&self, set: SetId, file: &Path, identity: Option<Identity>) {
+        let Some(tx) = &self.events else { return };
+        let event = Event {
+            set,
+            file: Arc::from(file),
+            identity,
+        };
+        if let Err(TrySendError::Full(_)) = tx.try_send(event) {
+            self.shared.metrics.prefetch_events_dropped.inc();
+        }
+    }
+
+    /// Marks a demand read waiting on the source until the guard drops (prefetch yields).
+    pub fn demand(&self) -> DemandGuard<'_> {
+        self.shared.demand.fetch_add(1, Ordering::AcqRel);
+        DemandGuard(&self.shared.demand)
+    }
+
+    /// After a read of `len` bytes at `offset` of `entry` through one handle: when the handle
+    /// reads sequentially, queues the blocks ahead of it, in a window that doubles while it
+    /// stays sequential.
+    pub fn readahead(
+        &self,
+        state: &Readahead,
+        entry: &Arc<CachedFile>,
+        source: &Arc<dyn SourceFile>,
+        offset: u64,
+        len: u64,
+    ) {
+        if !self.shared.options.enabled || entry.blocks() <= 1 || entry.is_complete() {
+            return;
+        }
+        let end = offset + len;
+        if state.next.swap(end, Ordering::AcqRel) != offset {
+            state.window.store(0, Ordering::Release);
+            return;
+        }
+        let window = (state.window.load(Ordering::Acquire) * 2).clamp(READAHEAD_MIN, READAHEAD_MAX);
+        state.window.store(window, Ordering::Release);
+        let block = crate::cache::BLOCK_SIZE;
+        let from = end
+            .div_ceil(block)
+            .max(state.requested.load(Ordering::Acquire));
+        let to = (end.div_ceil(block) + window).min(entry.blocks() as u64);
+        if from >= to {
+            return;
+        }
+        state.requested.store(to, Ordering::Release);
+        let mut jobs = self.shared.jobs.lock();
+        jobs.queue.push_front(Job::Blocks {
+            entry: entry.clone(),
+            source: source.clone(),
+            blocks: from as usize..to as usize,
+        });
+        drop(jobs);
+        self.shared.work.notify_one();
+    }
+
+    /// The planner's latest view of epochs and predictors, for stats.json.
+    pub fn status(&self) -> Value {
+        self.shared.status.lock().clone()
+    }
+
+    /// Files the planner keeps queued ahead (the controller's current depth).
+    pub fn depth(&self) -> usize {
+        self.shared.depth.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        self.events = None;
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.work.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl SetState {
+    fn new(name: String, source: &Arc<dyn Source>, metrics: &Metrics) -> SetState {
+        let predictors: Vec<(Box<dyn Predictor>, Score)> = vec![
+            (Box::new(Replay), Score::default()),
+            (Box::new(Tree::new(source.clone(), true)), Score::default()),
+            (Box::new(Tree::new(source.clone(), false)), Score::default()),
+        ];
+        SetState {
+            name,
+            tracker: EpochTracker::default(),
+            predictors,
+            fill: Tree::new(source.clone(), true),
+            known: HashMap::new(),
+            opens: 0,
+            cursor: 0,
+            in_use: "none",
+            rate: 0.0,
+            last_open: None,
+            epoch_started: Instant::now(),
+            marks: Marks::now(metrics),
+            history: VecDeque::new(),
+        }
+    }
+
+    /// Ends the epoch that just ended: its record, wasted prefetches, staged leftovers.
+    fn close_epoch(&mut self, shared: &Shared, set: SetId) {
+        let mut outcomes = shared.outcomes[set].lock();
+        let wasted = outcomes.values().filter(|o| **o == Outcome::Done).count();
+        outcomes.retain(|_, o| *o == Outcome::InFlight);
+        drop(outcomes);
+        shared.metrics.prefetch_wasted.add(wasted as u64);
+        shared.cache.retire_staged();
+        for (p, _) in &mut self.predictors {
+            p.forget_listings();
+        }
+        self.fill.forget_listings();
+        let now = Marks::now(&shared.metrics);
+        let files = self.tracker.previous().map_or(0, |p| p.len());
+        let record = now.since(
+            &self.marks,
+            self.tracker.epoch() - 1,
+            files,
+            self.epoch_started.elapsed().as_secs_f64(),
+        );
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(record);
+        self.marks = now;
+        self.epoch_started = Instant::now();
+    }
+
+    fn opened(&mut self, shared: &Shared, set: SetId, event: Event) {
+        let file = event.file;
+        if let Some(identity) = event.identity {
+            self.known.insert(file.clone(), identity);
+        }
+        match self.tracker.open(&file) {
+            Opened::Repeat | Opened::Straggler => return,
+            Opened::NewEpoch => self.close_epoch(shared, set),
+            Opened::First => {}
+        }
+        match shared.outcomes[set].lock().remove(&file) {
+            Some(Outcome::Done) => shared.metrics.prefetch_useful.inc(),
+            Some(Outcome::InFlight) => shared.metrics.prefetch_late.inc(),
+            None => {}
+        }
+        let now = Instant::now();
+        if let Some(last) = self.last_open.replace(now) {
+            let gap = now.duration_since(last).as_secs_f64().max(1e-6);
+            self.rate += EWMA * (1.0 / gap - self.rate);
+        }
+        self.opens += 1;
+        let current = self.tracker.current();
+        let opened_now = |p: &Path| current.contains(p);
+        for (predictor, score) in &mut self.predictors {
+            score.opened(&file, self.opens);
+            let mut out = Vec::new();
+            predictor.predict(
+                &self.tracker,
+                &file,
+                HORIZON as usize / 2,
+                &opened_now,
+                &mut out,
+            );
+            score.predicted(&out, self.opens);
+        }
+        if shared.options.enabled {
+            self.plan(shared, set, &file);
+        }
+    }
+
+    /// Replaces this set's queued files with the next `depth` predicted ones.
+    fn plan(&mut self, shared: &Shared, set: SetId, last: &Path) {
+        let file_seconds = f64::from_bits(shared.file_seconds.load(Ordering::Relaxed));
+        let threads = shared.options.threads.max(1);
+        let depth = ((self.rate * file_seconds * 2.0).ceil() as usize + threads)
+            .clamp(DEPTH_MIN, DEPTH_MAX);
+        shared.depth.store(depth, Ordering::Relaxed);
+        let outcomes = shared.outcomes[set].lock().clone();
+        let current = self.tracker.current();
+        let cache = &shared.cache;
+        let known = &self.known;
+        let skip = |p: &Path| {
+            current.contains(p)
+                || outcomes.contains_key(p)
+                || known
+                    .get(p)
+                    .and_then(|id| cache.get(id))
+                    .is_some_and(|e| e.is_complete())
+        };
+        let best = self
+            .predictors
+            .iter_mut()
+            .filter(|(_, s)| s.recent >= TRUSTED_RECALL)
+            .max_by(|a, b| a.1.recent.total_cmp(&b.1.recent));
+        let mut next = Vec::new();
+        let stage;
+        match best {
+            Some((predictor, _)) => {
+                self.in_use = predictor.name();
+                predictor.predict(&self.tracker, last, depth, &skip, &mut next);
+                stage = true;
+            }
+            None if self.tracker.previous().is_some() => {
+                self.in_use = "remaining";
+                self.cursor =
+                    predict::remaining(&self.tracker, self.cursor, depth, &skip, &mut next);
+                stage = true;
+            }
+            None => {
+                // Epoch 1 in an order nobody predicts: whatever is read now is read again in
+                // later epochs, so fill the cache (never the staging buffer) while it has room.
+                if !cache.has_room(crate::cache::BLOCK_SIZE) {
+                    self.in_use = "none";
+                    return;
+                }
+                self.in_use = "fill";
+                self.fill
+                    .predict(&self.tracker, last, depth, &skip, &mut next);
+                stage = false;
+            }
+        }
+        let mut jobs = shared.jobs.lock();
+        jobs.queue
+            .retain(|j| !matches!(j, Job::File { set: s, .. } if *s == set));
+        for file in next {
+            let identity = self.known.get(&file).copied();
+            jobs.queue.push_back(Job::File {
+                set,
+                file,
+                identity,
+                stage,
+            });
+        }
+        drop(jobs);
+        shared.work.notify_all();
+    }
+
+    fn status(&self) -> Value {
+        let predictors: serde_json::Map<String, Value> = self
+            .predictors
+            .iter()
+            .map(|(p, s)| {
+                (
+                    p.name().to_owned(),
+                    json!({
+                        "precision": s.precision(),
+                        "recall": s.recall(),
+                        "recent_recall": s.recent,
+                        "hits": s.hits,
+                        "expired": s.expired,
+                    }),
+                )
+            })
+            .collect();
+        json!({
+            "epoch": self.tracker.epoch(),
+            "progress": self.tracker.progress(),
+            "files_this_epoch": self.tracker.current().len(),
+            "files_last_epoch": self.tracker.previous().map(|p| p.len()),
+            "predictor": self.in_use,
+            "opens_per_second": self.rate,
+            "predictors": predictors,
+            "history": self.history.iter().cloned().collect::<Vec<_>>(),
+        })
+    }
+}
+
+fn plan(shared: &Shared, mut sets: Vec<SetState>, events: &Receiver<Event>) {
+    let mut published = Instant::now();
+    let mut dirty = true;
+    loop {
+        match events.recv_timeout(STATUS_EVERY) {
+            Ok(event) => {
+                let set = event.set;
+                if let Some(state) = sets.get_mut(set) {
+                    state.opened(shared, set, event);
+                    dirty = true;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        if dirty && published.elapsed() >= STATUS_EVERY {
+            let status: serde_json::Map<String, Value> =
+                sets.iter().map(|s| (s.name.clone(), s.status())).collect();
+            *shared.status.lock() = Value::Object(status);
+            published = Instant::now();
+            dirty = false;
+        }
+    }
+}
+
+fn work(shared: &Shared) {
+    loop {
+        let job = {
+            let mut jobs = shared.jobs.lock();
+            loop {
+                if shared.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let threads = shared.options.threads.max(1);
+                let allowed = if shared.demand.load(Ordering::Acquire) > 0 {
+                    (threads / 2).max(1)
+                } else {
+                    threads
+                };
+                if jobs.running < allowed
+                    && let Some(job) = jobs.queue.pop_front()
+                {
+                    jobs.running += 1;
+                    break job;
+                }
+                shared.work.wait_for(&mut jobs, Duration::from_millis(20));
+            }
+        };
+        match job {
+            Job::File {
+                set,
+                file,
+                identity,
+                stage,
+            } => fetch_file(shared, set, &file, identity, stage),
+            Job::Blocks {
+                entry,
+                source,
+                blocks,
+            } => {
+                for index in blocks {
+                    if shared.stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    match entry.prefetch_block(index, source.as_ref(), true) {
+                        Ok(Prefetched::Fetched | Prefetched::Staged) => {
+                            shared.metrics.prefetch_blocks.inc();
+                        }
+                        Ok(Prefetched::Present) => {}
+                        Ok(Prefetched::NoRoom) | Err(_) => break,
+                    }
+                }
+            }
+        }
+        shared.jobs.lock().running -= 1;
+        shared.work.notify_one();
+    }
+}
+
+/// Fetches the first blocks of `file` ahead of its open.
+fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identity>, stage: bool) {
+    if let Some(entry) = known.and_then(|id| shared.cache.get(&id))
+        && entry.is_complete()
+    {
+        return;
+    }
+    {
+        let mut outcomes = shared.outcomes[set].lock();
+        if outcomes.contains_key(file) {
+            return;
+        }
+        outcomes.insert(file.clone(), Outcome::InFlight);
+    }
+    let started = Instant::now();
+    let mut fetched = false;
+    match shared.source.open(file) {
+        Ok(source) => {
+            let entry = shared.cache.file(source.identity(), file);
+            for index in 0..entry.blocks().min(FILE_BLOCKS) {
+                if shared.stop.load(Ordering::Acquire) {
+                    break;
+                }
+                match entry.prefetch_block(index, source.as_ref(), stage) {
+                    Ok(Prefetched::Fetched | Prefetched::Staged) => {
+                        shared.metrics.prefetch_blocks.inc();
+                        fetched = true;
+                    }
+                    Ok(Prefetched::Present) => {}
+                    Ok(Prefetched::NoRoom) => break,
+                    Err(_) => {
+                        shared.metrics.prefetch_failed.inc();
+                        break;
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            tracing::debug!(path = %file.display(), error = %e, "prefetch could not open a file");
+            shared.metrics.prefetch_failed.inc();
+        }
+    }
+    let mut outcomes = shared.outcomes[set].lock();
+    // The reader may have opened it meanwhile (counted late, entry gone): leave that be.
+    if outcomes.get(file) == Some(&Outcome::InFlight) {
+        if fetched {
+            outcomes.insert(file.clone(), Outcome::Done);
+        } else {
+            outcomes.remove(file);
+        }
+    }
+    drop(outcomes);
+    if fetched {
+        shared.metrics.prefetch_issued.inc();
+        let took = started.elapsed().as_secs_f64();
+        let old = f64::from_bits(shared.file_seconds.load(Ordering::Relaxed));
+        let new = if old == 0.0 {
+            took
+        } else {
+            old + EWMA * (took - old)
+        };
+        shared.file_seconds.store(new.to_bits(), Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,471 @@
+//! Order predictors and their scores: which files a set's readers will open next.
+//!
+//! Owns: the predictors (`Replay`: the last pass's order again; `Tree`: a walk of the source
+//! tree in sorted or in listing order, as `os.walk` loaders, `ImageFolder` and sorted shard
+//! lists read; `remaining`: any file the last pass read and this one has not, for shuffled
+//! epochs) and `Score`, which measures each predictor's precision and recall online: a
+//! prediction is right when the file is opened within `HORIZON` opens of it. Must never predict
+//! a file the current pass already opened, and never do I/O except `Tree` listing directories
+//! (on the planner thread, cached for the pass).
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::epoch::{EpochTracker, FileKey};
+use crate::source::{Kind, Source};
+
+/// Opens within which a prediction must come true to count as right.
+pub const HORIZON: u64 = 16;
+/// Weight of the latest open in a predictor's recent recall (an average over ~20 opens).
+const RECENT_WEIGHT: f64 = 0.05;
+/// Listings kept per tree walk before the cache is cleared (bounds memory on huge trees).
+const LISTINGS_KEPT: usize = 4096;
+/// Directories a walk may list for one prediction (bounds planner I/O on sparse trees).
+const LISTINGS_PER_PREDICTION: usize = 16;
+
+/// A predictor of the next opens of one file set.
+pub trait Predictor: Send {
+    /// Name in the stats.
+    fn name(&self) -> &'static str;
+    /// Appends up to `n` files expected after `last`, in order, that `skip` does not exclude.
+    fn predict(
+        &mut self,
+        tracker: &EpochTracker,
+        last: &Path,
+        n: usize,
+        skip: &dyn Fn(&Path) -> bool,
+        out: &mut Vec<FileKey>,
+    );
+    /// Drops what it cached about the tree (a new pass may see a changed one).
+    fn forget_listings(&mut self) {}
+}
+
+/// The last pass's order again (fixed seed, no shuffle, sorted lists).
+#[derive(Default)]
+pub struct Replay;
+
+impl Predictor for Replay {
+    fn name(&self) -> &'static str {
+        "replay"
+    }
+
+    fn predict(
+        &mut self,
+        tracker: &EpochTracker,
+        last: &Path,
+        n: usize,
+        skip: &dyn Fn(&Path) -> bool,
+        out: &mut Vec<FileKey>,
+    ) {
+        let Some(previous) = tracker.previous() else {
+            return;
+        };
+        let Some(at) = previous.position(last) else {
+            return;
+        };
+        let wanted = out.len() + n;
+        for f in previous.order()[at + 1..].iter().take(n * 8) {
+            if out.len() == wanted {
+                break;
+            }
+            if !skip(f) {
+                out.push(f.clone());
+            }
+        }
+    }
+}
+
+/// A directory's files and subdirectories, in walk order.
+struct Listing {
+    files: Vec<OsString>,
+    dirs: Vec<OsString>,
+}
+
+/// A depth-first walk of the source tree as `os.walk` yields it: a directory's files, then each
+/// subdirectory's walk; names sorted, or in the order the directory lists them.
+pub struct Tree {
+    source: Arc<dyn Source>,
+    sorted: bool,
+    listings: HashMap<PathBuf, Arc<Listing>>,
+    budget: usize,
+}
+
+impl Tree {
+    /// A walk of `source` in sorted name order, or in listing order.
+    pub fn new(source: Arc<dyn Source>, sorted: bool) -> Tree {
+        Tree {
+            source,
+            sorted,
+            listings: HashMap::new(),
+            budget: 0,
+        }
+    }
+
+    fn listing(&mut self, dir: &Path) -> Option<Arc<Listing>> {
+        if let Some(l) = self.listings.get(dir) {
+            return Some(l.clone());
+        }
+        if self.budget == 0 {
+            return None;
+        }
+        self.budget -= 1;
+        let at = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        let entries = self.source.list(at).ok()?;
+        let mut listing = Listing {
+            files: Vec::new(),
+            dirs: Vec::new(),
+        };
+        for e in entries {
+            match e.kind {
+                Kind::File => listing.files.push(e.name),
+                Kind::Directory => listing.dirs.push(e.name),
+                Kind::Symlink | Kind::Other => {}
+            }
+        }
+        if self.sorted {
+            listing.files.sort();
+            listing.dirs.sort();
+        }
+        if self.listings.len() >= LISTINGS_KEPT {
+            self.listings.clear();
+        }
+        let listing = Arc::new(listing);
+        self.listings.insert(dir.to_path_buf(), listing.clone());
+        Some(listing)
+    }
+
+    /// Files of `dir` after `after` (all when `None`), then the walks of its subdirectories
+    /// after `after_dir`.
+    fn walk(
+        &mut self,
+        dir: &Path,
+        after: Option<&std::ffi::OsStr>,
+        after_dir: Option<&std::ffi::OsStr>,
+        want: usize,
+        skip: &dyn Fn(&Path) -> bool,
+        out: &mut Vec<FileKey>,
+    ) {
+        let Some(listing) = self.listing(dir) else {
+            return;
+        };
+        if after_dir.is_none() {
+            let start = match after {
+                Some(name) => listing
+                    .files
+                    .iter()
+                    .position(|f| f == name)
+                    .map_or(listing.files.len(), |i| i + 1),
+                None => 0,
+            };
+            for name in &listing.files[start..] {
+                if out.len() >= want {
+                    return;
+                }
+                let path = dir.join(name);
+                if !skip(&path) {
+                    out.push(Arc::from(path));
+                }
+            }
+        }
+        let start = match after_dir {
+            Some(name) => listing
+                .dirs
+                .iter()
+                .position(|d| d == name)
+                .map_or(listing.dirs.len(), |i| i + 1),
+            None => 0,
+        };
+        for name in &listing.dirs[start..] {
+            if out.len() >= want || self.budget == 0 {
+                return;
+            }
+            self.walk(&dir.join(name), None, None, want, skip, out);
+        }
+    }
+}
+
+impl Predictor for Tree {
+    fn name(&self) -> &'static str {
+        if self.sorted { "sorted" } else { "listed" }
+    }
+
+    fn forget_listings(&mut self) {
+        self.listings.clear();
+    }
+
+    fn predict(
+        &mut self,
+        _tracker: &EpochTracker,
+        last: &Path,
+        n: usize,
+        skip: &dyn Fn(&Path) -> bool,
+        out: &mut Vec<FileKey>,
+    ) {
+        let want = out.len() + n;
+        self.budget = LISTINGS_PER_PREDICTION;
+        let mut dir = last.parent().unwrap_or(Path::new("")).to_path_buf();
+        self.walk(&dir, last.file_name(), None, want, skip, out);
+        // Then up the tree: the parent's subdirectories after this one, and so on to the root.
+        while out.len() < want && self.budget > 0 {
+            let Some(name) = dir.file_name().map(std::ffi::OsStr::to_os_string) else {
+                break;
+            };
+            let parent = dir.parent().unwrap_or(Path::new("")).to_path_buf();
+            self.walk(&parent, None, Some(&name), want, skip, out);
+            dir = parent;
+        }
+    }
+}
+
+/// Appends up to `n` files the last pass read and this one has not, starting after `cursor` (so
+/// that successive calls spread over the set); returns the new cursor.
+pub fn remaining(
+    tracker: &EpochTracker,
+    cursor: usize,
+    n: usize,
+    skip: &dyn Fn(&Path) -> bool,
+    out: &mut Vec<FileKey>,
+) -> usize {
+    let Some(previous) = tracker.previous() else {
+        return cursor;
+    };
+    let order = previous.order();
+    let len = order.len();
+    let wanted = out.len() + n;
+    let mut at = cursor;
+    for _ in 0..len {
+        if out.len() >= wanted {
+            break;
+        }
+        at = (at + 1) % len.max(1);
+        let f = &order[at];
+        if !tracker.current().contains(f) && !skip(f) {
+            out.push(f.clone());
+        }
+    }
+    at
+}
+
+/// The online record of one predictor: what it predicted, what came true.
+#[derive(Debug, Default)]
+pub struct Score {
+    /// Predicted files not yet opened, with the open count by which they must be.
+    outstanding: HashMap<FileKey, u64>,
+    deadlines: VecDeque<(u64, FileKey)>,
+    /// Predictions that came true.
+    pub hits: u64,
+    /// Predictions that expired unopened.
+    pub expired: u64,
+    /// Opens scored.
+    pub opens: u64,
+    /// Opens that this predictor had predicted.
+    pub predicted_opens: u64,
+    /// Recall over the last few dozen opens.
+    pub recent: f64,
+}
+
+impl Score {
+    /// Scores an open of `file` (the `now`th open), before the next predictions are added.
+    pub fn opened(&mut self, file: &Path, now: u64) {
+        self.opens += 1;
+        let hit = self.outstanding.remove(file).is_some();
+        if hit {
+            self.hits += 1;
+            self.predicted_opens += 1;
+        }
+        self.recent += RECENT_WEIGHT * (f64::from(u8::from(hit)) - self.recent);
+        while let Some((deadline, _)) = self.deadlines.front()
+            && *deadline < now
+        {
+            let Some((deadline, f)) = self.deadlines.pop_front() else {
+                break;
+            };
+            if self.outstanding.get(&f) == Some(&deadline) {
+                self.outstanding.remove(&f);
+                self.expired += 1;
+            }
+        }
+    }
+
+    /// Records predictions made after the `now`th open.
+    pub fn predicted(&mut self, files: &[FileKey], now: u64) {
+        for f in files {
+            if !self.outstanding.contains_key(f) {
+                let deadline = now + HORIZON;
+                self.outstanding.insert(f.clone(), deadline);
+                self.deadlines.push_back((deadline, f.clone()));
+            }
+        }
+    }
+
+    /// Right predictions / settled predictions (0 before any settled).
+    pub fn precision(&self) -> f64 {
+        let settled = self.hits + self.expired;
+        if settled == 0 {
+            0.0
+        } else {
+            self.hits as f64 / settled as f64
+        }
+    }
+
+    /// Opens that were predicted / opens.
+    pub fn recall(&self) -> f64 {
+        if self.opens == 0 {
+            0.0
+        } else {
+            self.predicted_opens as f64 / self.opens as f64
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::LocalSource;
+
+    /// Scores `predictor` over `trace` (after `history` passes fed to the tracker first),
+    /// predicting `HORIZON / 2` files after each open as the planner does.
+    fn score(predictor: &mut dyn Predictor, history: &[Vec<FileKey>], trace: &[FileKey]) -> Score {
+        let mut tracker = EpochTracker::default();
+        for pass in history {
+            for f in pass {
+                tracker.open(f);
+            }
+        }
+        let mut score = Score::default();
+        for (i, f) in trace.iter().enumerate() {
+            let now = i as u64 + 1;
+            tracker.open(f);
+            score.opened(f, now);
+            let seen = tracker.current().clone();
+            let mut out = Vec::new();
+            predictor.predict(
+                &tracker,
+                f,
+                HORIZON as usize / 2,
+                &|p| seen.contains(p),
+                &mut out,
+            );
+            score.predicted(&out, now);
+        }
+        score
+    }
+
+    /// A tree of `dirs` class folders with `per_dir` files each, and its paths in sorted walk
+    /// order.
+    fn tree(dirs: usize, per_dir: usize) -> (tempfile::TempDir, Vec<FileKey>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut paths = Vec::new();
+        for d in 0..dirs {
+            std::fs::create_dir(dir.path().join(format!("class{d:02}"))).expect("mkdir");
+            for f in 0..per_dir {
+                let rel = format!("class{d:02}/img{f:03}.jpg");
+                std::fs::write(dir.path().join(&rel), b"x").expect("write");
+                paths.push(Arc::from(Path::new(&rel)));
+            }
+        }
+        (dir, paths)
+    }
+
+    fn source(dir: &tempfile::TempDir) -> Arc<dyn Source> {
+        Arc::new(LocalSource::open(dir.path()).expect("source"))
+    }
+
+    /// On a shuffled pass, predicting unopened files comes true more and more often towards
+    /// the end, when few remain: any predictor scores this much there.
+    const SHUFFLED_BOUND: f64 = 0.3;
+
+    #[test]
+    fn replay_is_precise_on_a_replayed_order_and_useless_on_a_shuffled_one() {
+        let (_dir, files) = tree(4, 250);
+        let mut order = files.clone();
+        fastrand::Rng::with_seed(3).shuffle(&mut order);
+        let replayed = score(&mut Replay, &[order.clone()], &order);
+        assert!(replayed.precision() > 0.95, "{replayed:?}");
+        assert!(replayed.recall() > 0.95, "{replayed:?}");
+        let mut other = files.clone();
+        fastrand::Rng::with_seed(4).shuffle(&mut other);
+        let shuffled = score(&mut Replay, &[order], &other);
+        assert!(shuffled.precision() < SHUFFLED_BOUND, "{shuffled:?}");
+        assert!(shuffled.recall() < SHUFFLED_BOUND, "{shuffled:?}");
+    }
+
+    #[test]
+    fn sorted_walk_predicts_an_image_folder_pass_across_class_folders() {
+        let (dir, files) = tree(5, 200);
+        let mut sorted = Tree::new(source(&dir), true);
+        let s = score(&mut sorted, &[], &files);
+        assert!(s.precision() > 0.95, "{s:?}");
+        assert!(s.recall() > 0.95, "{s:?}");
+        let mut order = files.clone();
+        fastrand::Rng::with_seed(5).shuffle(&mut order);
+        let mut sorted = Tree::new(source(&dir), true);
+        let s = score(&mut sorted, &[], &order);
+        assert!(s.precision() < SHUFFLED_BOUND, "{s:?}");
+    }
+
+    #[test]
+    fn listed_walk_follows_the_directory_listing_order() {
+        let (dir, _) = tree(3, 40);
+        let src = source(&dir);
+        // The order os.walk without sorting would give.
+        let mut listed = Vec::new();
+        let mut dirs: Vec<_> = src.list(Path::new(".")).expect("list");
+        dirs.retain(|e| e.kind == Kind::Directory);
+        for d in dirs {
+            for e in src.list(Path::new(&d.name)).expect("list") {
+                listed.push(Arc::from(Path::new(&d.name).join(e.name)));
+            }
+        }
+        let s = score(&mut Tree::new(src, false), &[], &listed);
+        assert!(s.precision() > 0.95, "{s:?}");
+    }
+
+    #[test]
+    fn shards_read_in_sorted_order_are_predicted_one_shard_ahead() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut shards = Vec::new();
+        for i in 0..40 {
+            let rel = format!("train-{i:05}.tar");
+            std::fs::write(dir.path().join(&rel), b"x").expect("write");
+            shards.push(Arc::from(Path::new(&rel)));
+        }
+        let s = score(&mut Tree::new(source(&dir), true), &[], &shards);
+        assert!(s.recall() > 0.95, "{s:?}");
+    }
+
+    #[test]
+    fn remaining_covers_exactly_the_unread_rest_of_the_set() {
+        let (_dir, files) = tree(2, 30);
+        let mut t = EpochTracker::default();
+        for f in &files {
+            t.open(f);
+        }
+        let mut order = files.clone();
+        fastrand::Rng::with_seed(8).shuffle(&mut order);
+        for f in &order[..20] {
+            t.open(f);
+        }
+        let mut first = Vec::new();
+        let cursor = remaining(&t, 0, 25, &|_| false, &mut first);
+        let mut rest = Vec::new();
+        remaining(
+            &t,
+            cursor,
+            100,
+            &|p| first.iter().any(|f| &**f == p),
+            &mut rest,
+        );
+        let mut got: Vec<FileKey> = first.into_iter().chain(rest).collect();
+        got.sort();
+        got.dedup();
+        assert_eq!(got.len(), 40);
+        assert!(got.iter().all(|f| !order[..20].contains(f)));
+    }
+}
