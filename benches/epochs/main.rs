@@ -14,8 +14,10 @@
 //! within 5% of the never-evict optimum D - C. Timing is reported, never asserted.
 
 mod dataset;
+mod prefetch;
 mod report;
 mod sandbox;
+mod slowfs;
 mod views;
 
 use std::io::{BufRead, BufReader, Lines, Write};
@@ -112,6 +114,8 @@ pub struct Options {
     pub readers: Vec<Reader>,
     /// Whether to run the views comparison (stock PyTorch vs tensor views).
     pub views: bool,
+    /// Whether to run the prefetch comparison over a slow, latency-bound source.
+    pub prefetch: bool,
     pub seed: u64,
     #[serde(skip)]
     pub workdir: PathBuf,
@@ -121,7 +125,7 @@ pub struct Options {
 }
 
 const USAGE: &str = "usage: cargo bench --bench epochs -- [--quick] [--files N] [--epochs N] \
-[--read-mbps N] [--read-iops N] [--mem-ratio F] [--shard-mib N] [--readers plain,torch,shards,views] \
+[--read-mbps N] [--read-iops N] [--mem-ratio F] [--shard-mib N] [--readers plain,torch,shards,views,prefetch] \
 [--seed N] [--workdir DIR] [--out DIR]";
 
 impl Options {
@@ -141,6 +145,7 @@ impl Options {
             shard_bytes: if quick { 8 << 20 } else { 64 << 20 },
             readers: vec![Reader::Plain, Reader::Torch, Reader::Shards],
             views: true,
+            prefetch: false,
             seed: 1,
             workdir: std::env::var_os("PREPFS_EPOCHS_DIR")
                 .map_or_else(|| PathBuf::from("/var/tmp/prepfs-epochs"), PathBuf::from),
@@ -177,9 +182,10 @@ impl Options {
                 "--readers" => {
                     let names: Vec<&str> = value.split(',').collect();
                     o.views = names.contains(&"views");
+                    o.prefetch = names.contains(&"prefetch");
                     o.readers = names
                         .into_iter()
-                        .filter(|r| *r != "views")
+                        .filter(|r| !["views", "prefetch"].contains(r))
                         .map(|r| match r {
                             "plain" => Ok(Reader::Plain),
                             "torch" => Ok(Reader::Torch),
@@ -263,6 +269,14 @@ pub struct Run {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--serve-slowfs") {
+        if let Err(e) = slowfs::main_from_args(&args[1..]) {
+            eprintln!("slowfs: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Err(e) = run() {
         eprintln!("epochs: {e}");
         sandbox::exit(1);
@@ -312,12 +326,17 @@ fn run() -> Result<(), String> {
     } else {
         Vec::new()
     };
+    let prefetch_runs = if opts.prefetch {
+        prefetch::run(&opts, &python, &disk, &manifest)?
+    } else {
+        Vec::new()
+    };
     drop(disk);
     eprintln!(
         "epochs: measured in {:.0} s",
         started.elapsed().as_secs_f64()
     );
-    let outcome = report::write(&opts, &manifest, &runs, &view_runs)?;
+    let outcome = report::write(&opts, &manifest, &runs, &view_runs, &prefetch_runs)?;
     if opts.quick {
         quick_check(&runs)?;
     }
@@ -384,7 +403,7 @@ fn calibrate(
     };
     let daemon_group = Arc::new(Cgroup::create("calibrate-daemon", &unlimited)?);
     let reader_group = Arc::new(Cgroup::create("calibrate-reader", &unlimited)?);
-    let mount = PrepfsMount::start(&daemon_group, opts, disk, 0, &[])?;
+    let mount = PrepfsMount::start(&daemon_group, opts, &disk.mountpoint, 0, &[])?;
     let mut session = ReaderSession::start(
         &reader_group,
         python,
@@ -392,6 +411,7 @@ fn calibrate(
         &mount.mountpoint.join(reader.subdir()),
         2,
         opts.seed,
+        &[],
     )?;
     session.next_epoch()?;
     daemon_group.squeeze();
@@ -446,7 +466,7 @@ fn run_epochs(
         Side::Prepfs => Some(PrepfsMount::start(
             &group,
             opts,
-            disk,
+            &disk.mountpoint,
             setup.cache_mem,
             &[],
         )?),
@@ -462,6 +482,7 @@ fn run_epochs(
         &root.join(setup.reader.subdir()),
         opts.epochs,
         opts.seed,
+        &[],
     )?;
     let mut epochs = Vec::new();
     for _ in 0..opts.epochs {
@@ -583,18 +604,19 @@ struct PrepfsMount {
 }
 
 impl PrepfsMount {
-    /// Mounts the slow disk with `--cache-mem cache_mem` and `extra` arguments.
+    /// Mounts `source` (the slow disk's mount, or a slow filesystem over it) with
+    /// `--cache-mem cache_mem` and `extra` arguments.
     fn start(
         group: &Cgroup,
         opts: &Options,
-        disk: &SlowDisk,
+        source: &Path,
         cache_mem: u64,
         extra: &[String],
     ) -> Result<PrepfsMount, String> {
         let mountpoint = opts.workdir.join("mnt");
         let mut args: Vec<String> = vec![
             "mount".into(),
-            disk.mountpoint.display().to_string(),
+            source.display().to_string(),
             mountpoint.display().to_string(),
             "--foreground".into(),
             "--cache-mem".into(),
@@ -644,7 +666,8 @@ struct ReaderSession {
 }
 
 impl ReaderSession {
-    /// Starts readers.py `--kind kind` over `root` (the directory it lists) in `group`.
+    /// Starts readers.py `--kind kind` over `root` (the directory it lists) in `group`, with
+    /// `extra` arguments.
     fn start(
         group: &Cgroup,
         python: &Path,
@@ -652,8 +675,9 @@ impl ReaderSession {
         root: &Path,
         epochs: u32,
         seed: u64,
+        extra: &[String],
     ) -> Result<ReaderSession, String> {
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             READERS_PY.into(),
             "--kind".into(),
             kind.into(),
@@ -664,6 +688,7 @@ impl ReaderSession {
             "--seed".into(),
             seed.to_string(),
         ];
+        args.extend_from_slice(extra);
         let mut child = group
             .command(python, &args)
             .stdin(Stdio::piped())

@@ -9,14 +9,16 @@ and before each epoch waits for a line on stdin, so the harness can take its mea
 between epochs without them counting in the epoch's time. Orders are seeded, so the page-cache
 run and the prepfs run see exactly the same accesses.
 
-- plain: every file read whole with open().read(), in a random permutation per epoch.
+- plain: every file read whole with open().read(), in a random permutation per epoch
+  (`--order shuffled`), the same permutation every epoch (`fixed`), or walk order (`sorted`);
+  `--think-ms` waits that long after each file, as a training step computes between samples.
 - torch: the stock torchvision ImageFolder + DataLoader (RandomResizedCrop, flip, ToTensor,
   Normalize; batch 32, shuffle, num_workers=2), iterated to the end.
 - view: the drop-in for `torch` over a prepfs tensor view: torchvision DatasetFolder over the
   view's .npy files with np.load as the loader, same DataLoader settings; the decode and the
   augmentation happen in the prepfs daemon.
 - shards: WebDataset-style tar shards, each streamed member by member with tarfile, in a shuffled
-  shard order per epoch.
+  shard order per epoch (or `--order sorted|fixed`).
 """
 
 import argparse
@@ -45,17 +47,29 @@ def files_under(root, suffix):
     return found
 
 
+def epoch_order(args, paths, epoch):
+    """The paths in the order this epoch reads them."""
+    order = list(paths)
+    if args.order == "shuffled":
+        random.Random(args.seed * 1000 + epoch).shuffle(order)
+    elif args.order == "fixed":
+        random.Random(args.seed * 1000).shuffle(order)
+    return order
+
+
 def plain(args):
     paths = files_under(args.root, ".jpg")
     emit({"ready": True, "items": len(paths)})
+    think = args.think_ms / 1000.0
     for epoch in range(1, args.epochs + 1):
         wait_for_go()
-        order = list(paths)
-        random.Random(args.seed * 1000 + epoch).shuffle(order)
+        order = epoch_order(args, paths, epoch)
         started, nbytes = time.perf_counter(), 0
         for path in order:
             with open(path, "rb") as f:
                 nbytes += len(f.read())
+            if think:
+                time.sleep(think)
         emit({"epoch": epoch, "seconds": time.perf_counter() - started,
               "items": len(order), "bytes": nbytes})
 
@@ -104,8 +118,7 @@ def shards(args):
     emit({"ready": True, "items": len(paths)})
     for epoch in range(1, args.epochs + 1):
         wait_for_go()
-        order = list(paths)
-        random.Random(args.seed * 1000 + epoch).shuffle(order)
+        order = epoch_order(args, paths, epoch)
         started, items, nbytes = time.perf_counter(), 0, 0
         for path in order:
             with open(path, "rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
@@ -123,6 +136,8 @@ def main():
     parser.add_argument("--root", required=True)
     parser.add_argument("--epochs", type=int, required=True)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--order", choices=["shuffled", "fixed", "sorted"], default="shuffled")
+    parser.add_argument("--think-ms", type=float, default=0.0)
     args = parser.parse_args()
     {"plain": plain, "torch": torch_loader, "view": view_loader, "shards": shards}[args.kind](args)
 

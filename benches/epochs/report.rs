@@ -13,6 +13,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::dataset::Manifest;
+use crate::prefetch::PrefetchRun;
 use crate::views::{Pipeline, ViewRun};
 use crate::{Options, Reader, Run, Side};
 
@@ -193,12 +194,14 @@ pub fn write(
     manifest: &Manifest,
     runs: &[Run],
     view_runs: &[ViewRun],
+    prefetch_runs: &[PrefetchRun],
 ) -> Result<String, String> {
     std::fs::create_dir_all(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
     let date = shell("date -u +%Y-%m-%d");
     let commit = shell("git -C \"$CARGO_MANIFEST_DIR\" rev-parse --short HEAD 2>/dev/null");
     let machine = machine();
-    let targets = targets(runs, view_runs);
+    let mut targets = targets(runs, view_runs);
+    targets.extend(crate::prefetch::targets(prefetch_runs, opts.read_bps));
     let results = json!({
         "date": date,
         "commit": commit,
@@ -208,6 +211,7 @@ pub fn write(
         "dataset": manifest,
         "runs": runs,
         "views": view_runs,
+        "prefetch": prefetch_runs,
         "targets": targets,
     });
     let json_path = opts.out.join("epochs.json");
@@ -230,6 +234,7 @@ pub fn write(
     )?;
     let mut md = markdown(opts, manifest, runs, &date, &commit, &machine);
     md.push_str(&views_markdown(view_runs));
+    md.push_str(&crate::prefetch::markdown(prefetch_runs, opts.read_bps));
     md.push_str(&targets_markdown(&targets));
     if !opts.quick {
         let mut text = std::fs::read_to_string(crate::BENCHMARKS_MD).unwrap_or_default();

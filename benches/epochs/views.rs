@@ -118,7 +118,7 @@ pub fn run(
         "off",
     ]
     .map(String::from);
-    let mount = PrepfsMount::start(&group, opts, disk, cache_mem, &extra)?;
+    let mount = PrepfsMount::start(&group, opts, &disk.mountpoint, cache_mem, &extra)?;
     let mut runs = vec![ViewRun {
         pipeline: Pipeline::Stock,
         spec: None,
@@ -149,7 +149,7 @@ pub fn run(
 
     let cache_mem = manifest.file_bytes * DECODED_BUDGET + CACHE_SLACK;
     let extra = ["--view", FLOAT32_VIEW, "--decoded-cache", "on"].map(String::from);
-    let mount = PrepfsMount::start(&group, opts, disk, cache_mem, &extra)?;
+    let mount = PrepfsMount::start(&group, opts, &disk.mountpoint, cache_mem, &extra)?;
     runs.push(view_run(
         &mount,
         Pipeline::ViewFloat32Decoded,
@@ -169,7 +169,7 @@ fn epochs(
     pipeline: Pipeline,
     view: Option<(&PrepfsMount, &str)>,
 ) -> Result<Vec<ViewEpoch>, String> {
-    let mut session = ReaderSession::start(group, python, kind, root, opts.epochs, opts.seed)?;
+    let mut session = ReaderSession::start(group, python, kind, root, opts.epochs, opts.seed, &[])?;
     let mut out = Vec::new();
     for _ in 0..opts.epochs {
         let cpu_before = group.cpu_seconds();
