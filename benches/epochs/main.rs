@@ -403,7 +403,14 @@ fn calibrate(
     };
     let daemon_group = Arc::new(Cgroup::create("calibrate-daemon", &unlimited)?);
     let reader_group = Arc::new(Cgroup::create("calibrate-reader", &unlimited)?);
-    let mount = PrepfsMount::start(&daemon_group, opts, &disk.mountpoint, 0, &[])?;
+    // Without prefetch: its staging buffer would count as the daemon's own footprint.
+    let mount = PrepfsMount::start(
+        &daemon_group,
+        opts,
+        &disk.mountpoint,
+        0,
+        &["--no-prefetch".into()],
+    )?;
     let mut session = ReaderSession::start(
         &reader_group,
         python,
@@ -463,12 +470,13 @@ fn run_epochs(
         },
     )?;
     let mount = match side {
+        // Prefetch only into the cache: a staging buffer would be memory beyond C.
         Side::Prepfs => Some(PrepfsMount::start(
             &group,
             opts,
             &disk.mountpoint,
             setup.cache_mem,
-            &[],
+            &["--prefetch-buffer".into(), "0".into()],
         )?),
         Side::PageCache => None,
     };

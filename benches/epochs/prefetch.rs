@@ -33,7 +33,8 @@ use crate::{Options, PrepfsMount, Reader, ReaderSession, Setup};
 pub const SLOW_LATENCY_MS: f64 = 2.0;
 /// What the plain reader computes after each file, ms.
 pub const THINK_MS: f64 = 2.0;
-/// Staging buffer of the prefetching mount, taken out of its cache budget.
+/// Staging buffer of the prefetching mount (at most a quarter of C), taken out of its cache
+/// budget.
 const STAGING: u64 = 16 << 20;
 
 /// How a run reads the slow source.
@@ -232,10 +233,13 @@ fn run_one(
     let (cache_mem, extra): (u64, Vec<String>) = match variant {
         Variant::PageCache => (0, Vec::new()),
         Variant::NoPrefetch => (setup.cache_mem, vec!["--no-prefetch".into()]),
-        Variant::Prefetch => (
-            setup.cache_mem.saturating_sub(STAGING),
-            vec!["--prefetch-buffer".into(), STAGING.to_string()],
-        ),
+        Variant::Prefetch => {
+            let staging = STAGING.min(setup.cache_mem / 4);
+            (
+                setup.cache_mem - staging,
+                vec!["--prefetch-buffer".into(), staging.to_string()],
+            )
+        }
     };
     let mount = match variant {
         Variant::PageCache => None,

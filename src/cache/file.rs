@@ -254,6 +254,15 @@ impl CachedFile {
         out
     }
 
+    /// Whether every block is cached or staged: reads need not touch the source.
+    pub fn is_available(&self) -> bool {
+        self.is_complete()
+            || (0..self.slots.len()).all(|i| {
+                self.slots[i].lock().stored.is_some()
+                    || self.tiers.staging.contains(self.identity, i)
+            })
+    }
+
     /// Whether every block is cached.
     pub fn is_complete(&self) -> bool {
         self.present.load(Ordering::Acquire) == self.slots.len()

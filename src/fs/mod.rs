@@ -30,7 +30,7 @@ use crate::inode::{
 };
 use crate::prefetch::{PrefetchOptions, Prefetcher, Readahead};
 use crate::shards::ShardedMap;
-use crate::source::{Kind, Meta, Source, SourceFile, SpaceStats};
+use crate::source::{Deferred, Kind, Meta, Source, SourceFile, SpaceStats};
 use crate::stats::{self, Gauges, Metrics};
 use crate::telemetry::{Sampler, Telemetry};
 use crate::view::{Cpu, ViewSpec};
@@ -453,10 +453,7 @@ impl Fs {
                 serve: Serve::Daemon,
             });
         }
-        let source = self
-            .source
-            .open(&node.path)
-            .map_err(|e| FsError::from_source(&e))?;
+        let source = self.open_source(&node)?;
         let identity = source.identity();
         {
             let mut last = node.last_identity.lock();
@@ -483,6 +480,29 @@ impl Fs {
             readahead: Readahead::default(),
         });
         Ok(Opened { fh, serve })
+    }
+
+    /// The source file behind an open of `node`. A version whose every block the cache or the
+    /// staging buffer holds is identified by a stat and opened only if a read comes to need it
+    /// (an open is a round trip on network storage); any other is opened now, so reads of it
+    /// keep that descriptor's version.
+    fn open_source(&self, node: &Node) -> Result<Arc<dyn SourceFile>, FsError> {
+        let meta = self.stat_node(node)?;
+        if meta.kind == Kind::File
+            && self
+                .cache
+                .get(&meta.identity)
+                .is_some_and(|c| c.is_available())
+        {
+            return Ok(Arc::new(Deferred::new(
+                self.source.clone(),
+                &node.path,
+                meta.identity,
+            )));
+        }
+        self.source
+            .open(&node.path)
+            .map_err(|e| FsError::from_source(&e))
     }
 
     fn add_handle(&self, handle: Handle) -> u64 {

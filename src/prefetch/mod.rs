@@ -45,8 +45,6 @@ const READAHEAD_MAX: u64 = 16;
 /// Files the planner keeps queued ahead of the readers, at least and at most.
 const DEPTH_MIN: usize = 4;
 const DEPTH_MAX: usize = 128;
-/// Recent recall a predictor needs before its order is trusted.
-const TRUSTED_RECALL: f64 = 0.5;
 /// How often the planner refreshes the stats snapshot.
 const STATUS_EVERY: Duration = Duration::from_millis(100);
 /// Epoch records kept per set.
@@ -466,7 +464,7 @@ impl SetState {
         let best = self
             .predictors
             .iter_mut()
-            .filter(|(_, s)| s.recent >= TRUSTED_RECALL)
+            .filter(|(_, s)| s.trusted())
             .max_by(|a, b| a.1.recent.total_cmp(&b.1.recent));
         let mut next = Vec::new();
         let stage;
@@ -522,6 +520,7 @@ impl SetState {
                         "precision": s.precision(),
                         "recall": s.recall(),
                         "recent_recall": s.recent,
+                        "recent_precision": s.recent_precision,
                         "hits": s.hits,
                         "expired": s.expired,
                     }),

@@ -20,6 +20,8 @@ use crate::source::{Kind, Source};
 pub const HORIZON: u64 = 16;
 /// Weight of the latest open in a predictor's recent recall (an average over ~20 opens).
 const RECENT_WEIGHT: f64 = 0.05;
+/// Recent recall and precision a predictor needs before its order is followed.
+const TRUSTED: f64 = 0.5;
 /// Listings kept per tree walk before the cache is cleared (bounds memory on huge trees).
 const LISTINGS_KEPT: usize = 4096;
 /// Directories a walk may list for one prediction (bounds planner I/O on sparse trees).
@@ -268,6 +270,8 @@ pub struct Score {
     pub predicted_opens: u64,
     /// Recall over the last few dozen opens.
     pub recent: f64,
+    /// Precision over the last few dozen settled predictions.
+    pub recent_precision: f64,
 }
 
 impl Score {
@@ -278,6 +282,7 @@ impl Score {
         if hit {
             self.hits += 1;
             self.predicted_opens += 1;
+            self.recent_precision += RECENT_WEIGHT * (1.0 - self.recent_precision);
         }
         self.recent += RECENT_WEIGHT * (f64::from(u8::from(hit)) - self.recent);
         while let Some((deadline, _)) = self.deadlines.front()
@@ -289,6 +294,7 @@ impl Score {
             if self.outstanding.get(&f) == Some(&deadline) {
                 self.outstanding.remove(&f);
                 self.expired += 1;
+                self.recent_precision -= RECENT_WEIGHT * self.recent_precision;
             }
         }
     }
@@ -302,6 +308,14 @@ impl Score {
                 self.deadlines.push_back((deadline, f.clone()));
             }
         }
+    }
+
+    /// Whether its recent predictions came true often enough to follow its order: most of them
+    /// (precision), and for most opens (recall). Towards the end of a shuffled pass any
+    /// predictor of unopened files gains recall; only an order that is really followed keeps
+    /// precision too.
+    pub fn trusted(&self) -> bool {
+        self.recent >= TRUSTED && self.recent_precision >= TRUSTED
     }
 
     /// Right predictions / settled predictions (0 before any settled).

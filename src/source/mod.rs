@@ -5,6 +5,7 @@
 //! directory handle; the test double (`faulty`) injects failures. Must never hand out a path or
 //! descriptor that resolves outside the source root, and never cache anything itself.
 
+pub mod deferred;
 pub mod local;
 
 #[cfg(test)]
@@ -16,6 +17,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
+pub use deferred::Deferred;
 pub use local::LocalSource;
 
 /// The version of a source file: bytes cached under one identity are never served for another.
