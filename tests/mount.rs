@@ -691,3 +691,42 @@ fn demo_runs_two_epochs_and_the_second_is_all_hits() {
     );
     assert!(stdout.contains("Unmounted and cleaned up"), "{stdout}");
 }
+
+#[test]
+fn a_replayed_order_is_prefetched_through_a_real_mount() {
+    let mut t = TestMount::new();
+    let files: Vec<String> = (0..80).map(|i| format!("shard-{i:03}.bin")).collect();
+    for (i, f) in files.iter().enumerate() {
+        fs::write(t.s(f), pattern(200_000, i as u64)).expect("write");
+    }
+    // Room in RAM for a few files; the rest can only be prefetched into the staging buffer.
+    t.mount(&["--cache-mem", "1M", "--prefetch-buffer", "32M"]);
+    let mut order: Vec<usize> = (0..files.len()).collect();
+    // A fixed permutation every epoch: neither sorted nor listing order predicts it.
+    order.reverse();
+    order.swap(3, 40);
+    for _ in 0..3 {
+        for &i in &order {
+            assert_eq!(
+                fs::read(t.m(&files[i])).expect("read"),
+                pattern(200_000, i as u64),
+                "{}",
+                files[i]
+            );
+            // What a training step computes between samples: prefetch runs meanwhile.
+            std::thread::sleep(std::time::Duration::from_millis(3));
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let stats = t.stats();
+    let set = &stats["epochs"]["files"];
+    assert_eq!(set["epoch"], 3, "{set}");
+    assert_eq!(set["predictor"], "replay", "{set}");
+    assert_eq!(set["history"][1]["files"], 80, "{set}");
+    assert!(stats["prefetch"]["useful"].as_u64() > Some(0), "{stats}");
+    assert!(
+        stats["prefetch"]["staged"]["reads"].as_u64() > Some(0),
+        "{stats}"
+    );
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+}

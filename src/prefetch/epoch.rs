@@ -156,7 +156,10 @@ impl EpochTracker {
             self.repeats.pop_front();
         }
         self.repeats.push_back((self.opens, file.clone()));
-        let recent = RECENT_MIN.max(self.current.len() / RECENT_DIVISOR);
+        // At most half the pass, so that tiny sets still see their epochs.
+        let recent = RECENT_MIN
+            .max(self.current.len() / RECENT_DIVISOR)
+            .min(self.current.len() / 2);
         if first + recent >= self.current.len() {
             return Opened::Repeat;
         }

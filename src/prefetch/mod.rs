@@ -449,13 +449,13 @@ impl SetState {
         let depth = ((self.rate * file_seconds * 2.0).ceil() as usize + threads)
             .clamp(DEPTH_MIN, DEPTH_MAX);
         shared.depth.store(depth, Ordering::Relaxed);
-        let outcomes = shared.outcomes[set].lock().clone();
+        let outcomes = &shared.outcomes[set];
         let current = self.tracker.current();
         let cache = &shared.cache;
         let known = &self.known;
         let skip = |p: &Path| {
             current.contains(p)
-                || outcomes.contains_key(p)
+                || outcomes.lock().contains_key(p)
                 || known
                     .get(p)
                     .and_then(|id| cache.get(id))

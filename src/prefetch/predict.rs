@@ -26,6 +26,9 @@ const TRUSTED: f64 = 0.5;
 const LISTINGS_KEPT: usize = 4096;
 /// Directories a walk may list for one prediction (bounds planner I/O on sparse trees).
 const LISTINGS_PER_PREDICTION: usize = 16;
+/// Candidates a predictor may look at per file it predicts: late in a pass most candidates were
+/// opened already, and the planner runs on every open (bounds its CPU).
+const SCAN_PER_PREDICTION: usize = 16;
 
 /// A predictor of the next opens of one file set.
 pub trait Predictor: Send {
@@ -68,7 +71,10 @@ impl Predictor for Replay {
             return;
         };
         let wanted = out.len() + n;
-        for f in previous.order()[at + 1..].iter().take(n * 8) {
+        for f in previous.order()[at + 1..]
+            .iter()
+            .take(n * SCAN_PER_PREDICTION)
+        {
             if out.len() == wanted {
                 break;
             }
@@ -92,6 +98,7 @@ pub struct Tree {
     sorted: bool,
     listings: HashMap<PathBuf, Arc<Listing>>,
     budget: usize,
+    scan: usize,
 }
 
 impl Tree {
@@ -102,6 +109,7 @@ impl Tree {
             sorted,
             listings: HashMap::new(),
             budget: 0,
+            scan: 0,
         }
     }
 
@@ -166,9 +174,10 @@ impl Tree {
                 None => 0,
             };
             for name in &listing.files[start..] {
-                if out.len() >= want {
+                if out.len() >= want || self.scan == 0 {
                     return;
                 }
+                self.scan -= 1;
                 let path = dir.join(name);
                 if !skip(&path) {
                     out.push(Arc::from(path));
@@ -184,7 +193,7 @@ impl Tree {
             None => 0,
         };
         for name in &listing.dirs[start..] {
-            if out.len() >= want || self.budget == 0 {
+            if out.len() >= want || self.budget == 0 || self.scan == 0 {
                 return;
             }
             self.walk(&dir.join(name), None, None, want, skip, out);
@@ -211,10 +220,11 @@ impl Predictor for Tree {
     ) {
         let want = out.len() + n;
         self.budget = LISTINGS_PER_PREDICTION;
+        self.scan = n * SCAN_PER_PREDICTION;
         let mut dir = last.parent().unwrap_or(Path::new("")).to_path_buf();
         self.walk(&dir, last.file_name(), None, want, skip, out);
         // Then up the tree: the parent's subdirectories after this one, and so on to the root.
-        while out.len() < want && self.budget > 0 {
+        while out.len() < want && self.budget > 0 && self.scan > 0 {
             let Some(name) = dir.file_name().map(std::ffi::OsStr::to_os_string) else {
                 break;
             };
@@ -226,7 +236,8 @@ impl Predictor for Tree {
 }
 
 /// Appends up to `n` files the last pass read and this one has not, starting after `cursor` (so
-/// that successive calls spread over the set); returns the new cursor.
+/// that successive calls spread over the set, and a call that finds few continues where the last
+/// one stopped); returns the new cursor.
 pub fn remaining(
     tracker: &EpochTracker,
     cursor: usize,
@@ -241,7 +252,7 @@ pub fn remaining(
     let len = order.len();
     let wanted = out.len() + n;
     let mut at = cursor;
-    for _ in 0..len {
+    for _ in 0..len.min(n * SCAN_PER_PREDICTION) {
         if out.len() >= wanted {
             break;
         }
