@@ -91,6 +91,18 @@ struct Listing {
     dirs: Vec<OsString>,
 }
 
+/// The names after `name` (all of them when `None`; none when `name` is not there).
+fn after_name<'a>(names: &'a [OsString], name: Option<&std::ffi::OsStr>) -> &'a [OsString] {
+    let start = match name {
+        Some(name) => names
+            .iter()
+            .position(|n| n == name)
+            .map_or(names.len(), |i| i + 1),
+        None => 0,
+    };
+    &names[start..]
+}
+
 /// A depth-first walk of the source tree as `os.walk` yields it: a directory's files, then each
 /// subdirectory's walk; names sorted, or in the order the directory lists them.
 pub struct Tree {
@@ -165,15 +177,7 @@ impl Tree {
             return;
         };
         if after_dir.is_none() {
-            let start = match after {
-                Some(name) => listing
-                    .files
-                    .iter()
-                    .position(|f| f == name)
-                    .map_or(listing.files.len(), |i| i + 1),
-                None => 0,
-            };
-            for name in &listing.files[start..] {
+            for name in after_name(&listing.files, after) {
                 if out.len() >= want || self.scan == 0 {
                     return;
                 }
@@ -184,15 +188,7 @@ impl Tree {
                 }
             }
         }
-        let start = match after_dir {
-            Some(name) => listing
-                .dirs
-                .iter()
-                .position(|d| d == name)
-                .map_or(listing.dirs.len(), |i| i + 1),
-            None => 0,
-        };
-        for name in &listing.dirs[start..] {
+        for name in after_name(&listing.dirs, after_dir) {
             if out.len() >= want || self.budget == 0 || self.scan == 0 {
                 return;
             }
