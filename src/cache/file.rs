@@ -494,15 +494,17 @@ impl CachedFile {
                 Some(result) => result.map(|_| Prefetched::Fetched),
             };
         }
-        let staging = &self.tiers.staging;
-        if !stage || staging.contains(self.identity, index) {
+        if !stage {
             return Ok(Prefetched::NoRoom);
         }
         let mut failed = None;
-        let staged = staging.fill(self.identity, index, span.end - span.start, || {
-            self.load_unstaged(index, span.clone(), source)
-                .inspect_err(|e| failed = Some(*e))
-        });
+        let staged = self
+            .tiers
+            .staging
+            .fill(self.identity, index, span.end - span.start, || {
+                self.load_unstaged(index, span.clone(), source)
+                    .inspect_err(|e| failed = Some(*e))
+            });
         match (staged, failed) {
             (true, _) => Ok(Prefetched::Staged),
             (false, Some(e)) => Err(e),

@@ -488,11 +488,10 @@ impl Fs {
     /// keep that descriptor's version.
     fn open_source(&self, node: &Node) -> Result<Arc<dyn SourceFile>, FsError> {
         let meta = self.stat_node(node)?;
-        if meta.kind == Kind::File
-            && self
-                .cache
-                .get(&meta.identity)
-                .is_some_and(|c| c.is_available())
+        if self
+            .cache
+            .get(&meta.identity)
+            .is_some_and(|c| c.is_available())
         {
             return Ok(Arc::new(Deferred::new(
                 self.source.clone(),

@@ -42,6 +42,9 @@ const FILE_BLOCKS: usize = 8;
 /// Readahead window bounds, in blocks: it starts small and doubles while reads stay sequential.
 const READAHEAD_MIN: u64 = 2;
 const READAHEAD_MAX: u64 = 16;
+/// Readahead jobs waiting at most: beyond it a window is not queued, and the handle asks again
+/// on its next sequential read (the queue stays bounded however many files are streamed).
+const READAHEAD_QUEUED: usize = 64;
 /// Files the planner keeps queued ahead of the readers, at least and at most.
 const DEPTH_MIN: usize = 4;
 const DEPTH_MAX: usize = 128;
@@ -309,16 +312,22 @@ impl Prefetcher {
         }
         let window = (state.window.load(Ordering::Acquire) * 2).clamp(READAHEAD_MIN, READAHEAD_MAX);
         state.window.store(window, Ordering::Release);
-        let block = crate::cache::BLOCK_SIZE;
-        let from = end
-            .div_ceil(block)
-            .max(state.requested.load(Ordering::Acquire));
-        let to = (end.div_ceil(block) + window).min(entry.blocks() as u64);
+        let next_block = end.div_ceil(crate::cache::BLOCK_SIZE);
+        let from = next_block.max(state.requested.load(Ordering::Acquire));
+        let to = (next_block + window).min(entry.blocks() as u64);
         if from >= to {
             return;
         }
-        state.requested.store(to, Ordering::Release);
         let mut jobs = self.shared.jobs.lock();
+        let queued = jobs
+            .queue
+            .iter()
+            .filter(|j| matches!(j, Job::Blocks { .. }))
+            .count();
+        if queued >= READAHEAD_QUEUED {
+            return;
+        }
+        state.requested.store(to, Ordering::Release);
         jobs.queue.push_front(Job::Blocks {
             entry: entry.clone(),
             source: source.clone(),

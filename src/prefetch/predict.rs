@@ -273,8 +273,6 @@ pub struct Score {
     pub expired: u64,
     /// Opens scored.
     pub opens: u64,
-    /// Opens that this predictor had predicted.
-    pub predicted_opens: u64,
     /// Recall over the last few dozen opens.
     pub recent: f64,
     /// Precision over the last few dozen settled predictions.
@@ -288,7 +286,6 @@ impl Score {
         let hit = self.outstanding.remove(file).is_some();
         if hit {
             self.hits += 1;
-            self.predicted_opens += 1;
             self.recent_precision += RECENT_WEIGHT * (1.0 - self.recent_precision);
         }
         self.recent += RECENT_WEIGHT * (f64::from(u8::from(hit)) - self.recent);
@@ -335,12 +332,12 @@ impl Score {
         }
     }
 
-    /// Opens that were predicted / opens.
+    /// Opens that were predicted / opens (each hit is one predicted open).
     pub fn recall(&self) -> f64 {
         if self.opens == 0 {
             0.0
         } else {
-            self.predicted_opens as f64 / self.opens as f64
+            self.hits as f64 / self.opens as f64
         }
     }
 }
