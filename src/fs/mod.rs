@@ -361,6 +361,7 @@ impl Fs {
             staged_bytes,
             staging_budget_bytes,
             prefetch_depth: self.prefetcher.depth() as u64,
+            prefetch_parked: self.prefetcher.parked() as u64,
             ..self.cache.gauges()
         }
     }
@@ -484,8 +485,8 @@ impl Fs {
 
     /// The source file behind an open of `node`. A version whose every block the cache or the
     /// staging buffer holds is identified by a stat and opened only if a read comes to need it
-    /// (an open is a round trip on network storage); any other is opened now, so reads of it
-    /// keep that descriptor's version.
+    /// (an open is a round trip on network storage); any other is the file prefetch opened
+    /// ahead at this version, else opened now, so reads of it keep that descriptor's version.
     fn open_source(&self, node: &Node) -> Result<Arc<dyn SourceFile>, FsError> {
         let meta = self.stat_node(node)?;
         if self
@@ -498,6 +499,9 @@ impl Fs {
                 &node.path,
                 meta.identity,
             )));
+        }
+        if let Some(file) = self.prefetcher.take_opened(&node.path, meta.identity) {
+            return Ok(file);
         }
         self.source
             .open(&node.path)

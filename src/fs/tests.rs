@@ -534,7 +534,9 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
 
 /// A mount over a source whose every read takes 2 ms, with room in RAM for 4 of `files` files
 /// of 64 KiB and a staging buffer for all of them, prefetching with 2 threads.
-fn slow_prefetching_fs(files: u8) -> (tempfile::TempDir, Fs, Arc<FaultPlan>) {
+/// `files` files of 64 KiB behind a source that takes 2 ms per read, a 256 KiB cache and a
+/// staging buffer of `staging` bytes.
+fn slow_prefetching_fs(files: u8, staging: u64) -> (tempfile::TempDir, Fs, Arc<FaultPlan>) {
     let dir = tempfile::tempdir().expect("tempdir");
     for i in 0..files {
         std::fs::write(dir.path().join(format!("f{i:02}")), pattern(64 << 10, i)).expect("write");
@@ -547,7 +549,7 @@ fn slow_prefetching_fs(files: u8) -> (tempfile::TempDir, Fs, Arc<FaultPlan>) {
             enabled: true,
             threads: 2,
         },
-        prefetch_buffer: 8 << 20,
+        prefetch_buffer: staging,
         ..options(256 << 10)
     };
     let fs = Fs::new(Arc::new(source), options);
@@ -582,7 +584,7 @@ fn status_at_epoch(fs: &Fs, epoch: u64) -> serde_json::Value {
 
 #[test]
 fn replayed_order_is_prefetched_from_a_slow_source_into_the_staging_buffer() {
-    let (_dir, fs, _plan) = slow_prefetching_fs(60);
+    let (_dir, fs, _plan) = slow_prefetching_fs(60, 8 << 20);
     let mut order: Vec<u8> = (0..60).collect();
     fastrand::Rng::with_seed(7).shuffle(&mut order);
     for _ in 0..3 {
@@ -610,7 +612,7 @@ fn replayed_order_is_prefetched_from_a_slow_source_into_the_staging_buffer() {
 
 #[test]
 fn a_prefetched_file_changed_in_the_source_is_served_at_its_new_version() {
-    let (dir, fs, _plan) = slow_prefetching_fs(40);
+    let (dir, fs, _plan) = slow_prefetching_fs(40, 8 << 20);
     let order: Vec<u8> = (0..40).rev().collect();
     for _ in 0..2 {
         read_pass(&fs, &order, |i| pattern(64 << 10, i));
@@ -619,6 +621,38 @@ fn a_prefetched_file_changed_in_the_source_is_served_at_its_new_version() {
     // Let the prefetcher fetch the next files of the replayed order (old versions).
     std::thread::sleep(Duration::from_millis(200));
     assert!(fs.cache.staged().0 > 0, "the next files were staged");
+    let changed = order[10];
+    let fresh = pattern(70_000, 99);
+    std::fs::write(dir.path().join(format!("f{changed:02}")), &fresh).expect("rewrite");
+    read_pass(&fs, &order[10..], |i| {
+        if i == changed {
+            fresh.clone()
+        } else {
+            pattern(64 << 10, i)
+        }
+    });
+}
+
+#[test]
+fn without_room_for_their_bytes_files_are_opened_ahead_and_never_at_a_stale_version() {
+    let (dir, fs, _plan) = slow_prefetching_fs(40, 0);
+    let order: Vec<u8> = (0..40).rev().collect();
+    for _ in 0..2 {
+        read_pass(&fs, &order, |i| pattern(64 << 10, i));
+    }
+    read_pass(&fs, &order[..10], |i| pattern(64 << 10, i));
+    std::thread::sleep(Duration::from_millis(200));
+    let m = fs.metrics();
+    assert!(m.prefetch_opened_ahead.get() > 0, "nothing opened ahead");
+    assert!(
+        m.prefetch_opens_saved.get() > 0,
+        "no open took a file opened ahead"
+    );
+    assert!(
+        fs.gauges().prefetch_parked > 0,
+        "the next files wait opened"
+    );
+    // Rewritten in place: the parked descriptor now names another version.
     let changed = order[10];
     let fresh = pattern(70_000, 99);
     std::fs::write(dir.path().join(format!("f{changed:02}")), &fresh).expect("rewrite");

@@ -8,12 +8,14 @@
 //! every open with the best predictor's next ones; when no predictor has been right recently it
 //! falls back to the files the last pass read and this one has not (epochs >= 2), or, in epoch 1,
 //! to filling the cache in walk order while it has room. Workers fetch into the never-evict
-//! cache, else into the staging buffer. Demand reads never queue behind prefetch (they do not
+//! cache, else into the staging buffer, else only open the file and park it for the reader's
+//! open (`Parked`). Demand reads never queue behind prefetch (they do not
 //! use this queue), and while any demand read waits on the source, at most half the workers
 //! run. Must never serve bytes (the cache does, keyed by file version), never block an open or a
 //! read on planning, and never fetch past the cache's budget and the staging buffer's.
 
 pub mod epoch;
+mod parked;
 pub mod predict;
 
 use std::collections::{HashMap, VecDeque};
@@ -32,6 +34,7 @@ use crate::cache::{CachedFile, NeverEvictCache, Prefetched};
 use crate::source::{Identity, Source, SourceFile};
 use crate::stats::Metrics;
 use epoch::{EpochTracker, FileKey, Opened};
+use parked::Parked;
 use predict::{HORIZON, Predictor, Replay, Score, Tree};
 
 /// Opens waiting for the planner; beyond it they are dropped (and counted), never waited for.
@@ -209,6 +212,8 @@ struct Shared {
     file_seconds: AtomicU64,
     depth: AtomicUsize,
     status: Mutex<Value>,
+    /// Files opened ahead whose bytes had no room anywhere.
+    parked: Parked,
 }
 
 /// The prefetcher of one mount.
@@ -261,6 +266,7 @@ impl Prefetcher {
             file_seconds: AtomicU64::new(0f64.to_bits()),
             depth: AtomicUsize::new(DEPTH_MIN),
             status: Mutex::new(json!({})),
+            parked: Parked::default(),
         });
         let sets: Vec<SetState> = names
             .into_iter()
@@ -361,9 +367,22 @@ impl Prefetcher {
         self.shared.work.notify_one();
     }
 
+    /// The source file a prefetch opened ahead for `path`, if it is at version `identity`: the
+    /// open that takes it makes no round trip to the source.
+    pub fn take_opened(&self, path: &Path, identity: Identity) -> Option<Arc<dyn SourceFile>> {
+        let file = self.shared.parked.take(path, Some(identity))?;
+        self.shared.metrics.prefetch_opens_saved.inc();
+        Some(file)
+    }
+
     /// The planner's latest view of epochs and predictors, for stats.json.
     pub fn status(&self) -> Value {
         self.shared.status.lock().clone()
+    }
+
+    /// Files opened ahead and not yet taken.
+    pub fn parked(&self) -> usize {
+        self.shared.parked.len()
     }
 
     /// Files the planner keeps queued ahead (the controller's current depth).
@@ -656,7 +675,9 @@ fn work(shared: &Shared) {
     }
 }
 
-/// Fetches the first blocks of `file` ahead of its open.
+/// Fetches the first blocks of `file` ahead of its open. When there is no room for them, the
+/// opened file is parked instead, so that the reader's open at least makes no round trip (and a
+/// later try, once room frees, makes none either).
 fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identity>, stage: bool) {
     if let Some(entry) = known.and_then(|id| shared.cache.get(&id))
         && entry.is_complete()
@@ -672,9 +693,12 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
     }
     let started = Instant::now();
     let mut fetched = false;
-    match shared.source.open(file) {
+    let parked = shared.parked.take(file, None);
+    let opened_now = parked.is_none();
+    match parked.map_or_else(|| shared.source.open(file), Ok) {
         Ok(source) => {
             let entry = shared.cache.file(source.identity(), file);
+            let mut no_room = false;
             for index in 0..entry.blocks().min(FILE_BLOCKS) {
                 if shared.stop.load(Ordering::Acquire) {
                     break;
@@ -685,12 +709,21 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
                         fetched = true;
                     }
                     Ok(Prefetched::Present) => {}
-                    Ok(Prefetched::NoRoom) => break,
+                    Ok(Prefetched::NoRoom) => {
+                        no_room = index == 0;
+                        break;
+                    }
                     Err(_) => {
                         shared.metrics.prefetch_failed.inc();
                         break;
                     }
                 }
+            }
+            if no_room {
+                if opened_now {
+                    shared.metrics.prefetch_opened_ahead.inc();
+                }
+                shared.parked.park(file.clone(), source);
             }
         }
         Err(e) => {

@@ -194,6 +194,10 @@ pub struct Metrics {
     pub prefetch_failed: Counter,
     /// Opens the planner never saw because its queue was full.
     pub prefetch_events_dropped: Counter,
+    /// Source files opened ahead of their readers whose bytes had no room (parked open).
+    pub prefetch_opened_ahead: Counter,
+    /// Reader opens that took a file opened ahead instead of opening it (round trips saved).
+    pub prefetch_opens_saved: Counter,
 }
 
 impl Default for Metrics {
@@ -241,6 +245,8 @@ impl Default for Metrics {
             prefetch_blocks: Counter::default(),
             prefetch_failed: Counter::default(),
             prefetch_events_dropped: Counter::default(),
+            prefetch_opened_ahead: Counter::default(),
+            prefetch_opens_saved: Counter::default(),
         }
     }
 }
@@ -284,6 +290,8 @@ pub struct Gauges {
     pub staging_budget_bytes: u64,
     /// Files the prefetch planner keeps queued ahead of the readers.
     pub prefetch_depth: u64,
+    /// Source files opened ahead and not yet taken by a reader's open.
+    pub prefetch_parked: u64,
 }
 
 /// Whether a sample only grows or may go down.
@@ -754,11 +762,32 @@ impl Metrics {
                 self.prefetch_events_dropped.get() as f64,
             ),
             (
+                "prefetch.opened_ahead",
+                "prefetch_opened_ahead_total",
+                C,
+                "Source files opened ahead of their readers when their bytes had no room.",
+                self.prefetch_opened_ahead.get() as f64,
+            ),
+            (
+                "prefetch.opens_saved",
+                "prefetch_opens_saved_total",
+                C,
+                "Reader opens that took a file opened ahead (no round trip to the source).",
+                self.prefetch_opens_saved.get() as f64,
+            ),
+            (
                 "prefetch.depth",
                 "prefetch_depth",
                 G,
                 "Files the planner keeps queued ahead of the readers (controller output).",
                 g.prefetch_depth as f64,
+            ),
+            (
+                "prefetch.parked",
+                "prefetch_parked",
+                G,
+                "Source files opened ahead and not yet taken by a reader's open.",
+                g.prefetch_parked as f64,
             ),
             (
                 "prefetch.staged.bytes",

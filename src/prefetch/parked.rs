@@ -1,0 +1,148 @@
+//! `Parked`: source files the prefetcher opened ahead of their readers, waiting for the open
+//! that asks for them.
+//!
+//! Owns: a bounded set of open source files keyed by path, the oldest closed first when it is
+//! full. When neither the cache nor the staging buffer has room for a predicted file's bytes,
+//! prefetch can still take the open's round trip (milliseconds on network storage) off the
+//! reader's path, at the cost of a descriptor and no memory. Must never hand a reader a file of
+//! another version than the one its open saw (`take` compares identities and closes a
+//! mismatch), and never hold more than its capacity of descriptors.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::epoch::FileKey;
+use crate::source::{Identity, SourceFile};
+
+/// Descriptors held at most (the planner's deepest queue).
+pub const CAPACITY: usize = 128;
+
+#[derive(Default)]
+struct Slots {
+    files: HashMap<FileKey, (u64, Arc<dyn SourceFile>)>,
+    /// Parking order, oldest first: (generation, path); entries whose file was taken or parked
+    /// again since are skipped.
+    order: VecDeque<(u64, FileKey)>,
+    generation: u64,
+}
+
+/// The parked files of one mount.
+#[derive(Default)]
+pub struct Parked {
+    slots: Mutex<Slots>,
+}
+
+impl Parked {
+    /// Parks `file`, opened at `path`, closing the oldest parked file when full.
+    pub fn park(&self, path: FileKey, file: Arc<dyn SourceFile>) {
+        let mut s = self.slots.lock();
+        s.generation += 1;
+        let generation = s.generation;
+        s.files.insert(path.clone(), (generation, file));
+        s.order.push_back((generation, path));
+        while s.files.len() > CAPACITY {
+            let Some((generation, path)) = s.order.pop_front() else {
+                break;
+            };
+            if s.files.get(&path).is_some_and(|(g, _)| *g == generation) {
+                s.files.remove(&path);
+            }
+        }
+        if s.order.len() > 2 * CAPACITY {
+            let Slots { files, order, .. } = &mut *s;
+            order.retain(|(g, p)| files.get(p).is_some_and(|(fg, _)| fg == g));
+        }
+    }
+
+    /// The file parked for `path`, if it is at version `identity` (any version when `None`).
+    pub fn take(&self, path: &Path, identity: Option<Identity>) -> Option<Arc<dyn SourceFile>> {
+        let (_, file) = self.slots.lock().files.remove(path)?;
+        match identity {
+            Some(id) if id != file.identity() => None,
+            _ => Some(file),
+        }
+    }
+
+    /// Files parked now.
+    pub fn len(&self) -> usize {
+        self.slots.lock().files.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+
+    struct Fake(Identity);
+
+    impl SourceFile for Fake {
+        fn identity(&self) -> Identity {
+            self.0
+        }
+        fn read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<usize> {
+            Ok(0)
+        }
+        fn current_identity(&self) -> io::Result<Identity> {
+            Ok(self.0)
+        }
+    }
+
+    fn id(n: u64) -> Identity {
+        Identity {
+            dev: 1,
+            ino: n,
+            size: 10,
+            mtime_ns: 5,
+            ctime_ns: 5,
+        }
+    }
+
+    fn key(n: usize) -> FileKey {
+        Arc::from(Path::new(&format!("f{n}")))
+    }
+
+    #[test]
+    fn a_parked_file_is_taken_once_and_only_at_its_version() {
+        let parked = Parked::default();
+        parked.park(key(1), Arc::new(Fake(id(1))));
+        assert!(
+            parked.take(&key(1), Some(id(2))).is_none(),
+            "another version"
+        );
+        assert!(
+            parked.take(&key(1), Some(id(1))).is_none(),
+            "a mismatch closes it"
+        );
+        parked.park(key(1), Arc::new(Fake(id(1))));
+        assert_eq!(
+            parked.take(&key(1), Some(id(1))).map(|f| f.identity()),
+            Some(id(1))
+        );
+        assert!(parked.take(&key(1), None).is_none(), "taken already");
+    }
+
+    #[test]
+    fn the_oldest_parked_files_close_first_when_full() {
+        let parked = Parked::default();
+        for n in 0..CAPACITY + 10 {
+            parked.park(key(n), Arc::new(Fake(id(n as u64))));
+        }
+        assert_eq!(parked.len(), CAPACITY);
+        assert!(parked.take(&key(0), None).is_none());
+        assert!(parked.take(&key(9), None).is_none());
+        assert!(parked.take(&key(10), None).is_some());
+        assert!(parked.take(&key(CAPACITY + 9), None).is_some());
+        // Parking again and taking many times keeps the order list bounded.
+        for round in 0..10 {
+            for n in 0..CAPACITY {
+                parked.park(key(n), Arc::new(Fake(id(round))));
+            }
+        }
+        assert_eq!(parked.len(), CAPACITY);
+        assert!(parked.slots.lock().order.len() <= 2 * CAPACITY);
+    }
+}
