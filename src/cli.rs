@@ -105,6 +105,10 @@ struct MountArgs {
     /// --cache-mem; 0: prefetch only into the cache). Default 64M.
     #[arg(long, value_name = "SIZE")]
     prefetch_buffer: Option<String>,
+    /// A file outside the mount where a sampler writes the upcoming paths, one per line
+    /// (relative to the mount or absolute under it); prefetch follows it while it is right.
+    #[arg(long, value_name = "FILE")]
+    order_file: Option<PathBuf>,
     /// Directory of the persistent disk tier (created 0700; one mount at a time).
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
@@ -176,6 +180,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 no_prefetch,
                 prefetch_threads,
                 prefetch_buffer,
+                order_file,
                 cache_dir,
                 cache_disk,
                 disk_min_free,
@@ -217,6 +222,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                     threads: prefetch_threads.max(1),
                 },
                 prefetch_buffer,
+                order_file: order_file.map(|p| std::path::absolute(&p).unwrap_or(p)),
                 cache_dir: cache_dir.map(|p| std::path::absolute(&p).unwrap_or(p)),
                 cache_disk,
                 disk_min_free,

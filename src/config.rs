@@ -80,6 +80,8 @@ pub struct MountConfig {
     pub prefetch: PrefetchOptions,
     /// Byte budget of the prefetch staging buffer.
     pub prefetch_buffer: u64,
+    /// An order file a sampler writes (absolute path), for prefetch to follow.
+    pub order_file: Option<PathBuf>,
     /// Directory of the persistent disk tier, if any.
     pub cache_dir: Option<PathBuf>,
     /// Disk tier budget (`None`: half of the free space at mount).

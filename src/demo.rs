@@ -71,6 +71,7 @@ pub fn run(files: usize) -> Result<(), String> {
             threads: config::DEFAULT_PREFETCH_THREADS,
         },
         prefetch_buffer: config::DEFAULT_PREFETCH_BUFFER,
+        order_file: None,
         cache_dir: None,
         cache_disk: None,
         disk_min_free: 0.05,

@@ -18,6 +18,7 @@ use crate::cache::{CacheDir, DiskOptions, DiskSetup};
 use crate::config::{ConfigError, MountConfig};
 use crate::fs::{Fs, FsOptions};
 use crate::fuse::{Adapter, Config, MountOption, Session, SessionACL, SessionUnmounter};
+use crate::prefetch::OrderHint;
 use crate::source::{LocalSource, Source};
 use crate::workers::WorkerPool;
 
@@ -140,6 +141,10 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
             decoded_caching: cfg.decoded_caching,
             prefetch: cfg.prefetch,
             prefetch_buffer: cfg.prefetch_buffer,
+            order_hint: cfg.order_file.clone().map(|file| OrderHint {
+                file,
+                mountpoint: cfg.mountpoint.clone(),
+            }),
         },
         disk,
     ));

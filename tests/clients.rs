@@ -60,6 +60,31 @@ fn pytorch_dataloader_reads_a_view_epoch_with_shapes_dtypes_and_labels() {
     assert_eq!(t.stats()["views"]["train"]["errors"], 0);
 }
 
+#[test]
+fn a_pytorch_sampler_publishing_its_order_is_followed_by_prefetch() {
+    let mut t = TestMount::new();
+    class_folders(&t, 4, 10);
+    let order_dir = tempfile::tempdir().expect("tempdir");
+    let order_file = order_dir.path().join("order");
+    t.mount(&[
+        "--order-file",
+        order_file.to_str().expect("utf-8 path"),
+        "--cache-mem",
+        "64K",
+    ]);
+    let stdout = run_client(
+        "torch_order_file.py",
+        &[t.m("").as_os_str(), order_file.as_os_str(), "4".as_ref()],
+    );
+    assert!(stdout.contains("\"images\": 160"), "{stdout}");
+    let files = &t.stats()["epochs"]["files"];
+    let hint = &files["predictors"]["hint"];
+    assert!(files["epoch"].as_u64() >= Some(4), "{files}");
+    assert_eq!(files["predictor"], "hint", "{files}");
+    assert!(hint["hits"].as_u64() > Some(80), "{files}");
+    assert!(hint["precision"].as_f64() > Some(0.8), "{files}");
+}
+
 /// Runs a client script with the venv's python; panics with its output unless it succeeds.
 fn run_client(script: &str, args: &[&std::ffi::OsStr]) -> String {
     let out = Command::new(python())

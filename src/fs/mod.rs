@@ -28,7 +28,7 @@ use crate::inode::{
     self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE,
     VIEWS_DIR,
 };
-use crate::prefetch::{PrefetchOptions, Prefetcher, Readahead};
+use crate::prefetch::{OrderHint, PrefetchOptions, Prefetcher, Readahead};
 use crate::shards::ShardedMap;
 use crate::source::{Deferred, Kind, Meta, Source, SourceFile, SpaceStats};
 use crate::stats::{self, Gauges, Metrics};
@@ -66,6 +66,8 @@ pub struct FsOptions {
     pub prefetch: PrefetchOptions,
     /// Byte budget of the prefetch staging buffer (apart from `cache_budget`).
     pub prefetch_buffer: u64,
+    /// An order file a sampler writes, for prefetch to follow.
+    pub order_hint: Option<OrderHint>,
 }
 
 /// Attributes of one node, with how long the kernel may cache them.
@@ -204,6 +206,7 @@ impl Fs {
             metrics.clone(),
             options.prefetch,
             &view_names,
+            options.order_hint.clone(),
         );
         let views = Arc::new(Views::new(
             &options.views,

@@ -33,6 +33,7 @@ fn options(budget: u64) -> FsOptions {
             threads: 2,
         },
         prefetch_buffer: 8 << 20,
+        order_hint: None,
     }
 }
 
@@ -534,9 +535,13 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
 
 /// A mount over a source whose every read takes 2 ms, with room in RAM for 4 of `files` files
 /// of 64 KiB and a staging buffer for all of them, prefetching with 2 threads.
-/// `files` files of 64 KiB behind a source that takes 2 ms per read, a 256 KiB cache and a
-/// staging buffer of `staging` bytes.
-fn slow_prefetching_fs(files: u8, staging: u64) -> (tempfile::TempDir, Fs, Arc<FaultPlan>) {
+/// `files` files of 64 KiB behind a source that takes 2 ms per read, a 256 KiB cache, a
+/// staging buffer of `staging` bytes, and prefetch following `order_hint` when given.
+fn slow_prefetching_fs(
+    files: u8,
+    staging: u64,
+    order_hint: Option<crate::prefetch::OrderHint>,
+) -> (tempfile::TempDir, Fs, Arc<FaultPlan>) {
     let dir = tempfile::tempdir().expect("tempdir");
     for i in 0..files {
         std::fs::write(dir.path().join(format!("f{i:02}")), pattern(64 << 10, i)).expect("write");
@@ -550,6 +555,7 @@ fn slow_prefetching_fs(files: u8, staging: u64) -> (tempfile::TempDir, Fs, Arc<F
             threads: 2,
         },
         prefetch_buffer: staging,
+        order_hint,
         ..options(256 << 10)
     };
     let fs = Fs::new(Arc::new(source), options);
@@ -584,7 +590,7 @@ fn status_at_epoch(fs: &Fs, epoch: u64) -> serde_json::Value {
 
 #[test]
 fn replayed_order_is_prefetched_from_a_slow_source_into_the_staging_buffer() {
-    let (_dir, fs, _plan) = slow_prefetching_fs(60, 8 << 20);
+    let (_dir, fs, _plan) = slow_prefetching_fs(60, 8 << 20, None);
     let mut order: Vec<u8> = (0..60).collect();
     fastrand::Rng::with_seed(7).shuffle(&mut order);
     for _ in 0..3 {
@@ -612,7 +618,7 @@ fn replayed_order_is_prefetched_from_a_slow_source_into_the_staging_buffer() {
 
 #[test]
 fn a_prefetched_file_changed_in_the_source_is_served_at_its_new_version() {
-    let (dir, fs, _plan) = slow_prefetching_fs(40, 8 << 20);
+    let (dir, fs, _plan) = slow_prefetching_fs(40, 8 << 20, None);
     let order: Vec<u8> = (0..40).rev().collect();
     for _ in 0..2 {
         read_pass(&fs, &order, |i| pattern(64 << 10, i));
@@ -634,8 +640,44 @@ fn a_prefetched_file_changed_in_the_source_is_served_at_its_new_version() {
 }
 
 #[test]
+fn a_sampler_order_file_is_followed_where_no_pass_repeats_the_last() {
+    let hint_dir = tempfile::tempdir().expect("tempdir");
+    let order_file = hint_dir.path().join("order");
+    let hint = crate::prefetch::OrderHint {
+        file: order_file.clone(),
+        mountpoint: "/mnt/data".into(),
+    };
+    let (_dir, fs, _plan) = slow_prefetching_fs(60, 8 << 20, Some(hint));
+    let mut rng = fastrand::Rng::with_seed(11);
+    for _ in 0..3 {
+        // A fresh shuffle each epoch, published before the epoch starts, as absolute paths.
+        let mut order: Vec<u8> = (0..60).collect();
+        rng.shuffle(&mut order);
+        let text: String = order
+            .iter()
+            .map(|i| format!("/mnt/data/f{i:02}\n"))
+            .collect();
+        std::fs::write(&order_file, text).expect("order file");
+        std::thread::sleep(Duration::from_millis(400));
+        read_pass(&fs, &order, |i| pattern(64 << 10, i));
+    }
+    let status = status_at_epoch(&fs, 3);
+    assert_eq!(status["files"]["predictor"], "hint", "{status}");
+    assert!(
+        status["files"]["predictors"]["hint"]["precision"]
+            .as_f64()
+            .is_some_and(|p| p > 0.9),
+        "{status}"
+    );
+    assert!(
+        fs.metrics().prefetch_useful.get() > 0,
+        "no hinted file was prefetched in time"
+    );
+}
+
+#[test]
 fn without_room_for_their_bytes_files_are_opened_ahead_and_never_at_a_stale_version() {
-    let (dir, fs, _plan) = slow_prefetching_fs(40, 0);
+    let (dir, fs, _plan) = slow_prefetching_fs(40, 0, None);
     let order: Vec<u8> = (0..40).rev().collect();
     for _ in 0..2 {
         read_pass(&fs, &order, |i| pattern(64 << 10, i));

@@ -15,6 +15,7 @@
 //! read on planning, and never fetch past the cache's budget and the staging buffer's.
 
 pub mod epoch;
+mod hint;
 mod parked;
 pub mod predict;
 
@@ -34,6 +35,7 @@ use crate::cache::{CachedFile, NeverEvictCache, Prefetched};
 use crate::source::{Identity, Source, SourceFile};
 use crate::stats::Metrics;
 use epoch::{EpochTracker, FileKey, Opened};
+use hint::{Hint, OrderFile, OrderSlot};
 use parked::Parked;
 use predict::{HORIZON, Predictor, Replay, Score, Tree};
 
@@ -65,6 +67,15 @@ pub struct PrefetchOptions {
     pub enabled: bool,
     /// Worker threads (concurrent source fetches ahead of the readers).
     pub threads: usize,
+}
+
+/// An order file a sampler writes (`--order-file`), and the mount it names paths under.
+#[derive(Debug, Clone)]
+pub struct OrderHint {
+    /// The file, outside the mount.
+    pub file: std::path::PathBuf,
+    /// The mountpoint, stripped from absolute paths in the file.
+    pub mountpoint: std::path::PathBuf,
 }
 
 /// A file set: the source tree (0) or view `n - 1`.
@@ -242,13 +253,14 @@ pub struct Readahead {
 
 impl Prefetcher {
     /// Starts the planner and `options.threads` workers for the source tree and `views` views
-    /// (named `view_names`).
+    /// (named `view_names`), following `hint`'s order file too when there is one.
     pub fn start(
         source: Arc<dyn Source>,
         cache: Arc<NeverEvictCache>,
         metrics: Arc<Metrics>,
         options: PrefetchOptions,
         view_names: &[String],
+        hint: Option<OrderHint>,
     ) -> Prefetcher {
         let names: Vec<String> = std::iter::once("files".to_owned())
             .chain(view_names.iter().map(|n| format!("view:{n}")))
@@ -268,16 +280,18 @@ impl Prefetcher {
             status: Mutex::new(json!({})),
             parked: Parked::default(),
         });
+        let order_file = hint.map(|h| OrderFile::new(h.file, h.mountpoint));
+        let slot = order_file.as_ref().map(OrderFile::slot);
         let sets: Vec<SetState> = names
             .into_iter()
-            .map(|name| SetState::new(name, &source, &metrics))
+            .map(|name| SetState::new(name, &source, &metrics, slot.as_ref()))
             .collect();
         let (tx, rx) = sync_channel(EVENT_QUEUE);
         let mut threads = Vec::new();
         let s = shared.clone();
         match std::thread::Builder::new()
             .name("prepfs-planner".into())
-            .spawn(move || plan(&s, sets, &rx))
+            .spawn(move || plan(&s, sets, &rx, order_file))
         {
             Ok(t) => threads.push(t),
             Err(e) => tracing::warn!(error = %e, "cannot start the prefetch planner; no prefetch"),
@@ -403,12 +417,20 @@ impl Drop for Prefetcher {
 }
 
 impl SetState {
-    fn new(name: String, source: &Arc<dyn Source>, metrics: &Metrics) -> SetState {
-        let predictors: Vec<(Box<dyn Predictor>, Score)> = vec![
+    fn new(
+        name: String,
+        source: &Arc<dyn Source>,
+        metrics: &Metrics,
+        hint: Option<&OrderSlot>,
+    ) -> SetState {
+        let mut predictors: Vec<(Box<dyn Predictor>, Score)> = vec![
             (Box::new(Replay), Score::default()),
             (Box::new(Tree::new(source.clone(), true)), Score::default()),
             (Box::new(Tree::new(source.clone(), false)), Score::default()),
         ];
+        if let Some(slot) = hint {
+            predictors.push((Box::new(Hint::new(slot.clone())), Score::default()));
+        }
         SetState {
             name,
             tracker: EpochTracker::default(),
@@ -434,8 +456,9 @@ impl SetState {
         drop(outcomes);
         shared.metrics.prefetch_wasted.add(wasted as u64);
         shared.cache.retire_staged();
-        for (p, _) in &mut self.predictors {
+        for (p, score) in &mut self.predictors {
             p.forget_listings();
+            score.new_pass();
         }
         self.fill.forget_listings();
         let now = Marks::now(&shared.metrics);
@@ -592,10 +615,18 @@ impl SetState {
     }
 }
 
-fn plan(shared: &Shared, mut sets: Vec<SetState>, events: &Receiver<Event>) {
+fn plan(
+    shared: &Shared,
+    mut sets: Vec<SetState>,
+    events: &Receiver<Event>,
+    mut order_file: Option<OrderFile>,
+) {
     let mut published = Instant::now();
     let mut dirty = true;
     loop {
+        if let Some(file) = &mut order_file {
+            dirty |= file.poll();
+        }
         match events.recv_timeout(STATUS_EVERY) {
             Ok(event) => {
                 let set = event.set;

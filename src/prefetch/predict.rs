@@ -28,7 +28,7 @@ const LISTINGS_KEPT: usize = 4096;
 const LISTINGS_PER_PREDICTION: usize = 16;
 /// Candidates a predictor may look at per file it predicts: late in a pass most candidates were
 /// opened already, and the planner runs on every open (bounds its CPU).
-const SCAN_PER_PREDICTION: usize = 16;
+pub const SCAN_PER_PREDICTION: usize = 16;
 
 /// A predictor of the next opens of one file set.
 pub trait Predictor: Send {
@@ -322,6 +322,14 @@ impl Score {
         self.recent >= TRUSTED && self.recent_precision >= TRUSTED
     }
 
+    /// A new pass begins: recent precision falls to the lifetime one if that is lower. Near the
+    /// end of a shuffled pass a walk that skips opened files predicts the few left and looks
+    /// right; it must not be followed into the next pass on that alone. An order really
+    /// followed (replay, sorted) keeps its trust, its lifetime precision being as high.
+    pub fn new_pass(&mut self) {
+        self.recent_precision = self.recent_precision.min(self.precision());
+    }
+
     /// Right predictions / settled predictions (0 before any settled).
     pub fn precision(&self) -> f64 {
         let settled = self.hits + self.expired;
@@ -398,6 +406,27 @@ mod tests {
     /// On a shuffled pass, predicting unopened files comes true more and more often towards
     /// the end, when few remain: any predictor scores this much there.
     const SHUFFLED_BOUND: f64 = 0.3;
+
+    #[test]
+    fn a_walk_right_only_at_the_end_of_a_shuffled_pass_is_not_trusted_into_the_next() {
+        let (dir, files) = tree(2, 200);
+        let mut order = files.clone();
+        fastrand::Rng::with_seed(5).shuffle(&mut order);
+        let mut walk = score(&mut Tree::new(source(&dir), true), &[], &order);
+        assert!(walk.precision() < 0.5, "{walk:?}");
+        // Whatever the end of the pass made of its recent precision, a new pass starts from
+        // the lifetime one.
+        walk.recent_precision = 1.0;
+        walk.recent = 1.0;
+        walk.new_pass();
+        assert!(!walk.trusted(), "{walk:?}");
+        let mut replayed = score(&mut Replay, &[order.clone()], &order);
+        replayed.new_pass();
+        assert!(
+            replayed.trusted(),
+            "an order really followed keeps its trust: {replayed:?}"
+        );
+    }
 
     #[test]
     fn replay_is_precise_on_a_replayed_order_and_useless_on_a_shuffled_one() {
