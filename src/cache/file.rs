@@ -477,12 +477,11 @@ impl CachedFile {
     }
 
     /// Fetches block `index` ahead of its readers: into the cache while it has room, else into
-    /// the staging buffer when `stage` allows it. Counts no hit or miss: no reader asked yet.
+    /// the staging buffer. Counts no hit or miss: no reader asked yet.
     pub fn prefetch_block(
         self: &Arc<Self>,
         index: usize,
         source: &dyn SourceFile,
-        stage: bool,
     ) -> Result<Prefetched, FsError> {
         if index >= self.slots.len() || self.slots[index].lock().stored.is_some() {
             return Ok(Prefetched::Present);
@@ -493,9 +492,6 @@ impl CachedFile {
                 None => Ok(Prefetched::Present),
                 Some(result) => result.map(|_| Prefetched::Fetched),
             };
-        }
-        if !stage {
-            return Ok(Prefetched::NoRoom);
         }
         let mut failed = None;
         let staged = self

@@ -6,8 +6,8 @@
 //! concurrency. Opens reach the planner through a bounded channel (an open never waits on it;
 //! a full channel drops the event and counts it). The planner replaces its queued files after
 //! every open with the best predictor's next ones; when no predictor has been right recently it
-//! falls back to the files the last pass read and this one has not (epochs >= 2), or, in epoch 1,
-//! to filling the cache in walk order while it has room. Workers fetch into the never-evict
+//! falls back to the files the last pass read and this one has not (epochs >= 2); in epoch 1 it
+//! fetches nothing. Workers fetch into the never-evict
 //! cache, else into the staging buffer, else only open the file and park it for the reader's
 //! open (`Parked`). Demand reads never queue behind prefetch (they do not
 //! use this queue), and while any demand read waits on the source, at most half the workers
@@ -89,13 +89,11 @@ enum Outcome {
 }
 
 enum Job {
-    /// Fetch the first blocks of a file ahead of its open; into the staging buffer too when
-    /// `stage`, else only into the cache (the epoch-1 fill).
+    /// Fetch the first blocks of a file ahead of its open.
     File {
         set: SetId,
         file: FileKey,
         identity: Option<Identity>,
-        stage: bool,
     },
     /// Fetch blocks of an open file ahead of a sequential reader.
     Blocks {
@@ -115,29 +113,6 @@ struct Event {
 struct Jobs {
     queue: VecDeque<Job>,
     running: usize,
-    /// Whether a fill job is running: the fill follows no trusted prediction, so it gets one
-    /// stream of the source's spare capacity, never a share that competes with demand reads.
-    /// Measured: four parallel fill streams under a tight memory limit made cold shard reads
-    /// 1.7x slower, the page cache rereading what it had to drop.
-    filling: bool,
-}
-
-impl Jobs {
-    /// The first job a worker may run now.
-    fn take(&mut self) -> Option<Job> {
-        let filling = self.filling;
-        let at = self.queue.iter().position(|j| !(filling && j.is_fill()))?;
-        let job = self.queue.remove(at)?;
-        self.filling |= job.is_fill();
-        self.running += 1;
-        Some(job)
-    }
-}
-
-impl Job {
-    fn is_fill(&self) -> bool {
-        matches!(self, Job::File { stage: false, .. })
-    }
 }
 
 /// Counter values at an epoch boundary, to record each epoch's share.
@@ -192,8 +167,6 @@ struct SetState {
     name: String,
     tracker: EpochTracker,
     predictors: Vec<(Box<dyn Predictor>, Score)>,
-    /// A sorted walk for epoch 1's cache fill.
-    fill: Tree,
     /// Identities seen at opens (a fully cached file is not queued again).
     known: HashMap<FileKey, Identity>,
     opens: u64,
@@ -435,7 +408,6 @@ impl SetState {
             name,
             tracker: EpochTracker::default(),
             predictors,
-            fill: Tree::new(source.clone(), true),
             known: HashMap::new(),
             opens: 0,
             cursor: 0,
@@ -460,7 +432,6 @@ impl SetState {
             p.forget_listings();
             score.new_pass();
         }
-        self.fill.forget_listings();
         let now = Marks::now(&shared.metrics);
         let files = self.tracker.previous().map_or(0, |p| p.len());
         let record = now.since(
@@ -542,30 +513,23 @@ impl SetState {
             .filter(|(_, s)| s.trusted())
             .max_by(|a, b| a.1.recent.total_cmp(&b.1.recent));
         let mut next = Vec::new();
-        let stage;
         match best {
             Some((predictor, _)) => {
                 self.in_use = predictor.name();
                 predictor.predict(&self.tracker, last, depth, &skip, &mut next);
-                stage = true;
             }
             None if self.tracker.previous().is_some() => {
                 self.in_use = "remaining";
                 self.cursor =
                     predict::remaining(&self.tracker, self.cursor, depth, &skip, &mut next);
-                stage = true;
             }
+            // Epoch 1 in an order nobody predicts: nothing worth the source's time. A
+            // speculative fill of the cache in walk order was measured to starve the page
+            // cache under a tight memory limit (cold shards 1.1-2.0x the page cache) for at
+            // most 0.88x on a shuffled cold epoch.
             None => {
-                // Epoch 1 in an order nobody predicts: whatever is read now is read again in
-                // later epochs, so fill the cache (never the staging buffer) while it has room.
-                if !cache.has_room(crate::cache::BLOCK_SIZE) {
-                    self.in_use = "none";
-                    return;
-                }
-                self.in_use = "fill";
-                self.fill
-                    .predict(&self.tracker, last, depth, &skip, &mut next);
-                stage = false;
+                self.in_use = "none";
+                return;
             }
         }
         let mut jobs = shared.jobs.lock();
@@ -577,7 +541,6 @@ impl SetState {
                 set,
                 file,
                 identity,
-                stage,
             });
         }
         drop(jobs);
@@ -663,21 +626,20 @@ fn work(shared: &Shared) {
                     threads
                 };
                 if jobs.running < allowed
-                    && let Some(job) = jobs.take()
+                    && let Some(job) = jobs.queue.pop_front()
                 {
+                    jobs.running += 1;
                     break job;
                 }
                 shared.work.wait_for(&mut jobs, Duration::from_millis(20));
             }
         };
-        let fill = job.is_fill();
         match job {
             Job::File {
                 set,
                 file,
                 identity,
-                stage,
-            } => fetch_file(shared, set, &file, identity, stage),
+            } => fetch_file(shared, set, &file, identity),
             Job::Blocks {
                 entry,
                 source,
@@ -687,7 +649,7 @@ fn work(shared: &Shared) {
                     if shared.stop.load(Ordering::Acquire) {
                         break;
                     }
-                    match entry.prefetch_block(index, source.as_ref(), true) {
+                    match entry.prefetch_block(index, source.as_ref()) {
                         Ok(Prefetched::Fetched | Prefetched::Staged) => {
                             shared.metrics.prefetch_blocks.inc();
                         }
@@ -697,11 +659,7 @@ fn work(shared: &Shared) {
                 }
             }
         }
-        {
-            let mut jobs = shared.jobs.lock();
-            jobs.running -= 1;
-            jobs.filling &= !fill;
-        }
+        shared.jobs.lock().running -= 1;
         shared.work.notify_one();
     }
 }
@@ -709,7 +667,7 @@ fn work(shared: &Shared) {
 /// Fetches the first blocks of `file` ahead of its open. When there is no room for them, the
 /// opened file is parked instead, so that the reader's open at least makes no round trip (and a
 /// later try, once room frees, makes none either).
-fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identity>, stage: bool) {
+fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identity>) {
     if let Some(entry) = known.and_then(|id| shared.cache.get(&id))
         && entry.is_complete()
     {
@@ -734,7 +692,7 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
                 if shared.stop.load(Ordering::Acquire) {
                     break;
                 }
-                match entry.prefetch_block(index, source.as_ref(), stage) {
+                match entry.prefetch_block(index, source.as_ref()) {
                     Ok(Prefetched::Fetched | Prefetched::Staged) => {
                         shared.metrics.prefetch_blocks.inc();
                         fetched = true;
