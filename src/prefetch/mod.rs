@@ -7,11 +7,10 @@
 //! a full channel drops the event and counts it). The planner replaces its queued files after
 //! every open with the best predictor's next ones; when no predictor has been right recently it
 //! falls back to the files the last pass read and this one has not (epochs >= 2); in epoch 1 it
-//! fetches nothing. Workers fetch into the never-evict
-//! cache, else into the staging buffer, else only open the file and park it for the reader's
-//! open (`Parked`). Demand reads never queue behind prefetch (they do not
-//! use this queue), and while any demand read waits on the source, at most half the workers
-//! run. Must never serve bytes (the cache does, keyed by file version), never block an open or a
+//! fetches nothing. Workers fetch into the never-evict cache, else into the staging buffer, else
+//! only open the file and park it for the reader's open (`Parked`). Demand reads never queue
+//! behind prefetch (they do not use this queue), and while any demand read waits on the source,
+//! at most half the workers run. Must never serve bytes (the cache does, keyed by file version), never block an open or a
 //! read on planning, and never fetch past the cache's budget and the staging buffer's.
 
 pub mod epoch;
