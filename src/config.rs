@@ -186,7 +186,7 @@ pub fn default_render_threads() -> usize {
 pub const DEFAULT_IO_THREADS: usize = 16;
 /// Prefetch workers: two concurrent fetches hide a few ms of per-request latency behind each
 /// other's transfers; each holds a block in flight twice (its buffer and the source's page
-/// cache), and under a tight memory limit four made cold shard reads 1.3-1.7x slower.
+/// cache), memory that a tight limit takes from the page cache.
 pub const DEFAULT_PREFETCH_THREADS: usize = 2;
 /// Prefetch staging buffer: a few dozen files or shards' first blocks ahead, small next to any
 /// cache budget worth having.

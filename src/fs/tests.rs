@@ -588,6 +588,19 @@ fn status_at_epoch(fs: &Fs, epoch: u64) -> serde_json::Value {
     );
 }
 
+/// The planner's status at epoch 3, checked to follow `predictor` with precision above 0.9.
+fn followed_at_epoch_3(fs: &Fs, predictor: &str) -> serde_json::Value {
+    let status = status_at_epoch(fs, 3);
+    assert_eq!(status["files"]["predictor"], predictor, "{status}");
+    assert!(
+        status["files"]["predictors"][predictor]["precision"]
+            .as_f64()
+            .is_some_and(|p| p > 0.9),
+        "{status}"
+    );
+    status
+}
+
 #[test]
 fn replayed_order_is_prefetched_from_a_slow_source_into_the_staging_buffer() {
     let (_dir, fs, _plan) = slow_prefetching_fs(60, 8 << 20, None);
@@ -596,14 +609,7 @@ fn replayed_order_is_prefetched_from_a_slow_source_into_the_staging_buffer() {
     for _ in 0..3 {
         read_pass(&fs, &order, |i| pattern(64 << 10, i));
     }
-    let status = status_at_epoch(&fs, 3);
-    assert_eq!(status["files"]["predictor"], "replay", "{status}");
-    assert!(
-        status["files"]["predictors"]["replay"]["precision"]
-            .as_f64()
-            .is_some_and(|p| p > 0.9),
-        "{status}"
-    );
+    let status = followed_at_epoch_3(&fs, "replay");
     let m = fs.metrics();
     assert!(m.prefetch_useful.get() > 0, "no prefetched file was opened");
     assert!(
@@ -661,14 +667,7 @@ fn a_sampler_order_file_is_followed_where_no_pass_repeats_the_last() {
         std::thread::sleep(Duration::from_millis(400));
         read_pass(&fs, &order, |i| pattern(64 << 10, i));
     }
-    let status = status_at_epoch(&fs, 3);
-    assert_eq!(status["files"]["predictor"], "hint", "{status}");
-    assert!(
-        status["files"]["predictors"]["hint"]["precision"]
-            .as_f64()
-            .is_some_and(|p| p > 0.9),
-        "{status}"
-    );
+    followed_at_epoch_3(&fs, "hint");
     assert!(
         fs.metrics().prefetch_useful.get() > 0,
         "no hinted file was prefetched in time"

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::epoch::{EpochTracker, FileKey};
-use super::predict::{Predictor, SCAN_PER_PREDICTION};
+use super::predict::{Predictor, SCAN_PER_PREDICTION, take_unskipped};
 
 /// How often the planner checks the order file for a change.
 pub const POLL: Duration = Duration::from_millis(10);
@@ -174,9 +174,7 @@ impl Predictor for Hint {
     ) {
         let order = self.slot.lock().clone();
         let paths = &order.paths;
-        let near = paths
-            .get(self.cursor.min(paths.len())..)
-            .unwrap_or_default()
+        let near = paths[self.cursor.min(paths.len())..]
             .iter()
             .take(n * SCAN_PER_PREDICTION)
             .position(|p| &**p == last)
@@ -185,15 +183,7 @@ impl Predictor for Hint {
             return;
         };
         self.cursor = at + 1;
-        let wanted = out.len() + n;
-        for f in paths[at + 1..].iter().take(n * SCAN_PER_PREDICTION) {
-            if out.len() == wanted {
-                break;
-            }
-            if !skip(f) {
-                out.push(f.clone());
-            }
-        }
+        take_unskipped(&paths[at + 1..], n, skip, out);
     }
 }
 

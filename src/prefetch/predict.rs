@@ -70,17 +70,25 @@ impl Predictor for Replay {
         let Some(at) = previous.position(last) else {
             return;
         };
-        let wanted = out.len() + n;
-        for f in previous.order()[at + 1..]
-            .iter()
-            .take(n * SCAN_PER_PREDICTION)
-        {
-            if out.len() == wanted {
-                break;
-            }
-            if !skip(f) {
-                out.push(f.clone());
-            }
+        take_unskipped(&previous.order()[at + 1..], n, skip, out);
+    }
+}
+
+/// Appends the first `n` of `candidates` that `skip` does not exclude, looking at no more than
+/// `n * SCAN_PER_PREDICTION` of them (predictors that follow a list of files).
+pub fn take_unskipped(
+    candidates: &[FileKey],
+    n: usize,
+    skip: &dyn Fn(&Path) -> bool,
+    out: &mut Vec<FileKey>,
+) {
+    let wanted = out.len() + n;
+    for f in candidates.iter().take(n * SCAN_PER_PREDICTION) {
+        if out.len() == wanted {
+            break;
+        }
+        if !skip(f) {
+            out.push(f.clone());
         }
     }
 }
