@@ -1,6 +1,6 @@
 //! The command line: clap types and their conversion into configuration.
 //!
-//! Owns: subcommands `mount`, `umount`, `stats`, `demo`, their flags and help, logging set-up and
+//! Owns: subcommands `mount`, `umount`, `stats`, `warm`, `demo`, their flags and help, logging set-up and
 //! the exit code. The only module that knows clap. Must never hold logic beyond parsing and
 //! dispatch: each subcommand calls one function elsewhere.
 
@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::{self, MountConfig};
 use crate::prefetch::PrefetchOptions;
 use crate::run::{self, RunError};
+use crate::warm::WarmRequest;
 
 /// prepfs: a read-only FUSE mount for training data, with a never-evict cache.
 #[derive(Debug, Parser)]
@@ -40,6 +41,20 @@ enum Command {
         /// Print stats.json as is.
         #[arg(long)]
         json: bool,
+    },
+    /// Read files through a mount into its cache before training, with a progress bar.
+    Warm {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        /// Files or directories in the mount (relative to its root, or absolute under it; a view
+        /// path stands for its source file). None and no --from-list: the whole mount.
+        paths: Vec<PathBuf>,
+        /// Also warm the paths listed in FILE, one per line (`-`: standard input), in order.
+        #[arg(long, value_name = "FILE")]
+        from_list: Option<PathBuf>,
+        /// Files read at once.
+        #[arg(long, default_value_t = 4, value_name = "N")]
+        jobs: usize,
     },
     /// Build a small image dataset, mount it, read two epochs, show the cache at work, clean up.
     Demo {
@@ -140,10 +155,29 @@ pub fn main() -> ExitCode {
     });
     match dispatch(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(RunError::Interrupted) => ExitCode::from(130),
         Err(e) => {
             eprintln!("prepfs: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `prepfs warm`: the report on stdout; failure when a file could not be read.
+fn warm(request: &WarmRequest) -> Result<(), RunError> {
+    let report = crate::warm::warm(request).map_err(RunError::Other)?;
+    for line in report.lines() {
+        println!("{line}");
+    }
+    if report.interrupted {
+        Err(RunError::Interrupted)
+    } else if !report.failed.is_empty() {
+        Err(RunError::Other(format!(
+            "{} files could not be read",
+            report.failed.len()
+        )))
+    } else {
+        Ok(())
     }
 }
 
@@ -233,6 +267,17 @@ fn dispatch(command: Command) -> Result<(), RunError> {
         Command::Stats { mountpoint, json } => {
             crate::stats::table::print(&mountpoint, json).map_err(RunError::Other)
         }
+        Command::Warm {
+            mountpoint,
+            paths,
+            from_list,
+            jobs,
+        } => warm(&WarmRequest {
+            mountpoint,
+            paths,
+            from_list,
+            jobs,
+        }),
         Command::Demo { files } => crate::demo::run(files).map_err(RunError::Other),
     }
 }

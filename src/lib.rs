@@ -20,4 +20,5 @@ pub mod stats;
 pub mod synthetic;
 pub mod telemetry;
 pub mod view;
+pub mod warm;
 pub mod workers;

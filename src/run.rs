@@ -54,6 +54,9 @@ pub enum RunError {
     /// The disk tier's directory cannot be used.
     #[error(transparent)]
     CacheDir(#[from] crate::cache::DiskError),
+    /// Stopped by SIGINT or SIGTERM before its work was done (exit status 130).
+    #[error("interrupted")]
+    Interrupted,
     /// Anything else, already phrased for the user.
     #[error("{0}")]
     Other(String),

@@ -508,6 +508,11 @@ impl CachedFile {
         }
     }
 
+    /// Number of blocks held in RAM.
+    pub fn cached_blocks(&self) -> usize {
+        self.present.load(Ordering::Acquire)
+    }
+
     /// Number of blocks.
     pub fn blocks(&self) -> usize {
         self.slots.len()

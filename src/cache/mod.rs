@@ -351,6 +351,18 @@ impl NeverEvictCache {
         self.tiers.packer.last_choice()
     }
 
+    /// Blocks of `identity` (a version `blocks` blocks long) that the RAM tier and the disk tier
+    /// hold: `(ram, disk)`; the disk count is 0 without a disk tier.
+    pub fn held(&self, identity: &Identity, blocks: usize) -> (usize, usize) {
+        let ram = self.get(identity).map_or(0, |c| c.cached_blocks());
+        let disk = self
+            .tiers
+            .disk
+            .as_ref()
+            .map_or(0, |d| (0..blocks).filter(|&i| d.holds(identity, i)).count());
+        (ram, disk)
+    }
+
     /// The disk tier's figures, when there is one.
     pub fn disk_gauges(&self) -> Option<DiskGauges> {
         self.tiers.disk.as_ref().map(DiskTier::gauges)

@@ -109,6 +109,22 @@ pub enum Serve {
     Passthrough(Arc<CachedFile>),
 }
 
+/// Extended attribute of each dataset file telling how much of it the RAM tier holds (see
+/// `Fs::xattr`); the only one the mount has.
+pub const CACHED_XATTR: &str = "user.prepfs.cached";
+
+/// What an open is for, as its flags say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Intent {
+    /// Any write, truncate or append intent: refused, the mount is read-only.
+    Write,
+    /// A reader's open: an access the epoch tracker and the predictors learn from.
+    Read,
+    /// An open with `O_NOATIME`, as `prepfs warm` makes: served like `Read` but not counted as an
+    /// access, so warming the cache does not look like an epoch of training.
+    Quiet,
+}
+
 /// A successful open.
 pub struct Opened {
     /// The handle for later reads and the release.
@@ -421,6 +437,24 @@ impl Fs {
         Ok(Self::source_attr(ino, &meta))
     }
 
+    /// The value of extended attribute `name` of `ino`. Only `CACHED_XATTR` exists, on dataset
+    /// files: `ram=R disk=D blocks=N`, the 1 MiB blocks of the source file's current version
+    /// that the RAM tier and the disk tier hold, out of its `N`.
+    pub fn xattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>, FsError> {
+        let node = match self.inodes.get(ino) {
+            Some(node)
+                if name == CACHED_XATTR && node.kind == Kind::File && node.view.is_none() =>
+            {
+                node
+            }
+            _ => return Err(FsError::NoAttribute),
+        };
+        let identity = self.stat_node(&node)?.identity;
+        let blocks = identity.size.div_ceil(BLOCK_SIZE) as usize;
+        let (ram, disk) = self.cache.held(&identity, blocks);
+        Ok(format!("ram={ram} disk={disk} blocks={blocks}").into_bytes())
+    }
+
     /// The stored target of symlink `ino`.
     pub fn readlink(&self, ino: u64) -> Result<OsString, FsError> {
         let node = self.node(ino)?;
@@ -432,9 +466,9 @@ impl Fs {
             .map_err(|e| FsError::from_source(&e))
     }
 
-    /// Opens `ino` for reading; `write` (any write, truncate or append intent) is refused.
-    pub fn open(&self, ino: u64, write: bool) -> Result<Opened, FsError> {
-        if write {
+    /// Opens `ino` for reading; `Intent::Write` is refused.
+    pub fn open(&self, ino: u64, intent: Intent) -> Result<Opened, FsError> {
+        if intent == Intent::Write {
             return Err(FsError::ReadOnly);
         }
         if let Some(content) = self.render(ino) {
@@ -451,7 +485,7 @@ impl Fs {
             Kind::Symlink | Kind::Other => return Err(FsError::AccessDenied),
         }
         if node.view.is_some() {
-            let fh = self.add_handle(self.open_view_file(node)?);
+            let fh = self.add_handle(self.open_view_file(node, intent)?);
             return Ok(Opened {
                 fh,
                 serve: Serve::Daemon,
@@ -471,7 +505,9 @@ impl Fs {
             *last = Some(identity);
         }
         let cached = self.cache.file(identity, &node.path);
-        self.prefetcher.opened(0, &node.path, Some(identity));
+        if intent == Intent::Read {
+            self.prefetcher.opened(0, &node.path, Some(identity));
+        }
         let serve = if self.options.passthrough && cached.passthrough_fd().is_some() {
             Serve::Passthrough(cached.clone())
         } else {

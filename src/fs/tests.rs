@@ -82,7 +82,9 @@ fn reads_match_source_at_block_boundaries() {
     let fs = local_fs(dir.path(), 1 << 30);
     for (i, len) in [0, 1, b - 1, b, b + 1, 3 * b + 7].into_iter().enumerate() {
         let want = pattern(len, i as u8);
-        let opened = fs.open(ino_of(&fs, &format!("f{i}")), false).expect("open");
+        let opened = fs
+            .open(ino_of(&fs, &format!("f{i}")), Intent::Read)
+            .expect("open");
         for (offset, size) in [
             (0u64, 4096u32),
             (b as u64 - 3, 10),
@@ -119,7 +121,7 @@ fn eio_on_one_source_read_fails_that_call_only() {
     let data = pattern(3 * BLOCK_SIZE as usize, 1);
     std::fs::write(dir.path().join("f"), &data).expect("write");
     let (fs, plan) = faulty_fs(dir.path(), 1 << 30);
-    let fh = fs.open(ino_of(&fs, "f"), false).expect("open").fh;
+    let fh = fs.open(ino_of(&fs, "f"), Intent::Read).expect("open").fh;
     plan.fail_read_number.store(2, Ordering::SeqCst);
     assert!(fs.read(fh, 0, 4096).is_ok());
     assert_eq!(fs.read(fh, BLOCK_SIZE, 4096).err(), Some(FsError::Io));
@@ -139,7 +141,7 @@ fn short_source_reads_still_return_whole_blocks() {
     std::fs::write(dir.path().join("f"), &data).expect("write");
     let (fs, plan) = faulty_fs(dir.path(), 1 << 30);
     plan.short_reads.store(true, Ordering::SeqCst);
-    let fh = fs.open(ino_of(&fs, "f"), false).expect("open").fh;
+    let fh = fs.open(ino_of(&fs, "f"), Intent::Read).expect("open").fh;
     assert_eq!(read_all(&fs, fh, data.len() as u64).expect("read"), data);
 }
 
@@ -150,7 +152,7 @@ fn vanished_source_answers_errors_not_panics() {
     std::fs::write(dir.path().join("d/f"), pattern(10_000, 3)).expect("write");
     let (fs, plan) = faulty_fs(dir.path(), 1 << 30);
     let ino = ino_of(&fs, "d/f");
-    let fh = fs.open(ino, false).expect("open").fh;
+    let fh = fs.open(ino, Intent::Read).expect("open").fh;
     plan.vanished.store(true, Ordering::SeqCst);
     assert_eq!(fs.read(fh, 0, 100).err(), Some(FsError::Io));
     assert_eq!(fs.getattr(ino).err(), Some(FsError::NotFound));
@@ -158,7 +160,7 @@ fn vanished_source_answers_errors_not_panics() {
         fs.lookup(inode::ROOT, OsStr::new("d")).err(),
         Some(FsError::NotFound)
     );
-    assert_eq!(fs.open(ino, false).err(), Some(FsError::NotFound));
+    assert_eq!(fs.open(ino, Intent::Read).err(), Some(FsError::NotFound));
     assert!(fs.opendir(inode::ROOT).is_err());
     // Control files keep working when the source is gone.
     assert!(fs.lookup(inode::ROOT, OsStr::new(".prepfs")).is_ok());
@@ -172,7 +174,7 @@ fn changed_file_is_served_fresh_on_next_open() {
     std::fs::write(&path, &old).expect("write");
     let fs = local_fs(dir.path(), 1 << 30);
     let ino = ino_of(&fs, "f");
-    let fh = fs.open(ino, false).expect("open").fh;
+    let fh = fs.open(ino, Intent::Read).expect("open").fh;
     assert_eq!(read_all(&fs, fh, old.len() as u64).expect("read"), old);
     fs.release(fh).expect("release");
     let cached_before = fs.gauges().cache_bytes;
@@ -180,7 +182,7 @@ fn changed_file_is_served_fresh_on_next_open() {
 
     let new = pattern(BLOCK_SIZE as usize + 17, 5);
     std::fs::write(&path, &new).expect("rewrite");
-    let fh = fs.open(ino, false).expect("reopen").fh;
+    let fh = fs.open(ino, Intent::Read).expect("reopen").fh;
     assert_eq!(read_all(&fs, fh, new.len() as u64).expect("read"), new);
     assert_eq!(fs.metrics().stale_detections.get(), 1);
     assert!(
@@ -195,7 +197,7 @@ fn file_changed_during_reading_answers_eio_not_mixed_bytes() {
     let path = dir.path().join("f");
     std::fs::write(&path, pattern(2 * BLOCK_SIZE as usize, 6)).expect("write");
     let fs = local_fs(dir.path(), 1 << 30);
-    let fh = fs.open(ino_of(&fs, "f"), false).expect("open").fh;
+    let fh = fs.open(ino_of(&fs, "f"), Intent::Read).expect("open").fh;
     assert!(fs.read(fh, 0, 4096).is_ok());
     // Rewrite in place (same inode): the second block now belongs to another version.
     std::fs::write(&path, pattern(2 * BLOCK_SIZE as usize, 7)).expect("rewrite");
@@ -212,7 +214,7 @@ fn corrupt_block_is_refetched_from_source() {
     std::fs::write(dir.path().join("large"), &large).expect("write");
     let fs = local_fs(dir.path(), 1 << 30);
     for (name, data) in [("small", &small), ("large", &large)] {
-        let fh = fs.open(ino_of(&fs, name), false).expect("open").fh;
+        let fh = fs.open(ino_of(&fs, name), Intent::Read).expect("open").fh;
         assert_eq!(&read_all(&fs, fh, data.len() as u64).expect("read"), data);
         let Handle::File { cached, .. } = &*fs.handle(fh).expect("handle") else {
             panic!("file handle")
@@ -240,7 +242,7 @@ fn concurrent_misses_on_one_block_read_the_source_once() {
     std::fs::write(dir.path().join("f"), &data).expect("write");
     let (fs, plan) = faulty_fs(dir.path(), 1 << 30);
     let fs = Arc::new(fs);
-    let fh = fs.open(ino_of(&fs, "f"), false).expect("open").fh;
+    let fh = fs.open(ino_of(&fs, "f"), Intent::Read).expect("open").fh;
     let barrier = Arc::new(std::sync::Barrier::new(8));
     let threads: Vec<_> = (0..8)
         .map(|i| {
@@ -275,7 +277,7 @@ fn full_budget_stops_admitting_and_keeps_serving() {
     for round in 0..2 {
         for i in 0..10u8 {
             let fh = fs
-                .open(ino_of(&fs, &format!("f{i}")), false)
+                .open(ino_of(&fs, &format!("f{i}")), Intent::Read)
                 .expect("open")
                 .fh;
             assert_eq!(
@@ -308,7 +310,7 @@ fn full_cache_reads_only_the_requested_bytes_from_the_source() {
     let fs = local_fs(dir.path(), 0);
     for (name, len) in [("small", 100_000usize), ("big", 3 * BLOCK_SIZE as usize)] {
         let before = fs.metrics().source_bytes.get();
-        let fh = fs.open(ino_of(&fs, name), false).expect("open").fh;
+        let fh = fs.open(ino_of(&fs, name), Intent::Read).expect("open").fh;
         let mut got = Vec::new();
         while got.len() < len {
             got.extend_from_slice(
@@ -338,13 +340,13 @@ fn writes_and_bad_handles_are_refused() {
     std::fs::write(dir.path().join("f"), b"x").expect("write");
     let fs = local_fs(dir.path(), 1 << 20);
     assert_eq!(
-        fs.open(ino_of(&fs, "f"), true).err(),
+        fs.open(ino_of(&fs, "f"), Intent::Write).err(),
         Some(FsError::ReadOnly)
     );
     assert_eq!(fs.read(999, 0, 1).err(), Some(FsError::BadHandle));
     assert_eq!(fs.release(999).err(), Some(FsError::BadHandle));
     assert_eq!(
-        fs.open(inode::ROOT, false).err(),
+        fs.open(inode::ROOT, Intent::Read).err(),
         Some(FsError::IsDirectory)
     );
     assert_eq!(
@@ -373,7 +375,7 @@ fn control_dir_is_reachable_but_not_listed() {
     let stats = fs
         .lookup(control.ino, OsStr::new("stats.json"))
         .expect("stats file");
-    let opened = fs.open(stats.ino, false).expect("open stats");
+    let opened = fs.open(stats.ino, Intent::Read).expect("open stats");
     let text = read_all(&fs, opened.fh, 1 << 20).expect("read stats");
     let json: serde_json::Value = serde_json::from_slice(&text).expect("stats.json parses");
     assert!(json["cache"]["budget_bytes"].as_u64() == Some(1 << 20));
@@ -425,7 +427,7 @@ fn symlinks_are_shown_never_followed() {
     assert_eq!(escape.kind, Kind::Symlink);
     assert_eq!(fs.readlink(escape.ino).expect("readlink"), "/etc/passwd");
     assert_eq!(
-        fs.open(escape.ino, false).err(),
+        fs.open(escape.ino, Intent::Read).err(),
         Some(FsError::AccessDenied)
     );
     let looped = fs.lookup(inode::ROOT, OsStr::new("loop")).expect("lookup");
@@ -459,7 +461,7 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     let read_view = |fs: &Fs, i: usize| {
         let ino = ino_of(fs, &format!(".prepfs/views/v/a{i}.jpg.npy"));
         let size = fs.getattr(ino).expect("attr").size;
-        let opened = fs.open(ino, false).expect("open");
+        let opened = fs.open(ino, Intent::Read).expect("open");
         let bytes = read_all(fs, opened.fh, size).expect("read");
         fs.release(opened.fh).expect("release");
         bytes
@@ -566,7 +568,7 @@ fn slow_prefetching_fs(
 fn read_pass(fs: &Fs, order: &[u8], want: impl Fn(u8) -> Vec<u8>) {
     for &i in order {
         let name = format!("f{i:02}");
-        let fh = fs.open(ino_of(fs, &name), false).expect("open").fh;
+        let fh = fs.open(ino_of(fs, &name), Intent::Read).expect("open").fh;
         assert_eq!(read_all(fs, fh, 1 << 20).expect("read"), want(i), "{name}");
         fs.release(fh).expect("release");
         std::thread::sleep(Duration::from_millis(3));
@@ -704,4 +706,28 @@ fn without_room_for_their_bytes_files_are_opened_ahead_and_never_at_a_stale_vers
             pattern(64 << 10, i)
         }
     });
+}
+
+#[test]
+fn quiet_opens_are_served_but_not_counted_as_accesses() {
+    let (_dir, fs, _plan) = slow_prefetching_fs(10, 0, None);
+    for i in 0..10u8 {
+        let name = format!("f{i:02}");
+        let fh = fs.open(ino_of(&fs, &name), Intent::Quiet).expect("open").fh;
+        assert_eq!(
+            read_all(&fs, fh, 1 << 20).expect("read"),
+            pattern(64 << 10, i)
+        );
+        fs.release(fh).expect("release");
+    }
+    // The planner sees events in order: once it shows the one counted open, it has passed over
+    // the ten quiet ones before it.
+    read_pass(&fs, &[3], |i| pattern(64 << 10, i));
+    for _ in 0..100 {
+        if fs.prefetcher.status()["files"]["files_this_epoch"] == 1 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{}", fs.prefetcher.status());
 }

@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::{Attr, DirSnapshot, Fs, Handle, SOURCE_TTL};
+use super::{Attr, DirSnapshot, Fs, Handle, Intent, SOURCE_TTL};
 use crate::cache::{BLOCK_SIZE, NeverEvictCache, Unpacked};
 use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
@@ -394,12 +394,18 @@ impl Fs {
     }
 
     /// Opens a view file: this open's seed is fixed now and its render queued on the pool.
-    pub(super) fn open_view_file(&self, node: Arc<Node>) -> Result<Handle, FsError> {
+    pub(super) fn open_view_file(
+        &self,
+        node: Arc<Node>,
+        intent: Intent,
+    ) -> Result<Handle, FsError> {
         let index = node.view.ok_or(FsError::NotFound)?;
         let view = self.views.get(index)?;
         view.metrics.opens.inc();
-        self.prefetcher
-            .opened(1 + usize::from(index), &node.path, None);
+        if intent == Intent::Read {
+            self.prefetcher
+                .opened(1 + usize::from(index), &node.path, None);
+        }
         let count = node.opens.fetch_add(1, Ordering::Relaxed);
         let mut key = Vec::new();
         key.extend_from_slice(&self.options.seed.to_le_bytes());

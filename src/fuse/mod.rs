@@ -20,7 +20,7 @@ use fuser::{
 };
 
 use crate::error::FsError;
-use crate::fs::{Attr, Fs, Serve};
+use crate::fs::{Attr, Fs, Intent, Serve};
 use crate::source::Kind;
 use crate::stats::Op;
 use crate::workers::WorkerPool;
@@ -141,8 +141,14 @@ impl Filesystem for Adapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let write = flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
-        let opened = match self.done(Op::Open, self.fs.open(ino.0, write)) {
+        let intent = if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+            Intent::Write
+        } else if flags.0 & libc::O_NOATIME != 0 {
+            Intent::Quiet
+        } else {
+            Intent::Read
+        };
+        let opened = match self.done(Op::Open, self.fs.open(ino.0, intent)) {
             Ok(o) => o,
             Err(e) => return reply.error(e),
         };
@@ -289,16 +295,13 @@ impl Filesystem for Adapter {
         }
     }
 
-    fn getxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
-        reply: ReplyXattr,
-    ) {
-        let _ = self.done::<()>(Op::Xattr, Err(FsError::NoAttribute));
-        reply.error(Errno::from_i32(FsError::NoAttribute.errno()));
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.done(Op::Xattr, self.fs.xattr(ino.0, name)) {
+            Ok(value) if size == 0 => reply.size(value.len() as u32),
+            Ok(value) if value.len() <= size as usize => reply.data(&value),
+            Ok(_) => reply.error(Errno::from_i32(libc::ERANGE)),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -36,6 +36,43 @@ const FIRST_SOURCE_INODE: u64 = 64;
 
 /// Name of the control directory in the mount root (reachable, never listed).
 pub const CONTROL_DIR_NAME: &str = ".prepfs";
+
+/// The dataset path, relative to the source root, that `path` names in a mount at `mountpoint`:
+/// `path` is relative to the mount root or absolute under `mountpoint`, and a path inside a view
+/// (`.prepfs/views/NAME/x.jpg.npy`, or a directory of one) stands for its source
+/// (`x.jpg`); a view's root stands for the dataset root, the empty path. `None` for paths outside
+/// the mount, with `..`, or naming the control files. Names only: nothing is checked to exist.
+pub fn dataset_path(path: &Path, mountpoint: &Path) -> Option<PathBuf> {
+    let relative = if path.is_absolute() {
+        path.strip_prefix(mountpoint).ok()?
+    } else {
+        path
+    };
+    let mut parts = Vec::new();
+    for c in relative.components() {
+        match c {
+            Component::Normal(p) => parts.push(p),
+            Component::CurDir => {}
+            _ => return None,
+        }
+    }
+    if parts.first().is_some_and(|p| *p == CONTROL_DIR_NAME) {
+        if parts.len() < 3 || parts[1] != "views" {
+            return None;
+        }
+        let mut path: PathBuf = parts[3..].iter().collect();
+        let source = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".npy"))
+            .map(str::to_owned);
+        if let Some(source) = source {
+            path.set_file_name(source);
+        }
+        return Some(path);
+    }
+    Some(parts.into_iter().collect())
+}
 
 /// Longest accepted name component, as Linux NAME_MAX.
 const NAME_MAX: usize = 255;
@@ -236,5 +273,30 @@ mod tests {
             Some(a.ino),
             "old number stays valid"
         );
+    }
+
+    #[test]
+    fn paths_in_a_mount_name_their_dataset_files_and_views_stand_for_their_sources() {
+        let mnt = Path::new("/mnt/d");
+        let cases = [
+            ("a/b.jpg", Some("a/b.jpg")),
+            ("./a/b.jpg", Some("a/b.jpg")),
+            ("/mnt/d/a/b.jpg", Some("a/b.jpg")),
+            ("/mnt/d", Some("")),
+            (".prepfs/views/v/train/c.jpg.npy", Some("train/c.jpg")),
+            ("/mnt/d/.prepfs/views/v/train", Some("train")),
+            (".prepfs/views/v", Some("")),
+            (".prepfs/views", None),
+            (".prepfs/stats.json", None),
+            ("/elsewhere/a.jpg", None),
+            ("a/../../etc/passwd", None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(
+                dataset_path(Path::new(path), mnt),
+                want.map(PathBuf::from),
+                "{path}"
+            );
+        }
     }
 }

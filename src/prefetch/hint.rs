@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 
 use super::epoch::{EpochTracker, FileKey};
 use super::predict::{Predictor, SCAN_PER_PREDICTION, take_unskipped};
+use crate::inode::dataset_path;
 
 /// How often the planner checks the order file for a change.
 pub const POLL: Duration = Duration::from_millis(10);
@@ -52,38 +53,17 @@ impl Order {
     }
 }
 
-/// The planner's key for a line of the order file: a path relative to the mount root (or
-/// absolute under `mountpoint`), a view file (`.prepfs/views/NAME/x.jpg.npy`) standing for its
-/// source image (`x.jpg`). `None` for blank lines, comments (`#`) and anything else.
+/// The planner's key for a line of the order file (see `inode::dataset_path`); `None` for blank
+/// lines, comments (`#`) and anything naming no dataset file.
 fn key_of(line: &str, mountpoint: &Path) -> Option<FileKey> {
     if line.is_empty() || line.starts_with('#') {
         return None;
     }
-    let path = Path::new(line);
-    let relative = if path.is_absolute() {
-        path.strip_prefix(mountpoint).ok()?
-    } else {
-        path
-    };
-    let mut parts = Vec::new();
-    for c in relative.components() {
-        match c {
-            Component::Normal(p) => parts.push(p),
-            Component::CurDir => {}
-            _ => return None,
-        }
-    }
-    if parts.len() > 3 && parts[0] == ".prepfs" && parts[1] == "views" {
-        let name = parts.pop()?.to_str()?.strip_suffix(".npy")?;
-        let mut key: PathBuf = parts[3..].iter().collect();
-        key.push(name);
-        return Some(Arc::from(key.as_path()));
-    }
-    if parts.is_empty() || parts[0] == ".prepfs" {
+    let path = dataset_path(Path::new(line), mountpoint)?;
+    if path.as_os_str().is_empty() {
         return None;
     }
-    let key: PathBuf = parts.into_iter().collect();
-    Some(Arc::from(key.as_path()))
+    Some(Arc::from(path.as_path()))
 }
 
 /// The latest order, shared by every set's `Hint`.

@@ -10,23 +10,37 @@ use serde_json::Value;
 
 use crate::inode::CONTROL_DIR_NAME;
 
-/// Prints the stats of the mount at `mountpoint` (raw JSON if `json`).
-pub fn print(mountpoint: &Path, json: bool) -> Result<(), String> {
+/// The text of the stats file of the mount at `mountpoint`.
+pub fn read_text(mountpoint: &Path) -> Result<String, String> {
     let path = mountpoint.join(CONTROL_DIR_NAME).join("stats.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| {
+    std::fs::read_to_string(&path).map_err(|e| {
         format!(
             "cannot read {}: {e} (is it a prepfs mount?)",
             path.display()
         )
-    })?;
+    })
+}
+
+/// The parsed stats file of the mount at `mountpoint`.
+pub fn read(mountpoint: &Path) -> Result<Value, String> {
+    let text = read_text(mountpoint)?;
+    serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "{}/{CONTROL_DIR_NAME}/stats.json is not valid JSON: {e}",
+            mountpoint.display()
+        )
+    })
+}
+
+/// Prints the stats of the mount at `mountpoint` (raw JSON if `json`).
+pub fn print(mountpoint: &Path, json: bool) -> Result<(), String> {
     // Write errors (a closed pipe, as with `| head`) end the output quietly instead of panicking.
     let mut out = std::io::stdout().lock();
     if json {
-        let _ = out.write_all(text.as_bytes());
+        let _ = out.write_all(read_text(mountpoint)?.as_bytes());
         return Ok(());
     }
-    let value: Value = serde_json::from_str(&text)
-        .map_err(|e| format!("{} is not valid JSON: {e}", path.display()))?;
+    let value = read(mountpoint)?;
     let mut rows = Vec::new();
     flatten("", &value, &mut rows);
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);

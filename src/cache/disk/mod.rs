@@ -223,6 +223,19 @@ impl DiskTier {
         }
     }
 
+    /// Whether the tier holds an entry for block `index` of `identity`, queued or written. Not
+    /// verified (a read is): a damaged entry still counts until a read finds it.
+    pub fn holds(&self, identity: &Identity, index: usize) -> bool {
+        let inner = &self.inner;
+        inner.pending.get(&(*identity, index)).is_some()
+            || rfs::statat(
+                &inner.dir.fd,
+                entry_name(identity, index),
+                rfs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .is_ok()
+    }
+
     /// Offers a block fetched from the source for admission; never waits (a full queue or no
     /// room just skips it, counted).
     pub fn put(&self, identity: Identity, path: Arc<Path>, index: usize, block: Arc<Block>) {

@@ -1,0 +1,140 @@
+//! The everyday commands on a real mount: `prepfs warm`, and the cache state each dataset file
+//! shows in its `user.prepfs.cached` extended attribute.
+
+mod common;
+
+use std::fs;
+use std::process::Output;
+
+use common::{TestMount, pattern};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn cached_xattr(path: &std::path::Path) -> String {
+    let mut value = [0u8; 96];
+    let len = rustix::fs::getxattr(path, "user.prepfs.cached", &mut value[..]).expect("getxattr");
+    String::from_utf8_lossy(&value[..len]).into_owned()
+}
+
+#[test]
+fn warm_fills_the_cache_without_counting_an_epoch_and_reports_what_did_not_fit() {
+    let mut t = TestMount::new();
+    fs::create_dir(t.s("small")).expect("mkdir");
+    fs::create_dir(t.s("large")).expect("mkdir");
+    for i in 0..12 {
+        fs::write(t.s(&format!("small/{i:02}")), pattern(256 * KIB, i)).expect("write");
+    }
+    for i in 0..4 {
+        fs::write(t.s(&format!("large/{i}")), pattern(3 * MIB, 100 + i)).expect("write");
+    }
+    // 8 MiB holds the 3 MiB of small files and one large file, not all four: 15 MiB in all.
+    t.mount(&[
+        "--cache-mem",
+        "8M",
+        "--codec",
+        "none",
+        "--prefetch-buffer",
+        "0",
+    ]);
+    assert_eq!(
+        cached_xattr(&t.m("small/00")),
+        "ram=0 disk=0 blocks=1",
+        "nothing is cached before the warm-up"
+    );
+
+    let out = common::run(&["warm".as_ref(), t.mnt.as_os_str()]);
+    let text = stdout(&out);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.starts_with("warmed "), "{text}");
+    assert!(text.contains("did not fit: "), "{text}");
+    let stats = t.stats();
+    let complete = stats["cache"]["complete_files"]
+        .as_u64()
+        .expect("complete_files");
+    assert!(
+        text.starts_with(&format!("warmed {complete} files, ")),
+        "the report counts the files the cache holds whole ({complete}): {text}"
+    );
+    // First fit: the large files are read first (name order) and two fit; the small ones after
+    // them still fill the rest of the budget.
+    assert!((4..16).contains(&complete), "{stats}");
+    let unfit: u64 = text
+        .split("did not fit: ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("a count of files that did not fit");
+    assert_eq!(complete + unfit, 16, "{text}");
+    assert!(
+        stats["cache"]["bytes"].as_u64() <= stats["cache"]["budget_bytes"].as_u64(),
+        "{stats}"
+    );
+    // Warm reads open with O_NOATIME: served, but not accesses of a training pass.
+    assert_eq!(stats["epochs"]["files"]["epoch"], 1, "{stats}");
+    assert_eq!(stats["epochs"]["files"]["files_this_epoch"], 0, "{stats}");
+    let held: Vec<bool> = ["small/00", "small/01"]
+        .iter()
+        .map(|f| cached_xattr(&t.m(f)) == "ram=1 disk=0 blocks=1")
+        .collect();
+    assert!(held[0], "the first small file fits after the large ones");
+
+    // A list, in the order-file form: absolute under the mount, relative, a comment, a stranger.
+    let list = t.dir.path().join("list");
+    fs::write(
+        &list,
+        format!(
+            "# warm these first\n{}\nsmall/01\n/elsewhere/x\n",
+            t.m("small/00").display()
+        ),
+    )
+    .expect("write list");
+    let out = common::run(&[
+        "warm".as_ref(),
+        t.mnt.as_os_str(),
+        "--from-list".as_ref(),
+        list.as_os_str(),
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    if held[1] {
+        assert!(text.starts_with("warmed 0 files, "), "{text}");
+        assert!(
+            text.contains("already cached: 2 files, 512.00 KiB"),
+            "{text}"
+        );
+    } else {
+        assert!(
+            text.contains("already cached: 1 files, 256.00 KiB"),
+            "{text}"
+        );
+        assert!(text.contains("did not fit: 1 files"), "{text}");
+    }
+    assert!(text.contains("ignored: \"/elsewhere/x\""), "{text}");
+
+    // Reads through the mount still return the source's bytes.
+    for i in 0..4 {
+        assert_eq!(
+            fs::read(t.m(&format!("large/{i}"))).expect("read"),
+            pattern(3 * MIB, 100 + i)
+        );
+    }
+}
+
+#[test]
+fn warm_outside_a_prepfs_mount_fails_with_one_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = common::run(&["warm".as_ref(), dir.path().as_os_str()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("is it a prepfs mount?"), "{err}");
+}
