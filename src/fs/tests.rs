@@ -731,3 +731,29 @@ fn quiet_opens_are_served_but_not_counted_as_accesses() {
     }
     panic!("{}", fs.prefetcher.status());
 }
+
+#[test]
+fn a_pass_waiting_on_a_source_larger_than_the_cache_is_diagnosed_as_short_of_cache() {
+    let (_dir, fs, _plan) = slow_prefetching_fs(40, 0, None);
+    let order: Vec<u8> = (0..40).collect();
+    for _ in 0..2 {
+        read_pass(&fs, &order, |i| pattern(64 << 10, i));
+    }
+    // The first open of pass 3 closes pass 2.
+    read_pass(&fs, &order[..1], |i| pattern(64 << 10, i));
+    let status = status_at_epoch(&fs, 3);
+    let d = &status["files"]["diagnosis"];
+    assert_eq!(d["epoch"], 2, "{status}");
+    assert_eq!(d["working_set_bytes"], 40 * (64 << 10), "{d}");
+    assert_eq!(
+        status["files"]["history"][1]["working_set_bytes"],
+        40 * (64 << 10)
+    );
+    // 2.5 MiB of files, a 256 KiB budget: most of each pass comes from the slow source.
+    assert_eq!(d["verdict"], "cache", "{d}");
+    assert_eq!(d["ram_budget_needed_bytes"], 40 * (64 << 10), "{d}");
+    assert!(
+        d["fetch_stall_share"].as_f64().is_some_and(|s| s > 0.05),
+        "{d}"
+    );
+}

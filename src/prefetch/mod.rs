@@ -33,6 +33,7 @@ use serde_json::{Value, json};
 use crate::cache::{CachedFile, NeverEvictCache, Prefetched};
 use crate::source::{Identity, Source, SourceFile};
 use crate::stats::Metrics;
+use crate::stats::diagnosis::{Capacity, PassFigures, diagnose};
 use epoch::{EpochTracker, FileKey, Opened};
 use hint::{Hint, OrderFile, OrderSlot};
 use parked::Parked;
@@ -143,21 +144,41 @@ impl Marks {
         }
     }
 
-    fn since(&self, start: &Marks, epoch: u64, files: usize, seconds: f64) -> Value {
+    /// The record of the pass that ran from `start` to these marks.
+    fn since(&self, start: &Marks, pass: &PassFigures, files: usize) -> Value {
         json!({
-            "epoch": epoch,
+            "epoch": pass.epoch,
             "files": files,
-            "seconds": seconds,
+            "seconds": pass.seconds,
+            "working_set_bytes": pass.working_set_bytes,
             "cache_hits": self.hits - start.hits,
             "cache_misses": self.misses - start.misses,
-            "fetch_stall_seconds": (self.fetch_stall_ns - start.fetch_stall_ns) as f64 / 1e9,
-            "prep_stall_seconds": (self.prep_stall_ns - start.prep_stall_ns) as f64 / 1e9,
-            "source_bytes": self.source_bytes - start.source_bytes,
+            "fetch_stall_seconds": pass.fetch_stall_seconds,
+            "prep_stall_seconds": pass.prep_stall_seconds,
+            "source_bytes": pass.source_bytes,
             "prefetch_useful": self.useful - start.useful,
             "prefetch_late": self.late - start.late,
             "prefetch_wasted": self.wasted - start.wasted,
             "staged_reads": self.staged_reads - start.staged_reads,
         })
+    }
+
+    /// The figures the diagnosis needs of the pass from `start` to these marks.
+    fn figures(
+        &self,
+        start: &Marks,
+        epoch: u64,
+        seconds: f64,
+        working_set_bytes: Option<u64>,
+    ) -> PassFigures {
+        PassFigures {
+            epoch,
+            seconds,
+            fetch_stall_seconds: (self.fetch_stall_ns - start.fetch_stall_ns) as f64 / 1e9,
+            prep_stall_seconds: (self.prep_stall_ns - start.prep_stall_ns) as f64 / 1e9,
+            source_bytes: self.source_bytes - start.source_bytes,
+            working_set_bytes,
+        }
     }
 }
 
@@ -177,6 +198,8 @@ struct SetState {
     epoch_started: Instant,
     marks: Marks,
     history: VecDeque<Value>,
+    /// What kept readers waiting in the last complete pass (`null` before one).
+    diagnosis: Value,
 }
 
 struct Shared {
@@ -416,6 +439,7 @@ impl SetState {
             epoch_started: Instant::now(),
             marks: Marks::now(metrics),
             history: VecDeque::new(),
+            diagnosis: Value::Null,
         }
     }
 
@@ -432,17 +456,29 @@ impl SetState {
             score.new_pass();
         }
         let now = Marks::now(&shared.metrics);
-        let files = self.tracker.previous().map_or(0, |p| p.len());
-        let record = now.since(
+        let pass = self.tracker.previous();
+        let files = pass.map_or(0, |p| p.len());
+        // Sizes are known for dataset files (their identities), not for view files.
+        let working_set = pass.and_then(|p| {
+            p.order()
+                .iter()
+                .map(|f| self.known.get(f).map(|i| i.size))
+                .sum::<Option<u64>>()
+        });
+        let figures = now.figures(
             &self.marks,
             self.tracker.epoch() - 1,
-            files,
             self.epoch_started.elapsed().as_secs_f64(),
+            working_set,
         );
+        let mut gauges = shared.cache.gauges();
+        gauges.disk = shared.cache.disk_gauges();
+        self.diagnosis = diagnose(&figures, &Capacity::of(&gauges));
         if self.history.len() == HISTORY {
             self.history.pop_front();
         }
-        self.history.push_back(record);
+        self.history
+            .push_back(now.since(&self.marks, &figures, files));
         self.marks = now;
         self.epoch_started = Instant::now();
     }
@@ -573,6 +609,7 @@ impl SetState {
             "opens_per_second": self.rate,
             "predictors": predictors,
             "history": self.history.iter().cloned().collect::<Vec<_>>(),
+            "diagnosis": self.diagnosis,
         })
     }
 }

@@ -4,6 +4,7 @@
 //! counters and latency histograms, and the two renderers. Both files render the same sample list,
 //! so they cannot disagree. Must never take a lock or block: request paths only add to atomics.
 
+pub mod diagnosis;
 mod histogram;
 pub mod table;
 mod view;
