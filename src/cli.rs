@@ -1,6 +1,6 @@
 //! The command line: clap types and their conversion into configuration.
 //!
-//! Owns: subcommands `mount`, `umount`, `stats`, `warm`, `demo`, their flags and help, logging set-up and
+//! Owns: subcommands `mount`, `umount`, `stats`, `top`, `warm`, `demo`, their flags and help, logging set-up and
 //! the exit code. The only module that knows clap. Must never hold logic beyond parsing and
 //! dispatch: each subcommand calls one function elsewhere.
 
@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::{self, MountConfig};
 use crate::prefetch::PrefetchOptions;
 use crate::run::{self, RunError};
+use crate::stats::live::{self, Watch};
 use crate::warm::WarmRequest;
 
 /// prepfs: a read-only FUSE mount for training data, with a never-evict cache.
@@ -39,8 +40,20 @@ enum Command {
         /// The mountpoint.
         mountpoint: PathBuf,
         /// Print stats.json as is.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "watch")]
         json: bool,
+        /// Print the table again every --interval seconds (redrawn in place on a terminal).
+        #[arg(long)]
+        watch: bool,
+        #[command(flatten)]
+        live: LiveArgs,
+    },
+    /// Show a mount's throughput, hit rate, stall, cache fill, prefetch and epochs live.
+    Top {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        #[command(flatten)]
+        live: LiveArgs,
     },
     /// Read files through a mount into its cache before training, with a progress bar.
     Warm {
@@ -62,6 +75,32 @@ enum Command {
         #[arg(long, default_value_t = 300)]
         files: usize,
     },
+}
+
+/// How often and how long a live view updates.
+#[derive(Debug, Args)]
+struct LiveArgs {
+    /// Seconds between updates.
+    #[arg(long, default_value_t = 1.0, value_name = "SECS")]
+    interval: f64,
+    /// Stop after N updates (default: until interrupted).
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
+}
+
+impl LiveArgs {
+    fn watch(&self) -> Result<Watch, RunError> {
+        if !(self.interval.is_finite() && self.interval >= 0.1 && self.interval <= 86_400.0) {
+            return Err(RunError::Other(format!(
+                "--interval must be between 0.1 and 86400 seconds, not {}",
+                self.interval
+            )));
+        }
+        Ok(Watch {
+            interval: std::time::Duration::from_secs_f64(self.interval),
+            count: self.count,
+        })
+    }
 }
 
 /// Options of `prepfs mount`.
@@ -264,8 +303,17 @@ fn dispatch(command: Command) -> Result<(), RunError> {
             run::mount(&cfg, daemon_child)
         }
         Command::Umount { mountpoint, lazy } => run::unmount_path(&mountpoint, lazy),
-        Command::Stats { mountpoint, json } => {
-            crate::stats::table::print(&mountpoint, json).map_err(RunError::Other)
+        Command::Stats {
+            mountpoint,
+            json: _,
+            watch: true,
+            live,
+        } => live::watch_table(&mountpoint, live.watch()?).map_err(RunError::Other),
+        Command::Stats {
+            mountpoint, json, ..
+        } => crate::stats::table::print(&mountpoint, json).map_err(RunError::Other),
+        Command::Top { mountpoint, live } => {
+            live::top(&mountpoint, live.watch()?).map_err(RunError::Other)
         }
         Command::Warm {
             mountpoint,

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::fs;
 use std::process::Output;
 
@@ -137,4 +138,41 @@ fn warm_outside_a_prepfs_mount_fails_with_one_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("is it a prepfs mount?"), "{err}");
+}
+
+#[test]
+fn top_and_stats_watch_print_plain_updates_when_not_on_a_terminal() {
+    let mut t = TestMount::new();
+    for i in 0..8 {
+        fs::write(t.s(&format!("{i}")), pattern(64 * KIB, i)).expect("write");
+    }
+    t.mount(&[]);
+    for _ in 0..3 {
+        for i in 0..8 {
+            fs::read(t.m(&format!("{i}"))).expect("read");
+        }
+    }
+    // The planner publishes the epochs document at most every 100 ms.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let live = |command: &str, extra: &[&str]| {
+        let mut args: Vec<&OsStr> = vec![command.as_ref(), t.mnt.as_os_str()];
+        args.extend(extra.iter().map(OsStr::new));
+        args.extend(["--count", "2", "--interval", "0.1"].map(OsStr::new));
+        common::run(&args)
+    };
+    let out = live("top", &[]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for line in &lines {
+        assert!(line.starts_with("uptime="), "{line}");
+        assert!(line.contains(" hit_rate="), "{line}");
+        assert!(line.contains(" files: epoch 3"), "{line}");
+    }
+    let out = live("stats", &["--watch"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(text.matches("\ncache.hits ").count(), 2, "{text}");
+    assert!(text.contains("epochs.files.diagnosis.verdict "), "{text}");
 }

@@ -6,6 +6,7 @@
 
 pub mod diagnosis;
 mod histogram;
+pub mod live;
 pub mod table;
 mod view;
 

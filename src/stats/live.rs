@@ -1,0 +1,305 @@
+//! The live views: `prepfs top MNT` and `prepfs stats MNT --watch`.
+//!
+//! Owns: reading a mount's stats.json at an interval, turning two consecutive snapshots into
+//! rates (throughput, hit rate and stall over the interval), and drawing them: redrawn in place
+//! when stdout is a terminal, one plain line (or table) per interval otherwise, so the output
+//! reads well over SSH and in logs alike. Must never talk to the daemon other than through the
+//! stats file, and never need more of a terminal than clearing the screen.
+
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use indicatif::HumanBytes;
+use serde_json::Value;
+
+use super::table;
+
+/// Moves the cursor home and clears the screen (VT100, understood by every terminal in use).
+const CLEAR: &str = "\x1b[H\x1b[2J";
+
+/// How often and how long to show.
+#[derive(Debug, Clone, Copy)]
+pub struct Watch {
+    /// Time between updates.
+    pub interval: Duration,
+    /// Updates to show before returning; `None`: until interrupted.
+    pub count: Option<u64>,
+}
+
+/// `prepfs top`: the dashboard of the mount at `mountpoint`.
+pub fn top(mountpoint: &Path, watch: Watch) -> Result<(), String> {
+    let terminal = std::io::stdout().is_terminal();
+    let mut previous: Option<Value> = None;
+    each(watch, || {
+        let now = table::read(mountpoint)?;
+        let text = if terminal {
+            format!(
+                "{CLEAR}prepfs top: {} (every {:.1} s, Ctrl-C to quit)\n{}",
+                mountpoint.display(),
+                watch.interval.as_secs_f64(),
+                dashboard(&now, previous.as_ref())
+            )
+        } else {
+            format!("{}\n", line(&now, previous.as_ref()))
+        };
+        previous = Some(now);
+        Ok(text)
+    })
+}
+
+/// `prepfs stats --watch`: the flat table, redrawn each interval.
+pub fn watch_table(mountpoint: &Path, watch: Watch) -> Result<(), String> {
+    let terminal = std::io::stdout().is_terminal();
+    each(watch, || {
+        let mut rows = Vec::new();
+        table::flatten("", &table::read(mountpoint)?, &mut rows);
+        let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        let mut text = String::from(if terminal { CLEAR } else { "" });
+        for (key, value) in rows {
+            let _ = writeln!(text, "{key:<width$}  {value}");
+        }
+        if !terminal {
+            text.push('\n');
+        }
+        Ok(text)
+    })
+}
+
+/// Writes what `frame` makes every `watch.interval`, `watch.count` times or until stdout closes.
+fn each(watch: Watch, mut frame: impl FnMut() -> Result<String, String>) -> Result<(), String> {
+    let mut out = std::io::stdout().lock();
+    let mut shown = 0u64;
+    loop {
+        let text = frame()?;
+        // A closed pipe (`| head`) ends the view quietly.
+        if out
+            .write_all(text.as_bytes())
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            return Ok(());
+        }
+        shown += 1;
+        if watch.count.is_some_and(|c| shown >= c) {
+            return Ok(());
+        }
+        std::thread::sleep(watch.interval);
+    }
+}
+
+/// The number at dotted `path` of a stats document (0 when absent).
+fn number(stats: &Value, path: &str) -> f64 {
+    path.split('.')
+        .try_fold(stats, |v, key| v.get(key))
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0)
+}
+
+/// What changed between two snapshots, per second of the time between them; since the mount
+/// started when there is no earlier snapshot.
+struct Rates {
+    served: f64,
+    opens: f64,
+    source: f64,
+    fetch_stall: f64,
+    prep_stall: f64,
+    /// Hit rate of the interval; `None` when it had no cache lookups.
+    hit_rate: Option<f64>,
+}
+
+impl Rates {
+    fn between(now: &Value, before: Option<&Value>) -> Rates {
+        let delta = |path: &str| number(now, path) - before.map_or(0.0, |b| number(b, path));
+        let seconds = delta("uptime_seconds").max(1e-3);
+        let (hits, misses) = (delta("cache.hits"), delta("cache.misses"));
+        Rates {
+            served: delta("bytes_served") / seconds,
+            opens: delta("ops.open.requests") / seconds,
+            source: delta("source.bytes_read") / seconds,
+            fetch_stall: delta("stall.fetch_seconds") / seconds,
+            prep_stall: delta("stall.prep_seconds") / seconds,
+            hit_rate: (hits + misses > 0.0).then(|| hits / (hits + misses)),
+        }
+    }
+}
+
+fn percent(part: f64, whole: f64) -> String {
+    if whole > 0.0 {
+        format!("{:.0}%", 100.0 * part / whole)
+    } else {
+        "-".to_owned()
+    }
+}
+
+fn bytes(b: f64) -> HumanBytes {
+    HumanBytes(b.max(0.0) as u64)
+}
+
+/// Each file set's epoch, progress and predictor: `files: epoch 3, 45% (replay)`.
+fn epochs(stats: &Value) -> Vec<String> {
+    let Some(sets) = stats.get("epochs").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    sets.iter()
+        .map(|(name, set)| {
+            let progress = set["progress"]
+                .as_f64()
+                .map_or(String::new(), |p| format!(", {:.0}%", 100.0 * p.min(1.0)));
+            format!(
+                "{name}: epoch {}{progress} ({})",
+                set["epoch"],
+                set["predictor"].as_str().unwrap_or("-")
+            )
+        })
+        .collect()
+}
+
+/// The dashboard drawn on a terminal.
+fn dashboard(now: &Value, before: Option<&Value>) -> String {
+    let r = Rates::between(now, before);
+    let n = |path: &str| number(now, path);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "up {:.0} s\n\nthroughput  {}/s served, {:.0} opens/s, source {}/s",
+        n("uptime_seconds"),
+        bytes(r.served),
+        r.opens,
+        bytes(r.source)
+    );
+    let _ = writeln!(
+        out,
+        "hit rate    {} now, {} since mount",
+        r.hit_rate
+            .map_or("-".to_owned(), |h| format!("{:.1}%", 100.0 * h)),
+        percent(n("cache.hits"), n("cache.hits") + n("cache.misses"))
+    );
+    let _ = writeln!(
+        out,
+        "stall       fetch {:.2} s/s, prep {:.2} s/s (reader time waiting, per second)",
+        r.fetch_stall, r.prep_stall
+    );
+    let _ = writeln!(
+        out,
+        "cache RAM   {} of {} ({}), holds {} of content (x{:.2}), {} files whole",
+        bytes(n("cache.bytes")),
+        bytes(n("cache.budget_bytes")),
+        percent(n("cache.bytes"), n("cache.budget_bytes")),
+        bytes(n("cache.logical_bytes")),
+        n("cache.capacity_ratio"),
+        n("cache.complete_files")
+    );
+    if now.get("disk").is_some() {
+        let _ = writeln!(
+            out,
+            "cache disk  {} of {} ({}), x{:.2}",
+            bytes(n("disk.bytes")),
+            bytes(n("disk.budget_bytes")),
+            percent(n("disk.bytes"), n("disk.budget_bytes")),
+            n("disk.capacity_ratio")
+        );
+    }
+    let codec = &now["cache"]["codec"];
+    let _ = write!(
+        out,
+        "policy      codec {} ({})",
+        codec["choice"].as_str().unwrap_or("-"),
+        codec["reason"].as_str().unwrap_or("-"),
+    );
+    // Decoded pixels are a views matter.
+    if now.get("views").is_some() {
+        let decoded = &now["cache"]["decoded"]["policy"];
+        let kept = decoded["keeping"].as_bool() == Some(true);
+        let _ = write!(
+            out,
+            ", decoded pixels {} ({})",
+            if kept { "kept" } else { "not kept" },
+            decoded["reason"].as_str().unwrap_or("-")
+        );
+    }
+    out.push('\n');
+    let _ = writeln!(
+        out,
+        "prefetch    depth {}, useful {} of {} issued ({}), staged {} of {}",
+        n("prefetch.depth"),
+        n("prefetch.useful"),
+        n("prefetch.issued"),
+        percent(n("prefetch.useful"), n("prefetch.issued")),
+        bytes(n("prefetch.staged.bytes")),
+        bytes(n("prefetch.staged.budget_bytes"))
+    );
+    let _ = writeln!(out, "epochs      {}", epochs(now).join("; "));
+    if let Some(sets) = now.get("epochs").and_then(Value::as_object) {
+        for (name, set) in sets {
+            let d = &set["diagnosis"];
+            if let (Some(verdict), Some(advice)) = (d["verdict"].as_str(), d["advice"].as_str()) {
+                let _ = writeln!(
+                    out,
+                    "diagnosis   {name}, epoch {}: {verdict}: {advice}",
+                    d["epoch"]
+                );
+            }
+        }
+    }
+    out
+}
+
+/// One plain line per interval, for logs and pipes: `key=value` fields with no spaces inside a
+/// value, then each set's epoch.
+fn line(now: &Value, before: Option<&Value>) -> String {
+    let r = Rates::between(now, before);
+    let n = |path: &str| number(now, path);
+    let bytes = |b: f64| bytes(b).to_string().replace(' ', "");
+    format!(
+        "uptime={:.1}s served={}/s opens={:.0}/s source={}/s hit_rate={} fetch_stall={:.2}s/s \
+         prep_stall={:.2}s/s ram={} disk={} {}",
+        n("uptime_seconds"),
+        bytes(r.served),
+        r.opens,
+        bytes(r.source),
+        r.hit_rate
+            .map_or("-".to_owned(), |h| format!("{:.1}%", 100.0 * h)),
+        r.fetch_stall,
+        r.prep_stall,
+        percent(n("cache.bytes"), n("cache.budget_bytes")),
+        percent(n("disk.bytes"), n("disk.budget_bytes")),
+        epochs(now).join(" ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_per_second_of_the_interval_and_hit_rate_is_the_interval_s() {
+        let before = serde_json::json!({
+            "uptime_seconds": 10.0, "bytes_served": 1000, "cache": {"hits": 10, "misses": 10},
+            "stall": {"fetch_seconds": 1.0},
+        });
+        let now = serde_json::json!({
+            "uptime_seconds": 12.0, "bytes_served": 5000, "cache": {"hits": 19, "misses": 11},
+            "stall": {"fetch_seconds": 2.0},
+        });
+        let r = Rates::between(&now, Some(&before));
+        assert_eq!(r.served, 2000.0);
+        assert_eq!(r.fetch_stall, 0.5);
+        assert_eq!(r.hit_rate, Some(0.9));
+        let since_mount = Rates::between(&now, None);
+        assert_eq!(since_mount.served, 5000.0 / 12.0);
+    }
+
+    #[test]
+    fn epochs_show_each_set_with_its_progress_and_predictor() {
+        let stats = serde_json::json!({"epochs": {
+            "files": {"epoch": 3, "progress": 0.456, "predictor": "replay"},
+            "view:train": {"epoch": 1, "progress": null, "predictor": "none"},
+        }});
+        assert_eq!(
+            epochs(&stats),
+            ["files: epoch 3, 46% (replay)", "view:train: epoch 1 (none)"]
+        );
+    }
+}
