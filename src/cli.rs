@@ -4,12 +4,14 @@
 //! the exit code. The only module that knows clap. Must never hold logic beyond parsing and
 //! dispatch: each subcommand calls one function elsewhere.
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, MountConfig};
+use crate::options::{self, Flag};
 use crate::prefetch::PrefetchOptions;
 use crate::run::{self, RunError};
 use crate::stats::live::{self, Watch};
@@ -17,7 +19,8 @@ use crate::warm::WarmRequest;
 
 /// prepfs: a read-only FUSE mount for training data, with a never-evict cache.
 #[derive(Debug, Parser)]
-#[command(name = "prepfs", version, about)]
+// A flag given twice (in a config file, then on the command line) takes its last value.
+#[command(name = "prepfs", version, about, args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -177,6 +180,13 @@ struct MountArgs {
         requires = "cache_dir"
     )]
     disk_min_free: f64,
+    /// Read options from a TOML file first (`cache_mem = "8G"`; flags on the command line and
+    /// in -o override it).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Options as mount(8) and fstab spell them: -o cache_mem=8G,allow_other,config=FILE.
+    #[arg(short = 'o', value_name = "OPT[=VALUE],...")]
+    mount_options: Vec<String>,
     /// Internal: this process is the daemon started by `prepfs mount`.
     #[arg(long, hide = true)]
     daemon_child: bool,
@@ -184,7 +194,14 @@ struct MountArgs {
 
 /// Parses the command line, runs it, and maps failure to one line on stderr and exit code 1.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args = match expand(std::env::args_os().collect()) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("prepfs: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cli = Cli::parse_from(args);
     // A mount logs its lifecycle at INFO; one-shot commands only warn.
     let mount = matches!(cli.command, Command::Mount(_));
     init_logging(if mount {
@@ -218,6 +235,87 @@ fn warm(request: &WarmRequest) -> Result<(), RunError> {
     } else {
         Ok(())
     }
+}
+
+/// The command line with the mount helper's form (`prepfs SOURCE MOUNTPOINT -o OPTIONS`, as
+/// `mount -t fuse.prepfs` runs it through fuse3's mount.fuse3) made `prepfs mount ...`, and a
+/// mount's `-o` lists and `--config` files spelled out as the flags they mean: the file's first,
+/// so that the command line overrides them. Unknown option names fail here, with where they
+/// came from.
+fn expand(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+    let command = <Cli as clap::CommandFactory>::command();
+    let mut args = args.into_iter();
+    let program = args.next().unwrap_or_else(|| "prepfs".into());
+    let mut rest: Vec<OsString> = args.collect();
+    if let Some(first) = rest.first().and_then(|a| a.to_str())
+        && !first.starts_with('-')
+        && first != "help"
+        && command.find_subcommand(first).is_none()
+    {
+        rest.insert(0, "mount".into());
+    }
+    let Some(mount) = command
+        .find_subcommand("mount")
+        .filter(|_| rest.first().is_some_and(|a| a == "mount"))
+    else {
+        return Ok(std::iter::once(program).chain(rest).collect());
+    };
+    let known: Vec<&str> = mount
+        .get_arguments()
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long())
+        .collect();
+    let check = |flag: &Flag, origin: &str| {
+        if flag.name == "config" || flag.name == "o" || !known.contains(&flag.name.as_str()) {
+            Err(format!("unknown mount option '{}' in {origin}", flag.name))
+        } else {
+            Ok(OsString::from(flag.words()))
+        }
+    };
+    let (mut from_files, mut words) = (Vec::new(), Vec::new());
+    let config = |path: &str, from_files: &mut Vec<OsString>| -> Result<(), String> {
+        for flag in options::from_file(Path::new(path))? {
+            from_files.push(check(&flag, path)?);
+        }
+        Ok(())
+    };
+    let mut rest = rest.into_iter().skip(1);
+    while let Some(word) = rest.next() {
+        let text = word.to_str().unwrap_or("");
+        let mut value = |flag: &str| {
+            rest.next()
+                .and_then(|v| v.into_string().ok())
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        let list = match text {
+            "-o" => value("-o")?,
+            _ if text.starts_with("-o") => text[2..].to_owned(),
+            "--config" => {
+                let path = value("--config")?;
+                config(&path, &mut from_files)?;
+                continue;
+            }
+            _ if text.starts_with("--config=") => {
+                config(&text["--config=".len()..], &mut from_files)?;
+                continue;
+            }
+            _ => {
+                words.push(word);
+                continue;
+            }
+        };
+        for flag in options::from_list(&list) {
+            match (flag.name.as_str(), &flag.value) {
+                ("config", Some(path)) => config(path, &mut from_files)?,
+                _ => words.push(check(&flag, "-o")?),
+            }
+        }
+    }
+    Ok([program, "mount".into()]
+        .into_iter()
+        .chain(from_files)
+        .chain(words)
+        .collect())
 }
 
 fn init_logging(default: &str) {
@@ -258,6 +356,9 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 cache_disk,
                 disk_min_free,
                 daemon_child,
+                // Spelled out as flags by `expand` before parsing.
+                config: _,
+                mount_options: _,
             } = *args;
             let prefetch_buffer = prefetch_buffer
                 .map(|s| config::parse_size(&s))

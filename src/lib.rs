@@ -12,6 +12,7 @@ pub mod error;
 pub mod fs;
 pub mod fuse;
 pub mod inode;
+pub mod options;
 pub mod prefetch;
 pub mod run;
 pub mod shards;

@@ -176,3 +176,64 @@ fn top_and_stats_watch_print_plain_updates_when_not_on_a_terminal() {
     assert_eq!(text.matches("\ncache.hits ").count(), 2, "{text}");
     assert!(text.contains("epochs.files.diagnosis.verdict "), "{text}");
 }
+
+#[test]
+fn the_fuse_mount_helper_form_takes_options_from_o_and_a_config_file() {
+    let t = TestMount::new();
+    fs::write(t.s("f"), pattern(300 * KIB, 7)).expect("write");
+    let config = t.dir.path().join("prepfs.toml");
+    fs::write(&config, "cache_mem = \"32M\"\ncodec = \"lz4\"\n").expect("write config");
+    // `mount -t fuse.prepfs SRC MNT -o OPTS` runs fuse3's helper, which runs
+    // `prepfs SRC MNT -o OPTS` from PATH; generic options (nofail, rw) reach prepfs too.
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_prepfs"))
+        .parent()
+        .expect("bin dir")
+        .to_owned();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new("mount.fuse3")
+        .arg(&t.src)
+        .arg(&t.mnt)
+        .args(["-t", "fuse.prepfs", "-o"])
+        .arg(format!(
+            "nofail,rw,cache_mem=48M,config={}",
+            config.display()
+        ))
+        .env("PATH", path)
+        .output()
+        .expect("run mount.fuse3 (package fuse3)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats = t.stats();
+    let _ = common::run(&["umount".as_ref(), t.mnt.as_os_str()]);
+    // -o overrides the file; the file's other options hold; the mount is read-only regardless.
+    assert_eq!(stats["cache"]["budget_bytes"], 48 * MIB, "{stats}");
+    assert_eq!(stats["cache"]["codec"]["choice"], "lz4", "{stats}");
+
+    for (args, origin) in [
+        (vec!["-o", "cache_mem=8M,bogus=1"], "-o"),
+        (
+            vec!["--config", config.to_str().expect("utf-8")],
+            "prepfs.toml",
+        ),
+    ] {
+        fs::write(&config, "cache_mem = \"32M\"\nbogus = true\n").expect("write config");
+        let mut all = vec![t.src.as_os_str(), t.mnt.as_os_str()];
+        all.extend(args.iter().map(OsStr::new));
+        let out = common::run(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("unknown mount option 'bogus' in ") && err.contains(origin),
+            "{err}"
+        );
+    }
+    assert!(!common::is_mounted(&t.mnt));
+}
