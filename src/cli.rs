@@ -1,8 +1,9 @@
 //! The command line: clap types and their conversion into configuration.
 //!
-//! Owns: subcommands `mount`, `umount`, `stats`, `top`, `warm`, `demo`, their flags and help, logging set-up and
-//! the exit code. The only module that knows clap. Must never hold logic beyond parsing and
-//! dispatch: each subcommand calls one function elsewhere.
+//! Owns: subcommands `mount`, `umount`, `stats`, `top`, `warm`, `demo`, their flags and help,
+//! spelling out `-o` lists and `--config` files as flags, logging set-up and the exit code. The
+//! only module that knows clap. Must never hold logic beyond parsing and dispatch: each
+//! subcommand calls one function elsewhere.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

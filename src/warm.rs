@@ -457,12 +457,7 @@ struct Room {
 
 impl Room {
     fn of(stats: &Value) -> Room {
-        let number = |path: &str| {
-            path.split('.')
-                .try_fold(stats, |v, key| v.get(key))
-                .and_then(Value::as_f64)
-                .unwrap_or(0.0)
-        };
+        let number = |path: &str| table::number(stats, path);
         let ram = (number("cache.budget_bytes") - number("cache.bytes")).max(0.0)
             * number("cache.capacity_ratio").max(1.0);
         let disk = (number("disk.budget_bytes") - number("disk.bytes"))

@@ -109,7 +109,7 @@ pub enum Serve {
     Passthrough(Arc<CachedFile>),
 }
 
-/// Extended attribute of each dataset file telling how much of it the RAM tier holds (see
+/// Extended attribute of each dataset file telling how much of it the cache tiers hold (see
 /// `Fs::xattr`); the only one the mount has.
 pub const CACHED_XATTR: &str = "user.prepfs.cached";
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use indicatif::HumanBytes;
 use serde_json::Value;
 
-use super::table;
+use super::table::{self, number};
 
 /// Moves the cursor home and clears the screen (VT100, understood by every terminal in use).
 const CLEAR: &str = "\x1b[H\x1b[2J";
@@ -87,14 +87,6 @@ fn each(watch: Watch, mut frame: impl FnMut() -> Result<String, String>) -> Resu
         }
         std::thread::sleep(watch.interval);
     }
-}
-
-/// The number at dotted `path` of a stats document (0 when absent).
-fn number(stats: &Value, path: &str) -> f64 {
-    path.split('.')
-        .try_fold(stats, |v, key| v.get(key))
-        .and_then(Value::as_f64)
-        .unwrap_or(0.0)
 }
 
 /// What changed between two snapshots, per second of the time between them; since the mount

@@ -32,6 +32,14 @@ pub fn read(mountpoint: &Path) -> Result<Value, String> {
     })
 }
 
+/// The number at dotted `path` (`cache.bytes`) of a stats document; 0 when absent.
+pub fn number(stats: &Value, path: &str) -> f64 {
+    path.split('.')
+        .try_fold(stats, |v, key| v.get(key))
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0)
+}
+
 /// Prints the stats of the mount at `mountpoint` (raw JSON if `json`).
 pub fn print(mountpoint: &Path, json: bool) -> Result<(), String> {
     // Write errors (a closed pipe, as with `| head`) end the output quietly instead of panicking.
