@@ -1,29 +1,15 @@
 //! The real clients over real mounts: PyTorch (torchvision DatasetFolder + DataLoader with two
 //! workers) and tf.data reading tensor views, and the views' pixels against torchvision's own
 //! transforms on the same JPEGs. The Python environment comes from `python/ensure-env`, which
-//! installs it on first use; a missing environment fails the test, it is never skipped.
+//! installs it on first use (`common::python`).
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
-use common::TestMount;
+use common::{TestMount, python};
 
-const ENSURE_ENV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/ensure-env");
 const CLIENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients");
-
-fn python() -> PathBuf {
-    let out = Command::new(ENSURE_ENV)
-        .output()
-        .expect("run python/ensure-env");
-    assert!(
-        out.status.success(),
-        "python/ensure-env failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
 
 /// `classes` folders `class_N` of `per_class` synthetic photos each, in the source.
 fn class_folders(t: &TestMount, classes: usize, per_class: usize) {

@@ -146,3 +146,18 @@ pub fn run(args: &[&std::ffi::OsStr]) -> Output {
         .output()
         .expect("run prepfs")
 }
+
+/// The Python of the client tests and examples, from `python/ensure-env` (which installs the
+/// environment on first use); a missing environment fails the test, it is never skipped.
+pub fn python() -> PathBuf {
+    let ensure_env = concat!(env!("CARGO_MANIFEST_DIR"), "/python/ensure-env");
+    let out = Command::new(ensure_env)
+        .output()
+        .expect("run python/ensure-env");
+    assert!(
+        out.status.success(),
+        "python/ensure-env failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
