@@ -15,6 +15,11 @@ use crate::config::{self, MountConfig};
 use crate::options::{self, Flag};
 use crate::prefetch::PrefetchOptions;
 use crate::run::{self, RunError};
+use crate::scheduler::state::RewardWeights;
+use crate::scheduler::{
+    self,
+    runtime::{Mode, SchedulerOptions},
+};
 use crate::stats::live::{self, Watch};
 use crate::warm::WarmRequest;
 
@@ -73,11 +78,51 @@ enum Command {
         #[arg(long, default_value_t = 4, value_name = "N")]
         jobs: usize,
     },
+    /// The scheduler's policy: measure this machine, train in the simulator, inspect a file.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
     /// Build a small image dataset, mount it, read two epochs, show the cache at work, clean up.
     Demo {
         /// Number of images to generate.
         #[arg(long, default_value_t = 300)]
         files: usize,
+    },
+}
+
+/// `prepfs policy ...`.
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Measure decode, augmentation and codec costs (and a dataset's read speed) for the
+    /// simulator; writes a calibration file.
+    Calibrate {
+        /// A dataset directory: its JPEGs are measured and its files read for the source speed
+        /// (default: synthetic photos and the built-in source figures).
+        #[arg(long, value_name = "DIR")]
+        dataset: Option<PathBuf>,
+        /// Where to write the calibration.
+        #[arg(long, value_name = "FILE", default_value = "calibration.json")]
+        out: PathBuf,
+    },
+    /// Train a policy with PPO in the simulator (randomised machines and loads around the
+    /// calibration); writes the policy file and its learning curve (.curve.csv, .curve.svg).
+    Train {
+        /// Calibration file from `prepfs policy calibrate` (default: built-in figures).
+        #[arg(long, value_name = "FILE")]
+        calibration: Option<PathBuf>,
+        /// PPO updates (512 simulated decisions each).
+        #[arg(long, value_name = "N", default_value_t = 200)]
+        updates: usize,
+        /// Seed of the simulator and the network: the same seed gives the same policy.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        seed: u64,
+        /// Policy file to write (use it with `prepfs mount --policy FILE`).
+        #[arg(long, value_name = "FILE", default_value = "policy.json")]
+        out: PathBuf,
+    },
+    /// Check a policy file (default: the shipped policy) and print how it was trained.
+    Show {
+        /// The policy file.
+        file: Option<PathBuf>,
     },
 }
 
@@ -181,6 +226,28 @@ struct MountArgs {
         requires = "cache_dir"
     )]
     disk_min_free: f64,
+    /// Who sets the pipeline's knobs (codec, prefetch depth, decode workers, decoded caching):
+    /// policy (the learned PPO policy), heuristic (each module's own rule), random (stress).
+    #[arg(long, value_name = "MODE", default_value = "policy")]
+    scheduler: String,
+    /// A policy file (from `prepfs policy train`) instead of the shipped one.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// Keep training the policy while mounted (small learning rate).
+    #[arg(long)]
+    learn: bool,
+    /// With --learn: write the tuned policy here at unmount.
+    #[arg(long, value_name = "FILE", requires = "learn")]
+    save_policy: Option<PathBuf>,
+    /// Reward weight per millisecond of median load latency.
+    #[arg(long, value_name = "W", default_value_t = RewardWeights::default().alpha)]
+    reward_alpha: f64,
+    /// Reward weight of CPU-GPU imbalance |u_gpu - u_cpu| (with a GPU).
+    #[arg(long, value_name = "W", default_value_t = RewardWeights::default().beta)]
+    reward_beta: f64,
+    /// Reward penalty per unit of stall (seconds readers waited per second).
+    #[arg(long, value_name = "W", default_value_t = RewardWeights::default().stall)]
+    stall_penalty: f64,
     /// Read options from a TOML file first (`cache_mem = "8G"`; flags on the command line and
     /// in -o override it).
     #[arg(long, value_name = "FILE")]
@@ -356,6 +423,13 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 cache_dir,
                 cache_disk,
                 disk_min_free,
+                scheduler,
+                policy,
+                learn,
+                save_policy,
+                reward_alpha,
+                reward_beta,
+                stall_penalty,
                 daemon_child,
                 // Spelled out as flags by `expand` before parsing.
                 config: _,
@@ -370,6 +444,18 @@ fn dispatch(command: Command) -> Result<(), RunError> {
             let codec = config::parse_codec(&codec)?;
             let cache_disk = cache_disk.map(|s| config::parse_size(&s)).transpose()?;
             let disk_min_free = config::check_percent(disk_min_free)?;
+            let scheduler = SchedulerOptions {
+                mode: Mode::parse(&scheduler).ok_or_else(|| {
+                    RunError::Other(format!(
+                        "--scheduler {scheduler}: expected policy, heuristic or random"
+                    ))
+                })?,
+                policy: policy.map(|p| std::path::absolute(&p).unwrap_or(p)),
+                learn,
+                save: save_policy.map(|p| std::path::absolute(&p).unwrap_or(p)),
+                reward: config::check_reward(reward_alpha, reward_beta, stall_penalty)?,
+                seed,
+            };
             let cache_mem = match cache_mem {
                 Some(s) => config::parse_size(&s)?,
                 None => config::default_cache_mem(),
@@ -401,6 +487,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 cache_dir: cache_dir.map(|p| std::path::absolute(&p).unwrap_or(p)),
                 cache_disk,
                 disk_min_free,
+                scheduler,
             };
             run::mount(&cfg, daemon_child)
         }
@@ -428,6 +515,31 @@ fn dispatch(command: Command) -> Result<(), RunError> {
             from_list,
             jobs,
         }),
+        Command::Policy(PolicyCommand::Calibrate { dataset, out }) => {
+            scheduler::commands::run_calibrate(dataset.as_deref(), &out).map_err(RunError::Other)
+        }
+        Command::Policy(PolicyCommand::Train {
+            calibration,
+            updates,
+            seed,
+            out,
+        }) => {
+            let command = std::iter::once("prepfs".to_owned())
+                .chain(std::env::args().skip(1))
+                .collect::<Vec<_>>()
+                .join(" ");
+            scheduler::commands::run_train(&scheduler::commands::TrainRequest {
+                calibration,
+                updates: updates.max(1),
+                seed,
+                out,
+                command,
+            })
+            .map_err(RunError::Other)
+        }
+        Command::Policy(PolicyCommand::Show { file }) => {
+            scheduler::commands::run_show(file.as_deref()).map_err(RunError::Other)
+        }
         Command::Demo { files } => crate::demo::run(files).map_err(RunError::Other),
     }
 }

@@ -7,6 +7,8 @@
 use crate::cache::codec::{Codec, MAX_ZSTD_LEVEL};
 use crate::cache::policy::DecodedCaching;
 use crate::prefetch::PrefetchOptions;
+use crate::scheduler::runtime::SchedulerOptions;
+use crate::scheduler::state::RewardWeights;
 use crate::view::ViewSpec;
 use std::path::{Path, PathBuf};
 
@@ -88,6 +90,8 @@ pub struct MountConfig {
     pub cache_disk: Option<u64>,
     /// Share (0..1) of the cache dir's filesystem kept free.
     pub disk_min_free: f64,
+    /// Who sets the knobs, and how it learns.
+    pub scheduler: SchedulerOptions,
 }
 
 /// Parses `--codec`: `auto` (adaptive: `None`) or a fixed codec.
@@ -127,6 +131,22 @@ pub fn check_percent(pct: f64) -> Result<f64, ConfigError> {
             "invalid percentage {pct}: use a number from 0 up to (not including) 100"
         )))
     }
+}
+
+/// Checks the reward weights: finite and not negative (a negative weight would reward latency).
+pub fn check_reward(alpha: f64, beta: f64, stall: f64) -> Result<RewardWeights, ConfigError> {
+    for (name, w) in [
+        ("reward-alpha", alpha),
+        ("reward-beta", beta),
+        ("stall-penalty", stall),
+    ] {
+        if !(w.is_finite() && w >= 0.0) {
+            return Err(ConfigError::Invalid(format!(
+                "invalid --{name} {w}: use a finite number >= 0"
+            )));
+        }
+    }
+    Ok(RewardWeights { alpha, beta, stall })
 }
 
 /// Parses `--view NAME=PIPELINE` definitions: names unique, at most `inode::MAX_VIEWS`.

@@ -75,6 +75,7 @@ pub fn run(files: usize) -> Result<(), String> {
         cache_dir: None,
         cache_disk: None,
         disk_min_free: 0.05,
+        scheduler: Default::default(),
     };
     let mounted = run::start(&cfg).map_err(|e| e.to_string())?;
     println!(

@@ -15,6 +15,7 @@ pub mod inode;
 pub mod options;
 pub mod prefetch;
 pub mod run;
+pub mod scheduler;
 pub mod shards;
 pub mod source;
 pub mod stats;

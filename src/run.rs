@@ -148,6 +148,8 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
                 file,
                 mountpoint: cfg.mountpoint.clone(),
             }),
+            scheduler: Some(cfg.scheduler.clone()),
+            source_root: Some(cfg.source.clone()),
         },
         disk,
     ));

@@ -4,9 +4,12 @@
 //! the I/O pool waits on the source (cache misses), the render pool decodes views. The queue is
 //! bounded: when it is full,
 //! `submit` blocks the submitter, which pushes back on the kernel instead of growing memory.
+//! A pool may be sized live (`Active`): workers beyond the active count finish their job and
+//! wait, so the scheduler can give cores back to the trainer or overlap more waits.
 //! Must never run unbounded work or outlive its owner (dropping it joins every thread).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
@@ -14,34 +17,70 @@ use parking_lot::Mutex;
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// How many of the pool's workers take jobs now (read before each job; at least one).
+pub type Active = Arc<dyn Fn() -> usize + Send + Sync>;
+
+/// How often a worker beyond the active count looks again: fast next to the scheduler's 200 ms
+/// decisions, and a sleeping thread's wake-up costs microseconds.
+const RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// The pool.
 pub struct WorkerPool {
     queue: Option<SyncSender<Job>>,
     threads: Vec<JoinHandle<()>>,
+    /// Tells workers beyond the active count to stop waiting for a turn.
+    closing: Arc<AtomicBool>,
+    /// Jobs submitted and not yet started.
+    queued: Arc<AtomicUsize>,
 }
 
 impl WorkerPool {
     /// Starts `threads` workers named `name-N` sharing a queue of at most `depth` waiting jobs.
     pub fn new(name: &str, threads: usize, depth: usize) -> std::io::Result<WorkerPool> {
+        WorkerPool::sized(name, threads, depth, Arc::new(|| usize::MAX))
+    }
+
+    /// Like `new`, with only the first `active()` workers taking jobs at any moment.
+    pub fn sized(
+        name: &str,
+        threads: usize,
+        depth: usize,
+        active: Active,
+    ) -> std::io::Result<WorkerPool> {
         let (tx, rx) = sync_channel::<Job>(depth);
         let rx = Arc::new(Mutex::new(rx));
+        let closing = Arc::new(AtomicBool::new(false));
         let threads = (0..threads.max(1))
             .map(|i| {
                 let rx = rx.clone();
+                let active = active.clone();
+                let closing = closing.clone();
                 std::thread::Builder::new()
                     .name(format!("{name}-{i}"))
-                    .spawn(move || work(&rx))
+                    .spawn(move || work(i, &rx, &*active, &closing))
             })
             .collect::<std::io::Result<Vec<_>>>()?;
         Ok(WorkerPool {
             queue: Some(tx),
             threads,
+            closing,
+            queued: Arc::new(AtomicUsize::new(0)),
         })
+    }
+
+    /// A gauge of the jobs submitted and not yet started.
+    pub fn queued(&self) -> Arc<AtomicUsize> {
+        self.queued.clone()
     }
 
     /// Queues `job`, waiting for room if the queue is full. Runs it inline if the pool is gone.
     pub fn submit(&self, job: impl FnOnce() + Send + 'static) {
-        let job: Job = Box::new(job);
+        let queued = self.queued.clone();
+        queued.fetch_add(1, Ordering::Relaxed);
+        let job: Job = Box::new(move || {
+            queued.fetch_sub(1, Ordering::Relaxed);
+            job();
+        });
         match &self.queue {
             Some(tx) => {
                 if let Err(returned) = tx.send(job) {
@@ -53,8 +92,21 @@ impl WorkerPool {
     }
 }
 
-fn work(rx: &Mutex<Receiver<Job>>) {
+fn work(
+    index: usize,
+    rx: &Mutex<Receiver<Job>>,
+    active: &(dyn Fn() -> usize + Send + Sync),
+    closing: &AtomicBool,
+) {
     loop {
+        // Worker 0 is always active, so the queue always drains.
+        if index >= active().max(1) {
+            if closing.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(RECHECK);
+            continue;
+        }
         let job = rx.lock().recv();
         match job {
             Ok(job) => job(),
@@ -65,6 +117,7 @@ fn work(rx: &Mutex<Receiver<Job>>) {
 
 impl Drop for WorkerPool {
     fn drop(&mut self) {
+        self.closing.store(true, Ordering::Relaxed);
         self.queue = None;
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -75,7 +128,7 @@ impl Drop for WorkerPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
 
     #[test]
     fn every_submitted_job_runs_before_drop_returns() {
@@ -89,5 +142,39 @@ mod tests {
         }
         drop(pool);
         assert_eq!(done.load(Ordering::SeqCst), 100);
+    }
+
+    #[test]
+    fn only_the_active_workers_take_jobs_and_the_count_follows_the_knob() {
+        let active = Arc::new(AtomicUsize::new(1));
+        let a = active.clone();
+        let pool = WorkerPool::sized("sized", 4, 64, Arc::new(move || a.load(Ordering::Relaxed)))
+            .expect("threads start");
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let run = |pool: &WorkerPool| {
+            most.store(0, Ordering::SeqCst);
+            for _ in 0..16 {
+                let (running, most) = (running.clone(), most.clone());
+                pool.submit(move || {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(15));
+                    running.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+            while running.load(Ordering::SeqCst) > 0 || most.load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        run(&pool);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(most.load(Ordering::SeqCst), 1, "one active worker");
+        active.store(4, Ordering::Relaxed);
+        std::thread::sleep(RECHECK * 3);
+        run(&pool);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(most.load(Ordering::SeqCst) > 1, "more workers once allowed");
+        drop(pool); // inactive workers must not keep drop waiting
     }
 }

@@ -39,6 +39,7 @@ use disk::DiskTier;
 use packer::Packer;
 use policy::CodecPolicy;
 
+use crate::scheduler::knobs::Knobs;
 use crate::shards::ShardedMap;
 use crate::source::Identity;
 use crate::stats::{Gauges, Metrics};
@@ -170,6 +171,8 @@ pub struct NeverEvictCache {
     files: ShardedMap<Identity, Arc<CachedFile>>,
     decoded: ShardedMap<Identity, Arc<CachedFile>>,
     decoded_caching: DecodedCaching,
+    /// The scheduler's knobs (decoded caching), when a scheduler runs.
+    knobs: Option<Arc<Knobs>>,
     /// The latest `DecodedReason`, as its `repr` value.
     decoded_last: AtomicU8,
     packer_thread: Option<JoinHandle<()>>,
@@ -220,6 +223,7 @@ impl NeverEvictCache {
             files: ShardedMap::default(),
             decoded: ShardedMap::default(),
             decoded_caching: DecodedCaching::default(),
+            knobs: None,
             decoded_last: AtomicU8::new(DecodedReason::Off as u8),
             packer_thread,
         }
@@ -229,9 +233,25 @@ impl NeverEvictCache {
     pub fn with_decoded_caching(mut self, mode: DecodedCaching) -> NeverEvictCache {
         self.decoded_caching = mode;
         // Until the first render, stats show what the mode decides with nothing measured yet.
-        let first = policy::keep_decoded(mode, Duration::ZERO, 0, None);
+        let first = policy::keep_decoded(mode, Duration::ZERO, 0, None, None);
         self.decoded_last = AtomicU8::new(first as u8);
         self
+    }
+
+    /// This cache, following the scheduler's decoded-caching knob while it holds it.
+    pub fn with_knobs(mut self, knobs: Arc<Knobs>) -> NeverEvictCache {
+        self.knobs = Some(knobs);
+        self
+    }
+
+    /// Share of the RAM budget in use (0..=1; a zero budget is full).
+    pub fn fill(&self) -> f64 {
+        let ledger = &self.tiers.ledger;
+        if ledger.budget == 0 {
+            1.0
+        } else {
+            ledger.used.load(Ordering::Relaxed) as f64 / ledger.budget as f64
+        }
     }
 
     /// The cache entry of one file version, created empty on first use. `path` (relative to the
@@ -300,6 +320,7 @@ impl NeverEvictCache {
             decode,
             len,
             metrics.source_bytes_per_s(),
+            self.knobs.as_ref().and_then(|k| k.decoded()),
         );
         self.decoded_last.store(reason as u8, Ordering::Relaxed);
         if !reason.keeps() {

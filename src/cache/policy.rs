@@ -33,6 +33,8 @@ pub enum Reason {
     /// The source is as fast as decompression: a heavier codec would make hits cost about what
     /// misses cost, so only the cheap one is worth it.
     FastSource,
+    /// The scheduler holds the codec knob (see `scheduler::knobs`).
+    Scheduler,
 }
 
 impl Reason {
@@ -44,6 +46,7 @@ impl Reason {
             Reason::CpuBusy => "cpu_busy",
             Reason::CpuSaturated => "cpu_saturated",
             Reason::FastSource => "fast_source",
+            Reason::Scheduler => "scheduler",
         }
     }
 }
@@ -158,6 +161,10 @@ pub enum DecodedReason {
     Off,
     /// `--decoded-cache on`.
     On,
+    /// The scheduler chose to keep pixels.
+    SchedulerOn,
+    /// The scheduler chose not to.
+    SchedulerOff,
     /// Decoding the image took longer than the source takes to deliver as many bytes as its
     /// pixels occupy: memory spent on pixels saves more time than on encoded files.
     DecodeSlower,
@@ -168,16 +175,21 @@ pub enum DecodedReason {
 
 impl DecodedReason {
     /// Every reason, by its `repr` value.
-    pub const ALL: [DecodedReason; 4] = [
+    pub const ALL: [DecodedReason; 6] = [
         DecodedReason::Off,
         DecodedReason::On,
+        DecodedReason::SchedulerOn,
+        DecodedReason::SchedulerOff,
         DecodedReason::DecodeSlower,
         DecodedReason::SourceSlower,
     ];
 
     /// Whether pixels are kept for this reason.
     pub fn keeps(self) -> bool {
-        matches!(self, DecodedReason::On | DecodedReason::DecodeSlower)
+        matches!(
+            self,
+            DecodedReason::On | DecodedReason::SchedulerOn | DecodedReason::DecodeSlower
+        )
     }
 
     /// A stable snake_case name for stats.
@@ -185,13 +197,16 @@ impl DecodedReason {
         match self {
             DecodedReason::Off => "off",
             DecodedReason::On => "on",
+            DecodedReason::SchedulerOn => "scheduler_on",
+            DecodedReason::SchedulerOff => "scheduler_off",
             DecodedReason::DecodeSlower => "decode_slower_than_source",
             DecodedReason::SourceSlower => "source_slower_than_decode",
         }
     }
 }
 
-/// Whether to keep an image's decoded pixels (`pixels` bytes, decoded in `decode`).
+/// Whether to keep an image's decoded pixels (`pixels` bytes, decoded in `decode`), when the
+/// scheduler does not hold the knob (`scheduled`); it only holds it in `auto` mode.
 ///
 /// Under never-evict, memory is spent once, so the question is which use of a byte saves more
 /// time per epoch. A byte of encoded file saves a fetch of one byte (1 / source bandwidth); a
@@ -204,7 +219,13 @@ pub fn keep_decoded(
     decode: std::time::Duration,
     pixels: u64,
     source_bytes_per_s: Option<f64>,
+    scheduled: Option<bool>,
 ) -> DecodedReason {
+    match (mode, scheduled) {
+        (DecodedCaching::Auto, Some(true)) => return DecodedReason::SchedulerOn,
+        (DecodedCaching::Auto, Some(false)) => return DecodedReason::SchedulerOff,
+        _ => {}
+    }
     match mode {
         DecodedCaching::Off => DecodedReason::Off,
         DecodedCaching::On => DecodedReason::On,
@@ -256,14 +277,17 @@ mod tests {
     fn decoded_pixels_are_kept_when_decoding_costs_more_than_fetching() {
         let decode = std::time::Duration::from_micros(600);
         let pixels = 500 * 375 * 3;
-        let auto = |bw| keep_decoded(DecodedCaching::Auto, decode, pixels, bw);
+        let auto = |bw| keep_decoded(DecodedCaching::Auto, decode, pixels, bw, None);
         assert_eq!(auto(Some(50e6)), DecodedReason::SourceSlower);
         assert_eq!(auto(Some(2e9)), DecodedReason::DecodeSlower);
         assert_eq!(auto(None), DecodedReason::DecodeSlower);
         assert!(!auto(Some(50e6)).keeps() && auto(Some(2e9)).keeps());
-        let fixed = |mode| keep_decoded(mode, decode, pixels, Some(2e9));
+        let fixed = |mode| keep_decoded(mode, decode, pixels, Some(2e9), Some(true));
         assert!(!fixed(DecodedCaching::Off).keeps());
-        assert!(keep_decoded(DecodedCaching::On, decode, pixels, Some(1.0)).keeps());
+        assert!(keep_decoded(DecodedCaching::On, decode, pixels, Some(1.0), None).keeps());
+        let held = |on| keep_decoded(DecodedCaching::Auto, decode, pixels, Some(50e6), Some(on));
+        assert_eq!(held(true), DecodedReason::SchedulerOn);
+        assert!(held(true).keeps() && !held(false).keeps());
         for reason in DecodedReason::ALL {
             assert_eq!(DecodedReason::ALL[reason as usize], reason);
         }

@@ -14,12 +14,13 @@ mod views;
 pub use views::View;
 
 use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::cache::codec::Codec;
-use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed, Heuristic};
+use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed};
 use crate::cache::{
     BLOCK_SIZE, CachedFile, DiskSetup, NeverEvictCache, ReadBytes, Staging, Unpacked,
 };
@@ -29,10 +30,13 @@ use crate::inode::{
     VIEWS_DIR,
 };
 use crate::prefetch::{OrderHint, PrefetchOptions, Prefetcher, Readahead};
+use crate::scheduler::action::{Action, CODECS, Head, Mask};
+use crate::scheduler::knobs::{Knobs, ScheduledCodec};
+use crate::scheduler::runtime::{Scheduler, SchedulerOptions, Setup};
 use crate::shards::ShardedMap;
 use crate::source::{Deferred, Kind, Meta, Source, SourceFile, SpaceStats};
 use crate::stats::{self, Gauges, Metrics};
-use crate::telemetry::{Sampler, Telemetry};
+use crate::telemetry::{Pipeline, Probe, Sampler, Sources, Telemetry};
 use crate::view::{Cpu, ViewSpec};
 use crate::workers::WorkerPool;
 use views::Views;
@@ -68,6 +72,10 @@ pub struct FsOptions {
     pub prefetch_buffer: u64,
     /// An order file a sampler writes, for prefetch to follow.
     pub order_hint: Option<OrderHint>,
+    /// The scheduler, or `None`: the modules' heuristics decide and nobody observes.
+    pub scheduler: Option<SchedulerOptions>,
+    /// The source directory's path (telemetry finds its block device there).
+    pub source_root: Option<PathBuf>,
 }
 
 /// Attributes of one node, with how long the kernel may cache them.
@@ -180,8 +188,44 @@ pub struct Fs {
     render_pool: Option<WorkerPool>,
     /// Infers epochs from opens and fetches ahead of the readers.
     prefetcher: Prefetcher,
-    /// Keeps the machine figures the codec policy reads current (adaptive codec only).
-    _sampler: Option<Sampler>,
+    /// Keeps the machine and pipeline figures current.
+    telemetry: Arc<Telemetry>,
+    /// Sets the knobs; dropped before the sampler and the modules it drives.
+    scheduler: Option<Scheduler>,
+    _sampler: Sampler,
+}
+
+/// How telemetry reads this mount's pipeline: counters from the metrics, gauges from the cache,
+/// the prefetcher and the render queue. Every read is an atomic load or a short lock that no
+/// request path holds for long.
+fn probe(
+    metrics: &Arc<Metrics>,
+    cache: &Arc<NeverEvictCache>,
+    prefetcher: &Prefetcher,
+    render_queued: Option<Arc<std::sync::atomic::AtomicUsize>>,
+) -> Probe {
+    let (metrics, cache) = (metrics.clone(), cache.clone());
+    let prefetch_queue = prefetcher.queue_share();
+    Box::new(move || {
+        Pipeline {
+            // Opens: one per item a loader fetches (files, shards, view tensors); reads of
+            // passthrough files never reach the daemon, opens always do.
+            requests: metrics.op(stats::Op::Open).requests.get(),
+            latency: metrics.read_latency.counts(),
+            stall_ns: metrics.fetch_stall_ns.get() + metrics.prep_stall_ns.get(),
+            hits: metrics.cache_hits.get(),
+            misses: metrics.cache_misses.get(),
+            source_bytes: metrics.source_bytes.get(),
+            source_busy_ns: metrics.source_busy_ns.get(),
+            source_latency: metrics.source_latency.counts(),
+            render_queue: render_queued.as_ref().map_or(0.0, |q| {
+                q.load(Ordering::Relaxed) as f64 / RENDER_QUEUE_DEPTH as f64
+            }),
+            prefetch_queue: prefetch_queue(),
+            cache_fill: cache.fill(),
+            disk_tier: cache.disk_gauges().is_some(),
+        }
+    })
 }
 
 impl Fs {
@@ -194,9 +238,10 @@ impl Fs {
     pub fn with_disk(source: Arc<dyn Source>, options: FsOptions, disk: Option<DiskSetup>) -> Fs {
         let metrics = Arc::new(Metrics::default());
         let telemetry = Arc::new(Telemetry::default());
-        let (policy, sampler): (Box<dyn CodecPolicy>, _) = match options.codec {
-            Some(codec) => (Box::new(Fixed(codec)), None),
-            None => (Box::new(Heuristic), Some(Sampler::start(telemetry.clone()))),
+        let knobs = Arc::new(Knobs::default());
+        let policy: Box<dyn CodecPolicy> = match options.codec {
+            Some(codec) => Box::new(Fixed(codec)),
+            None => Box::new(ScheduledCodec(knobs.clone())),
         };
         let staging_budget = if options.prefetch.enabled {
             options.prefetch_buffer
@@ -208,12 +253,13 @@ impl Fs {
             NeverEvictCache::new(
                 options.cache_budget,
                 policy,
-                telemetry,
+                telemetry.clone(),
                 disk,
                 staging,
                 metrics.clone(),
             )
-            .with_decoded_caching(options.decoded_caching),
+            .with_decoded_caching(options.decoded_caching)
+            .with_knobs(knobs.clone()),
         );
         let view_names: Vec<String> = options.views.iter().map(|v| v.name.clone()).collect();
         let prefetcher = Prefetcher::start(
@@ -223,6 +269,7 @@ impl Fs {
             options.prefetch,
             &view_names,
             options.order_hint.clone(),
+            knobs.clone(),
         );
         let views = Arc::new(Views::new(
             &options.views,
@@ -230,15 +277,68 @@ impl Fs {
             source.clone(),
             cache.clone(),
         ));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let render_pool = if views.is_empty() {
             None
         } else {
-            WorkerPool::new("prepfs-render", options.render_threads, RENDER_QUEUE_DEPTH)
-                .inspect_err(|e| {
-                    tracing::warn!(error = %e, "cannot start render threads; rendering on open");
-                })
-                .ok()
+            // A scheduled mount starts threads for the largest worker option; the knob decides
+            // how many take jobs (the configured count while it is released).
+            let threads = match options.scheduler {
+                Some(_) => options
+                    .render_threads
+                    .max(Action::default().with(Head::Workers, 3).workers(cores)),
+                None => options.render_threads,
+            };
+            let (k, configured) = (knobs.clone(), options.render_threads);
+            WorkerPool::sized(
+                "prepfs-render",
+                threads,
+                RENDER_QUEUE_DEPTH,
+                Arc::new(move || k.workers().unwrap_or(configured)),
+            )
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "cannot start render threads; rendering on open");
+            })
+            .ok()
         };
+        let sampler = Sampler::start(
+            telemetry.clone(),
+            Sources {
+                probe: Some(probe(
+                    &metrics,
+                    &cache,
+                    &prefetcher,
+                    render_pool.as_ref().map(WorkerPool::queued),
+                )),
+                source_root: options.source_root.clone(),
+            },
+        );
+        let scheduler = options.scheduler.clone().map(|s| {
+            let mut mask = Mask::new(false, !views.is_empty());
+            if let Some(codec) = options.codec {
+                mask.only(
+                    Head::Codec,
+                    CODECS.iter().position(|c| *c == codec).unwrap_or(0),
+                );
+            }
+            match options.decoded_caching {
+                DecodedCaching::Auto => {}
+                DecodedCaching::Off => mask.only(Head::Decoded, 0),
+                DecodedCaching::On => mask.only(Head::Decoded, 1),
+            }
+            let c = cache.clone();
+            Scheduler::start(
+                s,
+                telemetry.clone(),
+                knobs.clone(),
+                Setup {
+                    mask,
+                    cores,
+                    prefetch_threads: options.prefetch.threads,
+                    keeps_decoded: Box::new(move || c.decoded_choice().1.keeps()),
+                },
+            )
+        });
         Fs {
             source,
             cache,
@@ -250,6 +350,8 @@ impl Fs {
             views,
             render_pool,
             prefetcher,
+            telemetry,
+            scheduler,
             _sampler: sampler,
         }
     }
@@ -356,6 +458,13 @@ impl Fs {
                     ("cache.codec".to_owned(), codec),
                     ("cache.decoded.policy".to_owned(), decoded),
                     ("epochs".to_owned(), self.prefetcher.status()),
+                    ("telemetry".to_owned(), self.telemetry.to_json()),
+                    (
+                        "scheduler".to_owned(),
+                        self.scheduler
+                            .as_ref()
+                            .map_or(serde_json::json!({"mode": "off"}), Scheduler::to_json),
+                    ),
                 ]
                 .into_iter()
                 .chain(self.views.iter().map(|v| {

@@ -34,6 +34,8 @@ fn options(budget: u64) -> FsOptions {
         },
         prefetch_buffer: 8 << 20,
         order_hint: None,
+        scheduler: None,
+        source_root: None,
     }
 }
 

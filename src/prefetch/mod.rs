@@ -31,6 +31,7 @@ use parking_lot::{Condvar, Mutex};
 use serde_json::{Value, json};
 
 use crate::cache::{CachedFile, NeverEvictCache, Prefetched};
+use crate::scheduler::knobs::Knobs;
 use crate::source::{Identity, Source, SourceFile};
 use crate::stats::Metrics;
 use crate::stats::diagnosis::{Capacity, PassFigures, diagnose};
@@ -217,6 +218,8 @@ struct Shared {
     /// Seconds a file prefetch takes (moving average, f64 bits).
     file_seconds: AtomicU64,
     depth: AtomicUsize,
+    /// The scheduler's depth knob (released: the controller below decides).
+    knobs: Arc<Knobs>,
     status: Mutex<Value>,
     /// Files opened ahead whose bytes had no room anywhere.
     parked: Parked,
@@ -256,6 +259,7 @@ impl Prefetcher {
         options: PrefetchOptions,
         view_names: &[String],
         hint: Option<OrderHint>,
+        knobs: Arc<Knobs>,
     ) -> Prefetcher {
         let names: Vec<String> = std::iter::once("files".to_owned())
             .chain(view_names.iter().map(|n| format!("view:{n}")))
@@ -272,6 +276,7 @@ impl Prefetcher {
             outcomes: names.iter().map(|_| Mutex::default()).collect(),
             file_seconds: AtomicU64::new(0f64.to_bits()),
             depth: AtomicUsize::new(DEPTH_MIN),
+            knobs,
             status: Mutex::new(json!({})),
             parked: Parked::default(),
         });
@@ -394,9 +399,18 @@ impl Prefetcher {
         self.shared.parked.len()
     }
 
-    /// Files the planner keeps queued ahead (the controller's current depth).
+    /// Files the planner keeps queued ahead (the controller's or the scheduler's depth).
     pub fn depth(&self) -> usize {
         self.shared.depth.load(Ordering::Relaxed)
+    }
+
+    /// A gauge of the prefetch queue: files waiting, as a share of the current depth.
+    pub fn queue_share(&self) -> impl Fn() -> f64 + Send + 'static {
+        let shared = self.shared.clone();
+        move || {
+            let queued = shared.jobs.lock().queue.len() as f64;
+            queued / shared.depth.load(Ordering::Relaxed).max(1) as f64
+        }
     }
 }
 
@@ -527,8 +541,9 @@ impl SetState {
     fn plan(&mut self, shared: &Shared, set: SetId, last: &Path) {
         let file_seconds = f64::from_bits(shared.file_seconds.load(Ordering::Relaxed));
         let threads = shared.options.threads.max(1);
-        let depth = ((self.rate * file_seconds * 2.0).ceil() as usize + threads)
-            .clamp(DEPTH_MIN, DEPTH_MAX);
+        let depth = shared.knobs.depth().unwrap_or_else(|| {
+            ((self.rate * file_seconds * 2.0).ceil() as usize + threads).clamp(DEPTH_MIN, DEPTH_MAX)
+        });
         shared.depth.store(depth, Ordering::Relaxed);
         let outcomes = &shared.outcomes[set];
         let current = self.tracker.current();

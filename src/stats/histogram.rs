@@ -60,21 +60,35 @@ impl Histogram {
 
     /// Estimated `q` quantile (0..1) in microseconds; 0 when empty.
     pub fn quantile_us(&self, q: f64) -> f64 {
-        let total: u64 = self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum();
-        if total == 0 {
-            return 0.0;
-        }
-        let rank = ((q * total as f64).ceil() as u64).max(1);
-        let mut seen = 0;
-        for (i, b) in self.buckets.iter().enumerate() {
-            seen += b.load(Ordering::Relaxed);
-            if seen >= rank {
-                let (lo, hi) = (bucket_low(i), bucket_low(i + 1));
-                return (lo + (hi - lo) / 2) as f64 / 1000.0;
-            }
-        }
-        0.0
+        quantile_us(&self.counts(), q)
     }
+
+    /// The bucket counts now: subtract an earlier snapshot to get a window's distribution.
+    pub fn counts(&self) -> Vec<u64> {
+        self.buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect()
+    }
+}
+
+/// Estimated `q` quantile (0..1), in microseconds, of bucket `counts` (from `Histogram::counts`,
+/// or a difference of two); 0 when empty.
+pub fn quantile_us(counts: &[u64], q: f64) -> f64 {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let rank = ((q * total as f64).ceil() as u64).max(1);
+    let mut seen = 0;
+    for (i, c) in counts.iter().enumerate() {
+        seen += c;
+        if seen >= rank {
+            let (lo, hi) = (bucket_low(i), bucket_low(i + 1));
+            return (lo + (hi - lo) / 2) as f64 / 1000.0;
+        }
+    }
+    0.0
 }
 
 #[cfg(test)]
@@ -92,6 +106,13 @@ mod tests {
         assert!((400.0..=640.0).contains(&p50), "p50 {p50}");
         assert!((800.0..=1250.0).contains(&p99), "p99 {p99}");
         assert_eq!(h.count(), 1000);
+        let before = h.counts();
+        for _ in 0..10 {
+            h.record(Duration::from_millis(50));
+        }
+        let window: Vec<u64> = h.counts().iter().zip(&before).map(|(a, b)| a - b).collect();
+        let p50 = quantile_us(&window, 0.5);
+        assert!((40_000.0..=64_000.0).contains(&p50), "window p50 {p50}");
     }
 
     #[test]

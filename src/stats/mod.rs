@@ -5,7 +5,7 @@
 //! so they cannot disagree. Must never take a lock or block: request paths only add to atomics.
 
 pub mod diagnosis;
-mod histogram;
+pub mod histogram;
 pub mod live;
 pub mod table;
 mod view;

@@ -1,0 +1,353 @@
+//! The scheduler's actions: one factored, discrete choice of every knob it drives, the masks that
+//! rule out what this machine cannot do, and how a choice is picked from the policy's logits.
+//!
+//! Owns: the action schema (heads, their options, their order in the logits vector). Changing it
+//! changes `SCHEMA_VERSION` in `state`, which makes older policy files fall back. Must never
+//! touch a knob itself: `scheduler::knobs` applies actions.
+
+use crate::cache::codec::Codec;
+
+/// Where a view's decode (or augmentation) runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// The render pool's threads.
+    Cpu,
+    /// The GPU backend (masked while the mount has none).
+    Gpu,
+}
+
+/// One head of the factored action: a knob and its options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    /// Decode placement: cpu, gpu.
+    Decode,
+    /// Augmentation placement: cpu, gpu.
+    Augment,
+    /// Codec of new cache entries: none, lz4, zstd-1, zstd-3.
+    Codec,
+    /// Prefetch depth (files queued ahead): `DEPTHS`.
+    Depth,
+    /// Decode workers, as multiples of the cores: `WORKER_SHARES`.
+    Workers,
+    /// Whether view renders keep decoded pixels: off, on.
+    Decoded,
+}
+
+impl Head {
+    /// Every head, in logits order.
+    pub const ALL: [Head; 6] = [
+        Head::Decode,
+        Head::Augment,
+        Head::Codec,
+        Head::Depth,
+        Head::Workers,
+        Head::Decoded,
+    ];
+
+    /// How many options the head has.
+    pub const fn options(self) -> usize {
+        match self {
+            Head::Decode | Head::Augment | Head::Decoded => 2,
+            Head::Codec | Head::Depth | Head::Workers => 4,
+        }
+    }
+
+    /// Where the head's logits start in the logits vector.
+    pub fn offset(self) -> usize {
+        Head::ALL
+            .iter()
+            .take_while(|h| **h != self)
+            .map(|h| h.options())
+            .sum()
+    }
+
+    /// A stable snake_case name for stats and artifacts.
+    pub fn name(self) -> &'static str {
+        match self {
+            Head::Decode => "decode",
+            Head::Augment => "augment",
+            Head::Codec => "codec",
+            Head::Depth => "prefetch_depth",
+            Head::Workers => "workers",
+            Head::Decoded => "decoded_cache",
+        }
+    }
+
+    /// The name of option `i` (stats, the action histogram).
+    pub fn option_name(self, i: usize) -> String {
+        match self {
+            Head::Decode | Head::Augment => ["cpu", "gpu"][i.min(1)].to_owned(),
+            Head::Codec => CODECS[i.min(3)].to_string(),
+            Head::Depth => DEPTHS[i.min(3)].to_string(),
+            Head::Workers => format!("{}x_cores", WORKER_SHARES[i.min(3)]),
+            Head::Decoded => ["off", "on"][i.min(1)].to_owned(),
+        }
+    }
+}
+
+/// Length of the logits vector: the options of every head.
+pub const LOGITS: usize = 2 + 2 + 4 + 4 + 4 + 2;
+
+/// Codec options, from cheapest to best ratio.
+pub const CODECS: [Codec; 4] = [Codec::None, Codec::Lz4, Codec::Zstd(1), Codec::Zstd(3)];
+/// Prefetch depth options: the prefetcher's own range (4..=128 files) in factor-of-4 steps.
+pub const DEPTHS: [usize; 4] = [4, 16, 64, 128];
+/// Decode worker options as multiples of the cores: fewer leaves cores to the trainer, more
+/// overlaps waits on the source or the GPU.
+pub const WORKER_SHARES: [f64; 4] = [0.25, 0.5, 1.0, 2.0];
+
+/// One choice per head, each an option index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Action(pub [u8; 6]);
+
+impl Action {
+    /// The option chosen for `head`.
+    pub fn get(&self, head: Head) -> usize {
+        usize::from(self.0[head as usize])
+    }
+
+    /// This action with `head` set to option `i`.
+    pub fn with(mut self, head: Head, i: usize) -> Action {
+        self.0[head as usize] = i.min(head.options() - 1) as u8;
+        self
+    }
+
+    /// Decode placement.
+    pub fn decode(&self) -> Placement {
+        placement(self.get(Head::Decode))
+    }
+
+    /// Augmentation placement.
+    pub fn augment(&self) -> Placement {
+        placement(self.get(Head::Augment))
+    }
+
+    /// Codec for new cache entries.
+    pub fn codec(&self) -> Codec {
+        CODECS[self.get(Head::Codec)]
+    }
+
+    /// Prefetch depth in files.
+    pub fn depth(&self) -> usize {
+        DEPTHS[self.get(Head::Depth)]
+    }
+
+    /// Decode workers on a machine with `cores` cores (at least one).
+    pub fn workers(&self, cores: usize) -> usize {
+        ((cores as f64 * WORKER_SHARES[self.get(Head::Workers)]).round() as usize).max(1)
+    }
+
+    /// Whether renders keep decoded pixels.
+    pub fn decoded(&self) -> bool {
+        self.get(Head::Decoded) == 1
+    }
+
+    /// Indices into the logits vector of the chosen options, one per head.
+    pub fn logit_indices(&self) -> [usize; 6] {
+        let mut out = [0; 6];
+        for (i, head) in Head::ALL.iter().enumerate() {
+            out[i] = head.offset() + self.get(*head);
+        }
+        out
+    }
+
+    /// One-hot encoding over the logits layout (part of the state: the knobs as they are).
+    pub fn one_hot(&self) -> [f32; LOGITS] {
+        let mut out = [0.0; LOGITS];
+        for i in self.logit_indices() {
+            out[i] = 1.0;
+        }
+        out
+    }
+
+    /// `head=option` pairs, for stats and logs.
+    pub fn describe(&self) -> Vec<(&'static str, String)> {
+        Head::ALL
+            .iter()
+            .map(|h| (h.name(), h.option_name(self.get(*h))))
+            .collect()
+    }
+}
+
+fn placement(i: usize) -> Placement {
+    if i == 1 {
+        Placement::Gpu
+    } else {
+        Placement::Cpu
+    }
+}
+
+/// Which options are possible now; every head keeps at least one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mask(pub [bool; LOGITS]);
+
+impl Default for Mask {
+    fn default() -> Mask {
+        Mask([true; LOGITS])
+    }
+}
+
+impl Mask {
+    /// The mask for a machine: GPU placements need a GPU backend; the decode knobs (workers,
+    /// decoded caching, placement) only matter with views, so without views each keeps only
+    /// its default (option `fixed`).
+    pub fn new(gpu: bool, views: bool) -> Mask {
+        let mut mask = Mask::default();
+        if !gpu {
+            mask.only(Head::Decode, 0);
+            mask.only(Head::Augment, 0);
+        }
+        if !views {
+            mask.only(Head::Decode, 0);
+            mask.only(Head::Augment, 0);
+            mask.only(Head::Workers, 2);
+            mask.only(Head::Decoded, 0);
+        }
+        mask
+    }
+
+    /// Allows only option `i` of `head`.
+    pub fn only(&mut self, head: Head, i: usize) {
+        for o in 0..head.options() {
+            self.0[head.offset() + o] = o == i;
+        }
+    }
+
+    /// Whether option `i` of `head` is allowed.
+    pub fn allows(&self, head: Head, i: usize) -> bool {
+        i < head.options() && self.0[head.offset() + i]
+    }
+
+    /// Whether every choice of `action` is allowed.
+    pub fn admits(&self, action: &Action) -> bool {
+        Head::ALL.iter().all(|h| self.allows(*h, action.get(*h)))
+    }
+
+    /// Logits with disallowed options pushed to -1e9 (not -inf: the entropy stays finite).
+    pub fn apply(&self, logits: &mut [f32]) {
+        for (l, ok) in logits.iter_mut().zip(self.0) {
+            if !ok {
+                *l = MASKED;
+            }
+        }
+    }
+}
+
+/// The logit of a masked option: exp() underflows to 0 without making 0 * log(0) a NaN.
+pub const MASKED: f32 = -1e9;
+
+/// Per head, the log-probabilities of its options under masked `logits` (log-softmax per head).
+pub fn log_probs(logits: &[f32; LOGITS], mask: &Mask) -> [f32; LOGITS] {
+    let mut masked = *logits;
+    mask.apply(&mut masked);
+    let mut out = [0.0; LOGITS];
+    for head in Head::ALL {
+        let range = head.offset()..head.offset() + head.options();
+        let max = masked[range.clone()]
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = masked[range.clone()].iter().map(|l| (l - max).exp()).sum();
+        let log_sum = max + sum.ln();
+        for i in range {
+            out[i] = masked[i] - log_sum;
+        }
+    }
+    out
+}
+
+/// Picks an action from `logits`: the most likely allowed option per head when `draw` is
+/// `None`, else a sample (each head consumes one uniform number in 0..1 from `draw`). `None`
+/// when a logit is not finite: the caller falls back to the heuristic.
+pub fn pick(
+    logits: &[f32; LOGITS],
+    mask: &Mask,
+    mut draw: Option<&mut dyn FnMut() -> f64>,
+) -> Option<Action> {
+    if logits.iter().any(|l| !l.is_finite()) {
+        return None;
+    }
+    let lp = log_probs(logits, mask);
+    let mut action = Action::default();
+    for head in Head::ALL {
+        let off = head.offset();
+        let allowed = (0..head.options()).filter(|i| mask.allows(head, *i));
+        let choice = match draw.as_mut() {
+            None => allowed.max_by(|a, b| lp[off + a].total_cmp(&lp[off + b]))?,
+            Some(draw) => {
+                let u = draw();
+                let mut acc = 0.0;
+                let mut last = None;
+                let mut chosen = None;
+                for i in allowed {
+                    acc += f64::from(lp[off + i].exp());
+                    last = Some(i);
+                    if u < acc {
+                        chosen = Some(i);
+                        break;
+                    }
+                }
+                chosen.or(last)?
+            }
+        };
+        action = action.with(head, choice);
+    }
+    Some(action)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heads_tile_the_logits_vector() {
+        let total: usize = Head::ALL.iter().map(|h| h.options()).sum();
+        assert_eq!(total, LOGITS);
+        assert_eq!(Head::Decode.offset(), 0);
+        assert_eq!(Head::Codec.offset(), 4);
+        assert_eq!(Head::Decoded.offset(), LOGITS - 2);
+        let a = Action::default().with(Head::Codec, 3).with(Head::Depth, 9);
+        assert_eq!(a.codec(), Codec::Zstd(3));
+        assert_eq!(a.depth(), 128, "out-of-range options clamp");
+        assert_eq!(a.one_hot().iter().sum::<f32>(), 6.0);
+        assert_eq!(Action::default().with(Head::Workers, 0).workers(2), 1);
+        assert_eq!(Action::default().with(Head::Workers, 3).workers(2), 4);
+    }
+
+    #[test]
+    fn masked_options_are_never_picked_however_strong_their_logits() {
+        let mut logits = [0.0f32; LOGITS];
+        logits[Head::Decode.offset() + 1] = 50.0; // the policy loves the GPU...
+        logits[Head::Workers.offset()] = 50.0;
+        let mask = Mask::new(false, true); // ...which this machine lacks.
+        let greedy = pick(&logits, &mask, None).unwrap();
+        assert_eq!(greedy.decode(), Placement::Cpu);
+        assert_eq!(
+            greedy.get(Head::Workers),
+            0,
+            "unmasked preferences still win"
+        );
+        let mut seq = [0.999, 0.5, 0.0].into_iter().cycle();
+        let mut draw = || seq.next().unwrap();
+        for _ in 0..100 {
+            let a = pick(&logits, &mask, Some(&mut draw)).unwrap();
+            assert!(mask.admits(&a), "{a:?}");
+        }
+        let lp = log_probs(&logits, &mask);
+        assert!(
+            lp.iter().all(|l| l.is_finite()),
+            "masking keeps log-probs finite"
+        );
+        assert!((lp[Head::Decode.offset()]).abs() < 1e-6, "all mass on cpu");
+        let no_views = Mask::new(true, false);
+        assert!(!no_views.allows(Head::Workers, 0) && no_views.allows(Head::Workers, 2));
+        assert!(no_views.admits(&Action::default().with(Head::Workers, 2)));
+    }
+
+    #[test]
+    fn non_finite_logits_are_refused() {
+        let mut logits = [0.0f32; LOGITS];
+        logits[5] = f32::NAN;
+        assert_eq!(pick(&logits, &Mask::default(), None), None);
+    }
+}

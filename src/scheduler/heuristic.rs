@@ -1,0 +1,105 @@
+//! The heuristic the scheduler falls back to, written as an action so the simulator can run it
+//! side by side with the learned policy.
+//!
+//! Owns: nothing of its own. It restates the rules each module applies when the scheduler is
+//! off or falls back (the codec policy, the prefetcher's depth controller, the render pool's
+//! size, the decoded-caching rule) plus the GPU rule the GPU backend will apply. In the mount a
+//! fallback does not apply this action: it hands each knob back to its module. Must never
+//! diverge from those modules: it calls their rules where they are functions.
+
+use super::action::{Action, DEPTHS, Head, Mask};
+use super::state::Observation;
+use crate::cache::policy::{CodecPolicy, Heuristic as CodecHeuristic, Signals};
+
+/// What the heuristic needs beyond the observation.
+#[derive(Debug, Clone, Copy)]
+pub struct Context {
+    /// Prefetch worker threads (the depth controller adds them to its estimate).
+    pub prefetch_threads: usize,
+    /// Whether the decoded-caching rule (`cache::policy::keep_decoded`) keeps pixels here.
+    pub keep_decoded: bool,
+}
+
+/// CPU busy share above which decoding moves to an idle GPU.
+const GPU_WHEN_CPU_BUSY: f64 = 0.8;
+/// GPU busy share below which the GPU counts as idle.
+const GPU_IDLE: f64 = 0.5;
+
+/// The modules' own choices for `obs`, within `mask`.
+pub fn action(obs: &Observation, mask: &Mask, ctx: &Context) -> Action {
+    let signals = Signals {
+        cpu_idle: 1.0 - obs.cpu_busy,
+        source_bytes_per_s: (obs.source_bytes_per_s > 0.0).then_some(obs.source_bytes_per_s),
+    };
+    let codec = CodecHeuristic.choose(&signals).codec;
+    let codec = super::action::CODECS
+        .iter()
+        .position(|c| *c == codec)
+        .unwrap_or(0);
+    // The prefetcher's controller: twice the files consumed while one is fetched, plus a file
+    // per worker; the smallest option that covers it.
+    let want =
+        (obs.request_rate * obs.source_latency_s * 2.0).ceil() as usize + ctx.prefetch_threads;
+    let depth = DEPTHS
+        .iter()
+        .position(|d| *d >= want)
+        .unwrap_or(DEPTHS.len() - 1);
+    let gpu_idle = obs.gpu.is_some_and(|g| g.busy < GPU_IDLE);
+    let gpu = usize::from(gpu_idle && obs.cpu_busy >= GPU_WHEN_CPU_BUSY);
+    let mut a = Action::default()
+        .with(Head::Decode, gpu)
+        .with(Head::Augment, gpu)
+        .with(Head::Codec, codec)
+        .with(Head::Depth, depth)
+        .with(Head::Workers, 2)
+        .with(Head::Decoded, usize::from(ctx.keep_decoded));
+    // Whatever the rules say, stay inside the mask (first allowed option of a refused head).
+    for head in Head::ALL {
+        if !mask.allows(head, a.get(head))
+            && let Some(i) = (0..head.options()).find(|i| mask.allows(head, *i))
+        {
+            a = a.with(head, i);
+        }
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::codec::Codec;
+    use crate::scheduler::action::Placement;
+    use crate::scheduler::state::GpuObservation;
+
+    #[test]
+    fn the_heuristic_restates_the_module_rules() {
+        let ctx = Context {
+            prefetch_threads: 2,
+            keep_decoded: false,
+        };
+        let idle = Observation {
+            cpu_busy: 0.1,
+            source_bytes_per_s: 50e6,
+            request_rate: 100.0,
+            source_latency_s: 0.05,
+            ..Observation::default()
+        };
+        let a = action(&idle, &Mask::default(), &ctx);
+        assert_eq!(a.codec(), Codec::Zstd(3));
+        assert_eq!(a.depth(), 16, "100/s * 50 ms * 2 + 2 = 12 -> 16");
+        assert_eq!(a.decode(), Placement::Cpu);
+        assert!(!a.decoded());
+        let busy_with_gpu = Observation {
+            cpu_busy: 0.95,
+            gpu: Some(GpuObservation {
+                busy: 0.1,
+                memory_free: 0.9,
+            }),
+            ..idle
+        };
+        let a = action(&busy_with_gpu, &Mask::new(true, true), &ctx);
+        assert_eq!((a.decode(), a.codec()), (Placement::Gpu, Codec::None));
+        let masked = action(&busy_with_gpu, &Mask::new(false, true), &ctx);
+        assert_eq!(masked.decode(), Placement::Cpu, "the mask wins");
+    }
+}

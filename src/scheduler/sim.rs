@@ -1,0 +1,1228 @@
+//! A discrete-event model of the prepfs pipeline, for training and comparing scheduler policies.
+//!
+//! Owns: the model (a consumer reading images in shuffled epoch order with a bounded number of
+//! requests outstanding; a source with a per-fetch latency, shared bandwidth and limited
+//! concurrency; a never-evict RAM cache whose codec sets entry sizes and CPU costs; decode
+//! workers sharing the cores with a background load by processor sharing; an optional GPU),
+//! the scenarios it runs (named ones for tests and the benchmark, random ones for training),
+//! the per-item costs it is calibrated with, and the baseline policies. Each `step` advances
+//! simulated time by one decision interval and returns the same `Observation` the mount fills
+//! from telemetry, so a policy trained here acts there. Deterministic for a seed (its own
+//! SplitMix64; no clock, no threads). Must never touch the machine or the real cache.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::Duration;
+
+use super::action::{Action, Head, Mask, Placement};
+use super::heuristic::{self, Context};
+use super::state::{GpuObservation, Observation};
+use crate::cache::policy::{DecodedCaching, keep_decoded};
+
+/// Simulated seconds per `step`: the mount's decision interval.
+pub const INTERVAL_S: f64 = 0.2;
+/// CPU time of the read path itself per request (FUSE round trip, lookup, copy), seconds.
+const REQUEST_CPU_S: f64 = 50e-6;
+/// Share of the machine's memory used by everything but prepfs (the trainer, the OS).
+const MEMORY_BASELINE: f64 = 0.3;
+/// Dataset sizes are raised to this so the deepest prefetch window stays inside two epochs.
+const MIN_ITEMS: usize = 256;
+/// Guard against a modelling bug turning one step into an endless loop.
+const MAX_EVENTS_PER_STEP: usize = 1_000_000;
+
+/// A small deterministic RNG (SplitMix64): the simulator's and the trainer's only randomness.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B)
+    }
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in 0..1.
+    pub fn f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Uniform in lo..hi.
+    pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.f64()
+    }
+    /// Log-uniform in lo..hi (both positive).
+    pub fn log_range(&mut self, lo: f64, hi: f64) -> f64 {
+        (lo.ln() + (hi.ln() - lo.ln()) * self.f64()).exp()
+    }
+    /// Uniform in 0..n (0 when n is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        ((self.f64() * n as f64) as usize).min(n.saturating_sub(1))
+    }
+}
+
+/// Speeds and ratio of one codec (one core).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CodecCost {
+    /// Compression speed, bytes of input per second.
+    pub compress_bytes_per_s: f64,
+    /// Decompression speed, bytes of output per second.
+    pub decompress_bytes_per_s: f64,
+    /// Compression ratio on decoded uint8 pixels.
+    pub pixel_ratio: f64,
+    /// Compression ratio on encoded image files (JPEG: about 1).
+    pub encoded_ratio: f64,
+}
+
+/// Per-item costs measured on a machine (`prepfs policy calibrate`); the simulator randomises
+/// around them. `Default` is the DESIGN.md facts for 500x375 JPEGs on one core.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Calibration {
+    /// CPU seconds to decode one image on one core (~1,600 img/s).
+    pub decode_s: f64,
+    /// CPU seconds to augment one decoded image (crop, resize, flip, normalise) on one core.
+    pub augment_s: f64,
+    /// Encoded size of an image, bytes.
+    pub image_bytes: f64,
+    /// Decoded size of an image (uint8 pixels), bytes.
+    pub pixel_bytes: f64,
+    /// lz4.
+    pub lz4: CodecCost,
+    /// zstd level 1.
+    pub zstd1: CodecCost,
+    /// zstd level 3.
+    pub zstd3: CodecCost,
+    /// Bandwidth of the dataset's source, bytes per second.
+    pub source_bytes_per_s: f64,
+    /// Latency of one source fetch before bytes flow, seconds.
+    pub source_latency_s: f64,
+}
+
+impl Default for Calibration {
+    fn default() -> Calibration {
+        Calibration {
+            decode_s: 0.6e-3,
+            augment_s: 0.3e-3,
+            image_bytes: 110e3,
+            pixel_bytes: 500.0 * 375.0 * 3.0,
+            lz4: CodecCost {
+                compress_bytes_per_s: 1e9,
+                decompress_bytes_per_s: 4e9,
+                pixel_ratio: 1.5,
+                encoded_ratio: 1.01,
+            },
+            zstd1: CodecCost {
+                compress_bytes_per_s: 0.6e9,
+                decompress_bytes_per_s: 1.5e9,
+                pixel_ratio: 1.8,
+                encoded_ratio: 1.01,
+            },
+            zstd3: CodecCost {
+                compress_bytes_per_s: 0.35e9,
+                decompress_bytes_per_s: 1.4e9,
+                pixel_ratio: 1.9,
+                encoded_ratio: 1.01,
+            },
+            source_bytes_per_s: 200e6,
+            source_latency_s: 2e-3,
+        }
+    }
+}
+
+impl Calibration {
+    /// The cost of codec option `i` (`action::CODECS` order); `None` for no codec.
+    fn codec(&self, i: u8) -> Option<&CodecCost> {
+        match i {
+            1 => Some(&self.lz4),
+            2 => Some(&self.zstd1),
+            3 => Some(&self.zstd3),
+            _ => None,
+        }
+    }
+
+    /// Every cost multiplied by a factor drawn from `lo..hi` (log-uniform, one per cost).
+    fn jittered(&self, rng: &mut Rng, lo: f64, hi: f64) -> Calibration {
+        let mut c = self.clone();
+        c.decode_s *= rng.log_range(lo, hi);
+        c.augment_s *= rng.log_range(lo, hi);
+        for codec in [&mut c.lz4, &mut c.zstd1, &mut c.zstd3] {
+            codec.compress_bytes_per_s *= rng.log_range(lo, hi);
+            codec.decompress_bytes_per_s *= rng.log_range(lo, hi);
+        }
+        c
+    }
+}
+
+/// The simulated GPU: one device, work queued first come first served.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuModel {
+    /// GPU seconds to decode one image (nvJPEG, batch of one).
+    pub decode_s: f64,
+    /// GPU seconds to augment one image.
+    pub augment_s: f64,
+    /// Wall seconds per submission that do not occupy the GPU: transfers, launch, sync.
+    pub overhead_s: f64,
+    /// CPU seconds to prepare and submit one image.
+    pub submit_cpu_s: f64,
+    /// Share of the GPU busy with other work (the trainer); it slows prepfs' kernels.
+    pub background: f64,
+    /// Share of GPU memory free.
+    pub memory_free: f64,
+}
+
+impl Default for GpuModel {
+    /// A GPU about 5x faster per image than a core, but with ~1 ms of transfer and sync per
+    /// image: it loses to an idle core and wins against a saturated CPU.
+    fn default() -> GpuModel {
+        GpuModel {
+            decode_s: 0.12e-3,
+            augment_s: 0.04e-3,
+            overhead_s: 1.0e-3,
+            submit_cpu_s: 0.03e-3,
+            background: 0.3,
+            memory_free: 0.6,
+        }
+    }
+}
+
+/// The dataset's source.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SourceModel {
+    /// Bandwidth shared by all fetches in flight, bytes per second.
+    pub bytes_per_s: f64,
+    /// Latency of one fetch before bytes flow, seconds.
+    pub latency_s: f64,
+    /// Fetches in flight at most.
+    pub concurrency: usize,
+}
+
+/// A machine, a source and a workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    /// Short name for tables.
+    pub name: String,
+    /// CPU cores.
+    pub cores: usize,
+    /// Machine memory, bytes.
+    pub memory_bytes: f64,
+    /// The cache's RAM budget, bytes.
+    pub cache_bytes: f64,
+    /// The GPU, if any.
+    pub gpu: Option<GpuModel>,
+    /// The source.
+    pub source: SourceModel,
+    /// Per-item costs.
+    pub costs: Calibration,
+    /// Images in the dataset.
+    pub items: usize,
+    /// Images per second the consumer (the training loop) wants.
+    pub consumer_rate: f64,
+    /// Requests the consumer keeps outstanding at most (loader workers times prefetch factor).
+    pub outstanding: usize,
+    /// Background CPU load as `(from time s, share of cores busy)`, piecewise constant.
+    pub background: Vec<(f64, f64)>,
+    /// Source throttling as `(from time s, factor on bandwidth)`, piecewise constant.
+    pub throttle: Vec<(f64, f64)>,
+}
+
+impl Scenario {
+    /// Decode-bound: a busy 4-core machine (95% background load) wants 3,000 img/s from a fast
+    /// local source, with room for every file and most of the pixels.
+    pub fn cpu_bound() -> Scenario {
+        let costs = Calibration::default();
+        Scenario {
+            name: "cpu_bound".into(),
+            cores: 4,
+            memory_bytes: 16e9,
+            cache_bytes: 2e9,
+            gpu: None,
+            source: SourceModel {
+                bytes_per_s: 1e9,
+                latency_s: 0.1e-3,
+                concurrency: 8,
+            },
+            items: 4000,
+            consumer_rate: 3000.0,
+            outstanding: 16,
+            background: vec![(0.0, 0.95)],
+            throttle: vec![],
+            costs,
+        }
+    }
+
+    /// Source-bound: an 8-core machine reads from a 100 MB/s, 20 ms source and the dataset is
+    /// larger than the cache, so every epoch fetches.
+    pub fn io_bound() -> Scenario {
+        let costs = Calibration {
+            source_bytes_per_s: 100e6,
+            source_latency_s: 20e-3,
+            ..Calibration::default()
+        };
+        Scenario {
+            name: "io_bound".into(),
+            cores: 8,
+            memory_bytes: 16e9,
+            cache_bytes: 400e6,
+            gpu: None,
+            source: SourceModel {
+                bytes_per_s: 100e6,
+                latency_s: 20e-3,
+                concurrency: 16,
+            },
+            items: 6000,
+            consumer_rate: 600.0,
+            outstanding: 16,
+            background: vec![(0.0, 0.2)],
+            throttle: vec![],
+            costs,
+        }
+    }
+
+    /// A load shift: a 4-core machine idles for 10 s, then a background job takes 95% of it.
+    pub fn load_shift() -> Scenario {
+        let mut s = Scenario::cpu_bound();
+        s.name = "load_shift".into();
+        s.source = SourceModel {
+            bytes_per_s: 500e6,
+            latency_s: 1e-3,
+            concurrency: 8,
+        };
+        s.consumer_rate = 2500.0;
+        s.background = vec![(0.0, 0.1), (10.0, 0.95)];
+        s
+    }
+
+    /// The same scenario with (the default GPU) or without a GPU.
+    pub fn with_gpu(mut self, gpu: bool) -> Scenario {
+        self.gpu = gpu.then(GpuModel::default);
+        if gpu && !self.name.ends_with("+gpu") {
+            self.name.push_str("+gpu");
+        }
+        self
+    }
+
+    /// A random machine, source and workload around `calibration`, for training: costs x0.5..x2,
+    /// 2-16 cores, half with a GPU, sources from 20 MB/s to 2 GB/s and 50 µs to 50 ms, caches
+    /// from a third to three times the dataset, loads that change up to twice.
+    pub fn random(rng: &mut Rng, calibration: &Calibration) -> Scenario {
+        let costs = calibration.jittered(rng, 0.5, 2.0);
+        let cores = [2, 4, 8, 16][rng.below(4)];
+        let items = 1000 + rng.below(7000);
+        let per_item = costs.decode_s + costs.augment_s + REQUEST_CPU_S;
+        let capacity = cores as f64 / per_item;
+        let consumer_rate = (capacity * rng.range(0.15, 1.0)).clamp(50.0, 3000.0);
+        let gpu = (rng.f64() < 0.5).then(|| GpuModel {
+            background: rng.range(0.0, 0.95),
+            overhead_s: GpuModel::default().overhead_s * rng.log_range(0.5, 2.0),
+            ..GpuModel::default()
+        });
+        let mut background = vec![(0.0, rng.range(0.0, 1.0))];
+        for _ in 0..rng.below(3) {
+            let from = background.last().map_or(0.0, |b| b.0) + rng.range(3.0, 15.0);
+            background.push((from, rng.range(0.0, 1.0)));
+        }
+        let throttle = if rng.f64() < 0.25 {
+            vec![(rng.range(5.0, 20.0), rng.range(0.1, 1.0))]
+        } else {
+            vec![]
+        };
+        Scenario {
+            name: "random".into(),
+            cores,
+            memory_bytes: 16e9,
+            cache_bytes: items as f64 * costs.image_bytes * rng.log_range(0.33, 3.0),
+            gpu,
+            source: SourceModel {
+                bytes_per_s: rng.log_range(20e6, 2e9),
+                latency_s: rng.log_range(50e-6, 50e-3),
+                concurrency: [4, 8, 16, 32][rng.below(4)],
+            },
+            items,
+            consumer_rate,
+            outstanding: [4, 8, 16, 32][rng.below(4)],
+            background,
+            throttle,
+            costs,
+        }
+    }
+
+    /// The value of a piecewise-constant schedule at time `t` (`default` before its first entry).
+    fn at(schedule: &[(f64, f64)], t: f64, default: f64) -> f64 {
+        schedule
+            .iter()
+            .take_while(|(from, _)| *from <= t + 1e-9)
+            .last()
+            .map_or(default, |(_, v)| *v)
+    }
+}
+
+/// A policy as the simulator runs it: (observation, the action in force, mask, step index).
+pub type Policy<'a> = dyn Fn(&Observation, &Action, &Mask, usize) -> Action + 'a;
+
+/// Static CPU-only baseline: decode and augment on the CPU, no codec, prefetch depth 16, one
+/// worker per core, no decoded caching, whatever happens.
+pub fn static_cpu(_: &Observation, _: &Action, _: &Mask, _: usize) -> Action {
+    Action::default()
+        .with(Head::Depth, 1)
+        .with(Head::Workers, 2)
+}
+
+/// The heuristic fallback as it would run on `scenario`'s machine (prefetch threads = the
+/// source's concurrency; decoded caching from `cache::policy::keep_decoded` in auto mode).
+pub fn heuristic_policy(
+    scenario: &Scenario,
+) -> impl Fn(&Observation, &Action, &Mask, usize) -> Action + use<> {
+    let (threads, decode, pixels) = (
+        scenario.source.concurrency,
+        scenario.costs.decode_s,
+        scenario.costs.pixel_bytes as u64,
+    );
+    move |obs: &Observation, _: &Action, mask: &Mask, _: usize| {
+        let bw = (obs.source_bytes_per_s > 0.0).then_some(obs.source_bytes_per_s);
+        let decode = Duration::from_secs_f64(decode);
+        let keep = keep_decoded(DecodedCaching::Auto, decode, pixels, bw, None);
+        let ctx = Context {
+            prefetch_threads: threads,
+            keep_decoded: keep.keeps(),
+        };
+        heuristic::action(obs, mask, &ctx)
+    }
+}
+
+/// Round-robin baseline: the heuristic's knobs, with (decode, augment) placement cycling each
+/// step through the combinations the mask allows.
+pub fn round_robin(
+    scenario: &Scenario,
+) -> impl Fn(&Observation, &Action, &Mask, usize) -> Action + use<> {
+    let heuristic = heuristic_policy(scenario);
+    move |obs: &Observation, current: &Action, mask: &Mask, step: usize| {
+        let combos: Vec<(usize, usize)> = [(0, 0), (1, 0), (0, 1), (1, 1)]
+            .into_iter()
+            .filter(|(d, a)| mask.allows(Head::Decode, *d) && mask.allows(Head::Augment, *a))
+            .collect();
+        let (d, a) = combos
+            .get(step % combos.len().max(1))
+            .copied()
+            .unwrap_or((0, 0));
+        heuristic(obs, current, mask, step)
+            .with(Head::Decode, d)
+            .with(Head::Augment, a)
+    }
+}
+
+/// Time-ordered events; `u64` bits of non-negative times sort like the times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// The consumer wants its next image.
+    Issue,
+    /// A fetch's latency has passed; its bytes start to flow.
+    FetchFlowing(u32),
+    /// A request's GPU stage completed.
+    GpuDone(u32),
+}
+
+/// Threads (or transfers) sharing a resource equally: each progresses at the same rate, so a
+/// virtual clock and a heap of virtual finish times give every completion in O(log n).
+#[derive(Debug, Default)]
+struct Shared {
+    virt: f64,
+    jobs: BinaryHeap<Reverse<(u64, u64, u32)>>,
+    seq: u64,
+}
+
+impl Shared {
+    fn push(&mut self, work: f64, owner: u32) {
+        self.seq += 1;
+        let finish = self.virt + work.max(0.0);
+        self.jobs.push(Reverse((finish.to_bits(), self.seq, owner)));
+    }
+    /// Virtual work left of the job finishing first.
+    fn next(&self) -> Option<f64> {
+        self.jobs
+            .peek()
+            .map(|Reverse((f, ..))| (f64::from_bits(*f) - self.virt).max(0.0))
+    }
+    fn pop(&mut self) -> Option<u32> {
+        let Reverse((f, _, owner)) = self.jobs.pop()?;
+        self.virt = self.virt.max(f64::from_bits(f));
+        Some(owner)
+    }
+}
+
+/// One step of a request's processing after its bytes are available.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Stage {
+    Cpu(f64),
+    Gpu(f64),
+}
+
+#[derive(Debug, Clone)]
+struct Request {
+    item: u32,
+    issued: f64,
+    live: bool,
+    stages: [Stage; 3],
+    len: u8,
+    next: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum FetchState {
+    Queued,
+    Waiting,
+    Flowing,
+}
+
+#[derive(Debug, Clone)]
+struct Fetch {
+    item: u32,
+    started: f64,
+    state: FetchState,
+    /// Started by the prefetcher (counted in `prefetching` until done).
+    prefetched: bool,
+    waiters: Vec<u32>,
+}
+
+/// Where an item's bytes are: cached encoded or decoded (with the codec option), staged by the
+/// prefetcher, or being fetched.
+#[derive(Debug, Clone, Copy, Default)]
+struct Item {
+    encoded: Option<u8>,
+    decoded: Option<u8>,
+    staged: bool,
+    fetch: Option<u32>,
+    /// Size and cost factor of this image relative to the calibrated one.
+    scale: f32,
+}
+
+/// Counters over the current interval.
+#[derive(Debug, Default)]
+struct Interval {
+    issued: usize,
+    hits: usize,
+    delivered: usize,
+    latencies: Vec<f32>,
+    stall_s: f64,
+    prepfs_core_s: f64,
+    busy_core_s: f64,
+    gpu_busy_s: f64,
+    fetches: usize,
+    fetch_s: f64,
+    fetch_bytes_per_s: f64,
+}
+
+/// The pipeline under one scenario; see the module documentation.
+#[derive(Debug)]
+pub struct Simulator {
+    s: Scenario,
+    rng: Rng,
+    now: f64,
+    action: Action,
+    background: f64,
+    bandwidth: f64,
+    events: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    seq: u64,
+    cpu: Shared,
+    source: Shared,
+    items: Vec<Item>,
+    /// Epoch orders of epochs `epoch0` and `epoch0 + 1`.
+    orders: [Vec<u32>; 2],
+    epoch0: usize,
+    /// Position (in the concatenated epoch orders) of the consumer's next request.
+    position: usize,
+    prefetch_cursor: usize,
+    prefetching: usize,
+    requests: Vec<Request>,
+    free_requests: Vec<u32>,
+    fetches: Vec<Fetch>,
+    free_fetches: Vec<u32>,
+    demand: VecDeque<u32>,
+    prefetch: VecDeque<u32>,
+    flowing_or_waiting: usize,
+    render_queue: VecDeque<u32>,
+    busy_workers: usize,
+    outstanding: usize,
+    blocked: bool,
+    packer_backlog: f64,
+    packer_running: bool,
+    gpu_free_at: f64,
+    cache_used: f64,
+    staged: usize,
+    obs: Observation,
+    iv: Interval,
+}
+
+/// The packer's owner id in the CPU pool (requests use their slab index).
+const PACKER: u32 = u32::MAX;
+
+impl Simulator {
+    /// A fresh pipeline (empty cache, epoch 1 about to start) for `scenario`.
+    pub fn new(scenario: Scenario, seed: u64) -> Simulator {
+        let mut rng = Rng::new(seed);
+        let n = scenario.items.max(MIN_ITEMS);
+        let items = (0..n)
+            .map(|_| Item {
+                scale: rng.range(0.7, 1.3) as f32,
+                ..Item::default()
+            })
+            .collect();
+        let first = permutation(n, &mut rng);
+        let second = permutation(n, &mut rng);
+        let mut sim = Simulator {
+            rng,
+            now: 0.0,
+            action: static_cpu(
+                &Observation::default(),
+                &Action::default(),
+                &Mask::default(),
+                0,
+            ),
+            background: 0.0,
+            bandwidth: scenario.source.bytes_per_s,
+            events: BinaryHeap::new(),
+            seq: 0,
+            cpu: Shared::default(),
+            source: Shared::default(),
+            items,
+            orders: [first, second],
+            epoch0: 0,
+            position: 0,
+            prefetch_cursor: 0,
+            prefetching: 0,
+            requests: Vec::new(),
+            free_requests: Vec::new(),
+            fetches: Vec::new(),
+            free_fetches: Vec::new(),
+            demand: VecDeque::new(),
+            prefetch: VecDeque::new(),
+            flowing_or_waiting: 0,
+            render_queue: VecDeque::new(),
+            busy_workers: 0,
+            outstanding: 0,
+            blocked: false,
+            packer_backlog: 0.0,
+            packer_running: false,
+            gpu_free_at: 0.0,
+            cache_used: 0.0,
+            staged: 0,
+            obs: Observation::default(),
+            iv: Interval::default(),
+            s: scenario,
+        };
+        sim.schedule(0.0, Event::Issue);
+        sim
+    }
+
+    /// The options this machine allows: GPU placements only with a GPU; views always.
+    pub fn mask(&self) -> Mask {
+        Mask::new(self.s.gpu.is_some(), true)
+    }
+
+    /// Simulated seconds elapsed.
+    pub fn now(&self) -> f64 {
+        self.now
+    }
+
+    /// The scenario being simulated.
+    pub fn scenario(&self) -> &Scenario {
+        &self.s
+    }
+
+    /// Load latencies (seconds) of the requests delivered during the last step.
+    pub fn last_latencies(&self) -> &[f32] {
+        &self.iv.latencies
+    }
+
+    /// Applies `action` (clamped to the mask) for one interval and returns what telemetry would
+    /// report at its end.
+    pub fn step(&mut self, action: &Action) -> Observation {
+        let mask = self.mask();
+        self.action = *action;
+        for head in Head::ALL {
+            if !mask.allows(head, self.action.get(head)) {
+                self.action = self.action.with(head, 0);
+            }
+        }
+        self.background = Scenario::at(&self.s.background, self.now, 0.0).clamp(0.0, 1.0);
+        let factor = Scenario::at(&self.s.throttle, self.now, 1.0).max(0.01);
+        self.bandwidth = self.s.source.bytes_per_s * factor;
+        self.iv = Interval {
+            latencies: std::mem::take(&mut self.iv.latencies),
+            ..Interval::default()
+        };
+        self.iv.latencies.clear();
+        let end = self.now + INTERVAL_S;
+        self.top_up();
+        for _ in 0..MAX_EVENTS_PER_STEP {
+            let cpu_rate = self.cpu_rate();
+            let src_rate = self.source_rate();
+            let t_event = self
+                .events
+                .peek()
+                .map(|Reverse((t, ..))| f64::from_bits(*t));
+            let t_cpu = self.cpu.next().map(|w| self.now + w / cpu_rate);
+            let t_src = self.source.next().map(|w| self.now + w / src_rate);
+            let t = [t_event, t_cpu, t_src]
+                .into_iter()
+                .flatten()
+                .fold(end, f64::min);
+            self.advance(t, cpu_rate, src_rate);
+            if t >= end {
+                break;
+            }
+            if t_cpu == Some(t) {
+                if let Some(owner) = self.cpu.pop() {
+                    self.cpu_done(owner);
+                }
+            } else if t_src == Some(t) {
+                if let Some(f) = self.source.pop() {
+                    self.fetch_done(f);
+                }
+            } else if let Some(Reverse((_, _, event))) = self.events.pop() {
+                self.handle(event);
+            }
+            self.top_up();
+        }
+        self.observe();
+        self.obs
+    }
+
+    /// Seconds of work per second each runnable prepfs thread gets: processor sharing with
+    /// `background * cores` always-runnable threads.
+    fn cpu_rate(&self) -> f64 {
+        let runnable = self.background * self.s.cores as f64 + self.cpu.jobs.len() as f64;
+        (self.s.cores as f64 / runnable.max(1e-9)).min(1.0)
+    }
+
+    /// Bytes per second each flowing fetch gets.
+    fn source_rate(&self) -> f64 {
+        self.bandwidth / self.source.jobs.len().max(1) as f64
+    }
+
+    fn advance(&mut self, t: f64, cpu_rate: f64, src_rate: f64) {
+        let dt = (t - self.now).max(0.0);
+        let n = self.cpu.jobs.len() as f64;
+        self.cpu.virt += dt * cpu_rate;
+        self.source.virt += dt * src_rate;
+        self.iv.prepfs_core_s += n * cpu_rate * dt;
+        self.iv.busy_core_s += (self.background * self.s.cores as f64 + n) * cpu_rate * dt;
+        self.iv.gpu_busy_s += (self.gpu_free_at - self.now).clamp(0.0, dt);
+        if self.blocked {
+            self.iv.stall_s += dt;
+        }
+        self.now = t.max(self.now);
+    }
+
+    fn schedule(&mut self, t: f64, event: Event) {
+        self.seq += 1;
+        self.events
+            .push(Reverse((t.max(self.now).to_bits(), self.seq, event)));
+    }
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::Issue => {
+                if self.outstanding < self.s.outstanding {
+                    self.issue();
+                } else {
+                    self.blocked = true;
+                }
+            }
+            Event::FetchFlowing(f) => {
+                let bytes = self.bytes(self.fetches[f as usize].item);
+                self.fetches[f as usize].state = FetchState::Flowing;
+                self.source.push(bytes, f);
+            }
+            Event::GpuDone(r) => self.advance_request(r),
+        }
+    }
+
+    fn bytes(&self, item: u32) -> f64 {
+        self.s.costs.image_bytes * f64::from(self.items[item as usize].scale)
+    }
+
+    fn item_at(&mut self, position: usize) -> u32 {
+        let n = self.items.len();
+        while position / n >= self.epoch0 + 2 {
+            let next = permutation(n, &mut self.rng);
+            self.orders[0] = std::mem::replace(&mut self.orders[1], next);
+            self.epoch0 += 1;
+        }
+        let e = (position / n).saturating_sub(self.epoch0).min(1);
+        self.orders[e][position % n]
+    }
+
+    fn issue(&mut self) {
+        let item = self.item_at(self.position);
+        self.position += 1;
+        let request = Request {
+            item,
+            issued: self.now,
+            live: true,
+            stages: [Stage::Cpu(0.0); 3],
+            len: 0,
+            next: 0,
+        };
+        let id = match self.free_requests.pop() {
+            Some(id) => {
+                self.requests[id as usize] = request;
+                id
+            }
+            None => {
+                self.requests.push(request);
+                (self.requests.len() - 1) as u32
+            }
+        };
+        self.outstanding += 1;
+        self.iv.issued += 1;
+        self.render_queue.push_back(id);
+        self.schedule(
+            self.now + 1.0 / self.s.consumer_rate.max(1e-3),
+            Event::Issue,
+        );
+    }
+
+    /// Starts what can start: queued renders on free workers, fetches on free source slots,
+    /// prefetches inside the window, the packer.
+    fn top_up(&mut self) {
+        let workers = self.action.workers(self.s.cores);
+        while self.busy_workers < workers {
+            let Some(r) = self.render_queue.pop_front() else {
+                break;
+            };
+            self.busy_workers += 1;
+            self.take(r);
+        }
+        let window = self.position + self.action.depth();
+        self.prefetch_cursor = self.prefetch_cursor.max(self.position);
+        while self.prefetch_cursor < window {
+            let item = self.item_at(self.prefetch_cursor);
+            self.prefetch_cursor += 1;
+            let it = self.items[item as usize];
+            if it.encoded.is_none() && it.decoded.is_none() && !it.staged && it.fetch.is_none() {
+                let f = self.new_fetch(item, None);
+                self.prefetch.push_back(f);
+                self.prefetching += 1;
+            }
+        }
+        while self.flowing_or_waiting < self.s.source.concurrency {
+            let Some(f) = self
+                .demand
+                .pop_front()
+                .or_else(|| self.prefetch.pop_front())
+            else {
+                break;
+            };
+            if self.fetches[f as usize].state != FetchState::Queued {
+                continue;
+            }
+            self.flowing_or_waiting += 1;
+            let latency = self.s.source.latency_s * self.rng.range(0.5, 1.5);
+            self.fetches[f as usize].state = FetchState::Waiting;
+            self.fetches[f as usize].started = self.now;
+            self.schedule(self.now + latency, Event::FetchFlowing(f));
+        }
+        if !self.packer_running && self.packer_backlog > 0.0 {
+            self.cpu.push(self.packer_backlog, PACKER);
+            self.packer_backlog = 0.0;
+            self.packer_running = true;
+        }
+    }
+
+    fn new_fetch(&mut self, item: u32, waiter: Option<u32>) -> u32 {
+        let fetch = Fetch {
+            item,
+            started: self.now,
+            state: FetchState::Queued,
+            prefetched: waiter.is_none(),
+            waiters: waiter.into_iter().collect(),
+        };
+        let id = match self.free_fetches.pop() {
+            Some(id) => {
+                self.fetches[id as usize] = fetch;
+                id
+            }
+            None => {
+                self.fetches.push(fetch);
+                (self.fetches.len() - 1) as u32
+            }
+        };
+        self.items[item as usize].fetch = Some(id);
+        id
+    }
+
+    /// A worker takes request `r`: bytes at hand are processed, else it waits on a fetch.
+    fn take(&mut self, r: u32) {
+        let item = self.requests[r as usize].item;
+        let it = self.items[item as usize];
+        if it.encoded.is_some() || it.decoded.is_some() || it.staged {
+            self.iv.hits += 1;
+            if it.staged {
+                self.items[item as usize].staged = false;
+                self.staged -= 1;
+            }
+            self.plan(r, it.encoded);
+        } else if let Some(f) = it.fetch {
+            self.fetches[f as usize].waiters.push(r);
+            if self.fetches[f as usize].state == FetchState::Queued {
+                self.demand.push_back(f);
+            }
+        } else {
+            let f = self.new_fetch(item, Some(r));
+            self.demand.push_back(f);
+        }
+    }
+
+    fn fetch_done(&mut self, f: u32) {
+        let fetch = std::mem::replace(
+            &mut self.fetches[f as usize],
+            Fetch {
+                item: 0,
+                started: 0.0,
+                state: FetchState::Queued,
+                prefetched: false,
+                waiters: Vec::new(),
+            },
+        );
+        self.free_fetches.push(f);
+        self.flowing_or_waiting -= 1;
+        let item = fetch.item as usize;
+        let bytes = self.bytes(fetch.item);
+        let took = (self.now - fetch.started).max(1e-9);
+        self.iv.fetches += 1;
+        self.iv.fetch_s += took;
+        self.iv.fetch_bytes_per_s += bytes / took;
+        self.items[item].fetch = None;
+        let codec = self.action.get(Head::Codec) as u8;
+        let cost = self.s.costs.codec(codec).copied();
+        let size = bytes / cost.map_or(1.0, |c| c.encoded_ratio);
+        if self.items[item].decoded.is_none() && self.cache_used + size <= self.s.cache_bytes {
+            self.cache_used += size;
+            self.items[item].encoded = Some(codec);
+            self.packer_backlog += cost.map_or(0.0, |c| bytes / c.compress_bytes_per_s);
+        } else if fetch.waiters.is_empty() {
+            self.items[item].staged = true;
+            self.staged += 1;
+        }
+        if fetch.prefetched {
+            self.prefetching = self.prefetching.saturating_sub(1);
+        }
+        for r in fetch.waiters {
+            // The fetched bytes are at hand raw: no decompression on this request.
+            self.plan(r, None);
+        }
+    }
+
+    /// Sets request `r`'s stages from where its bytes are (`encoded`: the codec its encoded
+    /// bytes are stored with, `None` when raw) and the action in force, then starts them.
+    fn plan(&mut self, r: u32, encoded: Option<u8>) {
+        let item = self.requests[r as usize].item as usize;
+        let scale = f64::from(self.items[item].scale);
+        let c = &self.s.costs;
+        let gpu = self.s.gpu;
+        let gpu_submit = gpu.map_or(0.0, |g| g.submit_cpu_s);
+        let (pixels, image) = (c.pixel_bytes * scale, c.image_bytes * scale);
+        let mut cpu = REQUEST_CPU_S;
+        let mut stages = Vec::with_capacity(3);
+        let decode_on_gpu = self.action.decode() == Placement::Gpu && gpu.is_some();
+        let augment_on_gpu = self.action.augment() == Placement::Gpu && gpu.is_some();
+        if let Some(codec) = self.items[item].decoded {
+            cpu += c
+                .codec(codec)
+                .map_or(0.0, |k| pixels / k.decompress_bytes_per_s);
+        } else {
+            cpu += encoded
+                .and_then(|k| c.codec(k))
+                .map_or(0.0, |k| image / k.decompress_bytes_per_s);
+            if decode_on_gpu {
+                stages.push(Stage::Cpu(cpu + gpu_submit));
+                stages.push(Stage::Gpu(gpu.map_or(0.0, |g| g.decode_s) * scale));
+                cpu = 0.0;
+            } else {
+                cpu += c.decode_s * scale;
+            }
+            let k = self.action.get(Head::Codec) as u8;
+            let cost = c.codec(k).copied();
+            let size = pixels / cost.map_or(1.0, |k| k.pixel_ratio);
+            let freed = self.items[item]
+                .encoded
+                .map_or(0.0, |e| image / c.codec(e).map_or(1.0, |k| k.encoded_ratio));
+            if self.action.decoded() && self.cache_used - freed + size <= self.s.cache_bytes {
+                self.cache_used += size - freed;
+                self.items[item].encoded = None;
+                self.items[item].decoded = Some(k);
+                self.packer_backlog += cost.map_or(0.0, |k| pixels / k.compress_bytes_per_s);
+            }
+        }
+        let augment = c.augment_s * scale;
+        if augment_on_gpu {
+            let g = gpu.map_or(0.0, |g| g.augment_s) * scale;
+            match stages.last_mut() {
+                Some(Stage::Gpu(w)) if cpu == 0.0 => *w += g,
+                _ => {
+                    stages.push(Stage::Cpu(cpu + gpu_submit));
+                    stages.push(Stage::Gpu(g));
+                }
+            }
+        } else {
+            stages.push(Stage::Cpu(cpu + augment));
+        }
+        let req = &mut self.requests[r as usize];
+        req.len = stages.len().min(3) as u8;
+        req.next = 0;
+        for (slot, stage) in req.stages.iter_mut().zip(stages) {
+            *slot = stage;
+        }
+        self.advance_request(r);
+    }
+
+    /// Starts request `r`'s next stage, or delivers it when none is left.
+    fn advance_request(&mut self, r: u32) {
+        let req = &mut self.requests[r as usize];
+        if req.next >= req.len {
+            return self.deliver(r);
+        }
+        let stage = req.stages[usize::from(req.next)];
+        req.next += 1;
+        match stage {
+            Stage::Cpu(work) => self.cpu.push(work, r),
+            Stage::Gpu(work) => {
+                let g = self.s.gpu.unwrap_or_default();
+                let start = self.gpu_free_at.max(self.now);
+                self.gpu_free_at = start + work / (1.0 - g.background).max(0.05);
+                self.schedule(self.gpu_free_at + g.overhead_s, Event::GpuDone(r));
+            }
+        }
+    }
+
+    fn cpu_done(&mut self, owner: u32) {
+        if owner == PACKER {
+            self.packer_running = false;
+        } else {
+            self.advance_request(owner);
+        }
+    }
+
+    fn deliver(&mut self, r: u32) {
+        let latency = self.now - self.requests[r as usize].issued;
+        self.iv.latencies.push(latency as f32);
+        self.iv.delivered += 1;
+        self.requests[r as usize].live = false;
+        self.free_requests.push(r);
+        self.outstanding -= 1;
+        self.busy_workers -= 1;
+        if self.blocked {
+            self.blocked = false;
+            self.issue();
+        }
+    }
+
+    fn observe(&mut self) {
+        let iv = &mut self.iv;
+        let cores = self.s.cores as f64 * INTERVAL_S;
+        let (p50, p99) = if iv.latencies.is_empty() {
+            // Nothing delivered: the oldest request's age says how stuck the pipeline is.
+            let live = self.requests.iter().filter(|r| r.live);
+            let age = self.now - live.map(|r| r.issued).fold(self.now, f64::min);
+            (age, age)
+        } else {
+            let mut sorted = iv.latencies.clone();
+            sorted.sort_by(f32::total_cmp);
+            let q = |p: f64| f64::from(sorted[((sorted.len() - 1) as f64 * p).round() as usize]);
+            (q(0.5), q(0.99))
+        };
+        let gpu = self.s.gpu.map(|g| GpuObservation {
+            busy: (g.background + (1.0 - g.background) * iv.gpu_busy_s / INTERVAL_S).min(1.0),
+            memory_free: g.memory_free,
+        });
+        let (bw, lat) = if iv.fetches > 0 {
+            let n = iv.fetches as f64;
+            (iv.fetch_bytes_per_s / n, iv.fetch_s / n)
+        } else {
+            (self.obs.source_bytes_per_s, self.obs.source_latency_s)
+        };
+        let staged_bytes = self.staged as f64 * self.s.costs.image_bytes;
+        self.obs = Observation {
+            cpu_busy: (iv.busy_core_s / cores).min(1.0),
+            cpu_prepfs: (iv.prepfs_core_s / cores).min(1.0),
+            memory_available: (1.0
+                - MEMORY_BASELINE
+                - (self.cache_used + staged_bytes) / self.s.memory_bytes)
+                .clamp(0.0, 1.0),
+            gpu,
+            source_bytes_per_s: bw,
+            source_latency_s: lat,
+            request_rate: iv.issued as f64 / INTERVAL_S,
+            latency_p50_s: p50,
+            latency_p99_s: p99,
+            stall_share: (iv.stall_s / INTERVAL_S).min(1.0),
+            render_queue: self.render_queue.len() as f64 / self.s.outstanding.max(1) as f64,
+            prefetch_queue: self.prefetching as f64 / self.action.depth() as f64,
+            cache_fill: (self.cache_used / self.s.cache_bytes.max(1.0)).min(1.0),
+            hit_rate: if iv.delivered > 0 {
+                (iv.hits as f64 / iv.delivered as f64).min(1.0)
+            } else {
+                self.obs.hit_rate
+            },
+            disk_tier: false,
+        };
+    }
+}
+
+/// A shuffled order of `0..n` (Fisher-Yates).
+fn permutation(n: usize, rng: &mut Rng) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    for i in (1..n).rev() {
+        order.swap(i, rng.below(i + 1));
+    }
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::action;
+
+    fn run(scenario: &Scenario, action: Action, steps: usize) -> (f64, Observation) {
+        let mut sim = Simulator::new(scenario.clone(), 1);
+        let (mut sum, mut n, mut obs) = (0.0, 0, Observation::default());
+        for _ in 0..steps {
+            obs = sim.step(&action);
+            sum += sim
+                .last_latencies()
+                .iter()
+                .map(|l| f64::from(*l))
+                .sum::<f64>();
+            n += sim.last_latencies().len();
+        }
+        (sum / n.max(1) as f64, obs)
+    }
+
+    fn cpu() -> Action {
+        static_cpu(
+            &Observation::default(),
+            &Action::default(),
+            &Mask::default(),
+            0,
+        )
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_run() {
+        let a = Action::default()
+            .with(Head::Decoded, 1)
+            .with(Head::Codec, 3);
+        let s = Scenario::load_shift().with_gpu(true);
+        let mut x = Simulator::new(s.clone(), 4);
+        let mut y = Simulator::new(s.clone(), 4);
+        let mut z = Simulator::new(s, 5);
+        let (mut same, mut differs) = (true, false);
+        for _ in 0..20 {
+            let (ox, oy, oz) = (x.step(&a), y.step(&a), z.step(&a));
+            same &= ox == oy && x.last_latencies() == y.last_latencies();
+            differs |= ox != oz;
+        }
+        assert!(same && differs);
+    }
+
+    #[test]
+    fn more_background_load_raises_latency_on_the_cpu() {
+        let mut s = Scenario::cpu_bound();
+        let mut latencies = Vec::new();
+        for load in [0.0, 0.5, 0.9, 1.0] {
+            s.background = vec![(0.0, load)];
+            latencies.push(run(&s, cpu(), 20).0);
+        }
+        assert!(latencies.windows(2).all(|w| w[0] < w[1]), "{latencies:?}");
+    }
+
+    #[test]
+    fn a_slower_source_delivers_fewer_images_when_nothing_is_cached() {
+        let mut s = Scenario::io_bound();
+        s.cache_bytes = 0.0;
+        let mut rates = Vec::new();
+        for bw in [200e6, 50e6, 10e6] {
+            s.source.bytes_per_s = bw;
+            let (_, obs) = run(&s, cpu().with(Head::Depth, 3), 20);
+            assert_eq!(obs.cache_fill, 0.0);
+            rates.push(obs.request_rate);
+        }
+        assert!(rates.windows(2).all(|w| w[0] > w[1]), "{rates:?}");
+    }
+
+    #[test]
+    fn deeper_prefetch_hides_a_slow_source() {
+        let s = Scenario::io_bound();
+        let shallow = run(&s, cpu().with(Head::Depth, 0), 50).0;
+        let deep = run(&s, cpu().with(Head::Depth, 3), 50).0;
+        assert!(deep < shallow, "{deep} vs {shallow}");
+    }
+
+    #[test]
+    fn a_gpu_relieves_a_saturated_cpu_and_is_masked_without_one() {
+        let s = Scenario::cpu_bound().with_gpu(true);
+        let gpu = cpu().with(Head::Decode, 1).with(Head::Augment, 1);
+        let (on_cpu, busy) = run(&s, cpu(), 20);
+        let (on_gpu, relieved) = run(&s, gpu, 20);
+        assert!(on_gpu < on_cpu, "{on_gpu} vs {on_cpu}");
+        assert!(relieved.cpu_prepfs < busy.cpu_prepfs);
+        assert!(relieved.gpu.unwrap().busy > busy.gpu.unwrap().busy);
+        assert!(busy.stall_share > 0.0);
+        let no_gpu = Scenario::cpu_bound();
+        assert_eq!(
+            Simulator::new(no_gpu.clone(), 1).mask(),
+            Mask::new(false, true)
+        );
+        assert_eq!(
+            run(&no_gpu, gpu, 20).0,
+            run(&no_gpu, cpu(), 20).0,
+            "gpu clamps to cpu"
+        );
+    }
+
+    #[test]
+    fn decoded_caching_skips_decode_once_pixels_fit() {
+        let s = Scenario::cpu_bound();
+        let (plain, _) = run(&s, cpu(), 40);
+        let (decoded, obs) = run(&s, cpu().with(Head::Decoded, 1).with(Head::Codec, 1), 40);
+        assert!(decoded < plain, "{decoded} vs {plain}");
+        assert!(obs.cache_fill > 0.5 && obs.hit_rate > 0.9, "{obs:?}");
+    }
+
+    #[test]
+    fn observations_stay_in_range_on_random_scenarios() {
+        let mut rng = Rng::new(9);
+        for _ in 0..6 {
+            let s = Scenario::random(&mut rng, &Calibration::default());
+            let mut sim = Simulator::new(s, rng.next_u64());
+            let mask = sim.mask();
+            for i in 0..15 {
+                let a =
+                    action::pick(&[0.0; action::LOGITS], &mask, Some(&mut || rng.f64())).unwrap();
+                let o = sim.step(&a);
+                let shares = [
+                    o.cpu_busy,
+                    o.cpu_prepfs,
+                    o.memory_available,
+                    o.stall_share,
+                    o.cache_fill,
+                    o.hit_rate,
+                ];
+                assert!(
+                    shares.iter().all(|x| (0.0..=1.0).contains(x)),
+                    "step {i}: {o:?}"
+                );
+                assert!(
+                    o.latency_p50_s >= 0.0 && o.latency_p99_s >= o.latency_p50_s,
+                    "{o:?}"
+                );
+                assert!(o.request_rate >= 0.0 && o.cpu_busy >= o.cpu_prepfs - 1e-9);
+            }
+            assert!((sim.now() - 15.0 * INTERVAL_S).abs() < 1e-9);
+        }
+    }
+}

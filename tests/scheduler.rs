@@ -1,0 +1,193 @@
+//! The scheduler through real mounts: knobs changed at random every decision never change a
+//! byte; a broken policy file falls back to the heuristics with a warning; telemetry and the
+//! scheduler's figures appear in stats.json.
+
+mod common;
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use common::{TestMount, pattern};
+
+const VAL: &str = "val=decode,resize(80),center_crop(64),uint8(hwc)";
+
+/// Files of several sizes (compressible and not) and a few images.
+fn dataset(t: &TestMount) -> Vec<(String, Vec<u8>)> {
+    let mut files = Vec::new();
+    for i in 0..12u64 {
+        let len = [4 << 10, 300 << 10, (1 << 20) + 17, 3 << 20][i as usize % 4];
+        let bytes = if i % 2 == 0 {
+            pattern(len, i)
+        } else {
+            // Compressible: long runs, so every codec changes the stored size.
+            (0..len)
+                .map(|j| ((j / 4096) as u8).wrapping_add(i as u8))
+                .collect()
+        };
+        let name = format!("data/f{i:02}.bin");
+        files.push((name, bytes));
+    }
+    fs::create_dir_all(t.s("data")).expect("mkdir");
+    fs::create_dir_all(t.s("img")).expect("mkdir");
+    for (name, bytes) in &files {
+        fs::write(t.s(name), bytes).expect("write");
+    }
+    for j in 0..6u64 {
+        let jpeg = prepfs::synthetic::photo(j).expect("jpeg");
+        fs::write(t.s(&format!("img/p{j}.jpg")), jpeg).expect("write");
+    }
+    files
+}
+
+/// Waits until `stats` satisfies `ok` (or 15 s), returning the last stats.
+fn wait_for(t: &TestMount, ok: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let stats = t.stats();
+        if ok(&stats) || Instant::now() > deadline {
+            return stats;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn random_decisions_every_interval_never_change_a_byte() {
+    let mut t = TestMount::new();
+    let files = dataset(&t);
+    t.mount(&[
+        "--scheduler",
+        "random",
+        "--view",
+        VAL,
+        "--cache-mem",
+        "6M", // tight: admission, packing and decoded caching all compete for it
+    ]);
+    let views: Vec<String> = (0..6)
+        .map(|j| format!(".prepfs/views/val/img/p{j}.jpg.npy"))
+        .collect();
+    let first: Vec<Vec<u8>> = views
+        .iter()
+        .map(|v| fs::read(t.m(v)).expect("render"))
+        .collect();
+    let started = Instant::now();
+    let mut epochs = 0;
+    // At least 20 decisions (4 s at 200 ms), each of which may change every knob.
+    while started.elapsed() < Duration::from_secs(4) || epochs < 3 {
+        for (name, bytes) in &files {
+            let got = fs::read(t.m(name)).expect("read through the mount");
+            assert!(got == *bytes, "{name}: bytes differ in epoch {epochs}");
+        }
+        for (v, want) in views.iter().zip(&first) {
+            assert!(fs::read(t.m(v)).expect("render") == *want, "{v} differs");
+        }
+        epochs += 1;
+    }
+    let stats = t.stats();
+    let s = &stats["scheduler"];
+    assert_eq!(s["mode"], "random", "{s}");
+    assert_eq!(s["reason"], "random", "{s}");
+    assert!(s["decisions"].as_u64().unwrap() >= 10, "{s}");
+    assert_eq!(s["fallbacks"]["total"], 0, "{s}");
+    // Random choices visit several options of every knob the mount lets it turn.
+    for head in ["codec", "prefetch_depth", "workers", "decoded_cache"] {
+        let used = s["histogram"][head]
+            .as_object()
+            .unwrap()
+            .values()
+            .filter(|c| c.as_u64().unwrap() > 0)
+            .count();
+        assert!(used >= 2, "{head} stuck on one option: {s}");
+    }
+    // Without a GPU backend the GPU placements are masked out.
+    assert_eq!(s["histogram"]["decode"]["gpu"], 0, "{s}");
+    assert_eq!(stats["cache"]["codec"]["reason"], "scheduler", "{stats}");
+    assert_eq!(stats["views"]["val"]["errors"], 0);
+    assert_eq!(stats["cache"]["integrity_errors"], 0);
+    let status = t.unmount().expect("daemon status");
+    assert!(status.success(), "clean exit: {status}");
+}
+
+#[test]
+fn a_broken_policy_file_warns_and_the_heuristics_decide() {
+    let mut t = TestMount::new();
+    let files = dataset(&t);
+    let policy = t.s("../policy.json");
+    fs::write(
+        &policy,
+        b"{\"format\": \"prepfs-policy\", \"schema_version\": 1}",
+    )
+    .expect("write");
+    let log = t.s("../mount.log");
+    t.mount_logged(
+        &["--policy", policy.to_str().unwrap()],
+        "warn,fuser=error",
+        &log,
+    );
+    for (name, bytes) in &files {
+        assert!(fs::read(t.m(name)).expect("read") == *bytes, "{name}");
+    }
+    let stats = wait_for(&t, |s| {
+        s["scheduler"]["fallbacks"]["no_policy"].as_u64() > Some(0)
+    });
+    let s = &stats["scheduler"];
+    assert_eq!(s["mode"], "policy", "{s}");
+    assert_eq!(s["policy"], serde_json::Value::Null, "{s}");
+    assert_eq!(s["reason"], "fallback_no_policy", "{s}");
+    assert_eq!(s["fallbacks"]["total"], s["fallbacks"]["no_policy"], "{s}");
+    // The heuristics hold: the codec is the cache's own choice.
+    assert_ne!(stats["cache"]["codec"]["reason"], "scheduler", "{stats}");
+    assert!(t.unmount().expect("status").success());
+    let log = fs::read_to_string(&log).expect("log");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("policy unusable") && l.contains("policy.json")),
+        "one warning naming the file: {log}"
+    );
+}
+
+#[test]
+fn telemetry_and_the_shipped_policy_show_in_stats() {
+    let mut t = TestMount::new();
+    let files = dataset(&t);
+    t.mount(&[]);
+    for (name, _) in &files {
+        fs::read(t.m(name)).expect("read");
+    }
+    let stats = wait_for(&t, |s| {
+        s["scheduler"]["decisions"].as_u64() >= Some(3)
+            && s["telemetry"]["history"]
+                .as_array()
+                .is_some_and(|h| !h.is_empty())
+    });
+    let latest = &stats["telemetry"]["latest"];
+    for key in [
+        "cpu_busy",
+        "cpu_prepfs",
+        "memory_available",
+        "request_rate",
+        "latency_p50_s",
+        "latency_p99_s",
+        "stall_share",
+        "cache_fill",
+        "hit_rate",
+    ] {
+        let v = latest[key].as_f64().unwrap_or(-1.0);
+        assert!(v >= 0.0, "{key} = {v}: {latest}");
+    }
+    assert!(latest["cache_fill"].as_f64().unwrap() > 0.0, "{latest}");
+    assert!(
+        latest.get("gpu").is_some(),
+        "the GPU field is always present (null here)"
+    );
+    let s = &stats["scheduler"];
+    assert_eq!(s["mode"], "policy", "{s}");
+    assert_eq!(s["policy"]["source"], "shipped", "{s}");
+    assert_eq!(s["reason"], "policy", "{s}");
+    assert_eq!(s["fallbacks"]["total"], 0, "{s}");
+    assert!(
+        s["decision_latency_us"]["p99"].as_f64().unwrap() < 20_000.0,
+        "{s}"
+    );
+    assert!(s["action"]["codec"].is_string(), "{s}");
+}
