@@ -1,7 +1,7 @@
 //! Scheduler benchmark: the PPO policy against the heuristic, a static CPU-only setup and
 //! round-robin placement, in the simulator.
 //!
-//! Run with `cargo bench --features wip-sim --bench scheduler [-- OPTIONS]`. It trains a policy
+//! Run with `cargo bench --bench scheduler [-- OPTIONS]`. It trains a policy
 //! with the default `TrainConfig` (random scenarios around the default calibration), or loads
 //! one with `--policy FILE.json` (a serde_json `train::Trained`), then runs every policy on
 //! cpu_bound, io_bound and load_shift, each with and without a GPU, for 5 seeds each, and prints
@@ -10,8 +10,9 @@
 //! two-sided 5% level). Target: PPO <= 0.7x static and no worse than the heuristic everywhere.
 //!
 //! Options: `--policy FILE` load instead of training, `--save FILE` write the trained policy,
-//! `--updates N` (default 300), `--seed S` (training seed, default 0), `--steps N` evaluation
-//! intervals per run (default 150 = 30 s). Benchmarks report numbers; they never assert.
+//! `--updates N` (default 1000, about a minute), `--seed S` (training seed, default 0),
+//! `--steps N` evaluation intervals per run (default 150 = 30 s). Benchmarks report numbers;
+//! they never assert.
 
 use std::time::Instant;
 
@@ -61,7 +62,9 @@ fn main() {
         }
         None => {
             let cfg = TrainConfig {
-                updates: arg("--updates").and_then(|s| s.parse().ok()).unwrap_or(300),
+                updates: arg("--updates")
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(1000),
                 seed: arg("--seed").and_then(|s| s.parse().ok()).unwrap_or(0),
                 ..TrainConfig::default()
             };
@@ -101,6 +104,9 @@ fn main() {
         "| scenario | PPO ms | heuristic ms | static ms | round-robin ms | PPO stall | heur. stall | static stall | PPO/static | PPO/heur. | t vs heur. | t vs static |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let shipped = prepfs::scheduler::artifact::Payload::shipped()
+        .is_ok_and(|p| p.network == trained.network && p.normalisation == trained.normalisation);
+    eprintln!("this policy is the shipped policy/default.json: {shipped}");
     let ppo = train::greedy(&trained.network, &trained.normalisation);
     for base in [
         Scenario::cpu_bound(),

@@ -110,7 +110,7 @@ enum PolicyCommand {
         #[arg(long, value_name = "FILE")]
         calibration: Option<PathBuf>,
         /// PPO updates (512 simulated decisions each).
-        #[arg(long, value_name = "N", default_value_t = 200)]
+        #[arg(long, value_name = "N", default_value_t = 1000)]
         updates: usize,
         /// Seed of the simulator and the network: the same seed gives the same policy.
         #[arg(long, value_name = "N", default_value_t = 0)]
@@ -227,8 +227,8 @@ struct MountArgs {
     )]
     disk_min_free: f64,
     /// Who sets the pipeline's knobs (codec, prefetch depth, decode workers, decoded caching):
-    /// policy (the learned PPO policy), heuristic (each module's own rule), random (stress).
-    #[arg(long, value_name = "MODE", default_value = "policy")]
+    /// heuristic (each module's own rule), policy (the learned PPO policy), random (stress).
+    #[arg(long, value_name = "MODE", default_value = "heuristic")]
     scheduler: String,
     /// A policy file (from `prepfs policy train`) instead of the shipped one.
     #[arg(long, value_name = "FILE")]

@@ -120,7 +120,12 @@ fn a_broken_policy_file_warns_and_the_heuristics_decide() {
     .expect("write");
     let log = t.s("../mount.log");
     t.mount_logged(
-        &["--policy", policy.to_str().unwrap()],
+        &[
+            "--scheduler",
+            "policy",
+            "--policy",
+            policy.to_str().unwrap(),
+        ],
         "warn,fuser=error",
         &log,
     );
@@ -150,7 +155,7 @@ fn a_broken_policy_file_warns_and_the_heuristics_decide() {
 fn telemetry_and_the_shipped_policy_show_in_stats() {
     let mut t = TestMount::new();
     let files = dataset(&t);
-    t.mount(&[]);
+    t.mount(&["--scheduler", "policy"]);
     for (name, _) in &files {
         fs::read(t.m(name)).expect("read");
     }

@@ -19,7 +19,7 @@ mod file;
 mod memfd;
 mod packer;
 pub mod policy;
-mod rows;
+pub(crate) mod rows;
 mod staging;
 
 use std::path::Path;

@@ -1,7 +1,8 @@
 //! `prepfs policy calibrate`: measures the simulator's per-item costs on this machine.
 //!
 //! Owns: the measurements: JPEG decode and augmentation time per image on one core (prepfs's
-//! own view code), codec speeds and ratios on the decoded pixels and the encoded files, and,
+//! own view code), codec speeds and ratios on the decoded pixels (row-filtered, as the RAM tier
+//! stores them) and the encoded files, and,
 //! when a dataset directory is given, its images and the source's read bandwidth and latency.
 //! Each figure is the median of several timed rounds (this machine is shared and noisy). Must
 //! never write anywhere but the output file, and never read outside the given directory.
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::sim::{Calibration, CodecCost};
 use crate::cache::codec::Codec;
+use crate::cache::rows::{delta, undelta};
 use crate::view::ViewSpec;
 use crate::view::render::{decode, transform};
 
@@ -111,7 +113,9 @@ fn source(dir: &Path) -> Option<(f64, f64)> {
     (bytes > 0 && !busy.is_zero()).then(|| (bytes as f64 / busy.as_secs_f64(), median(firsts)))
 }
 
-fn codec_cost(codec: Codec, pixels: &[Vec<u8>], encoded: &[Vec<u8>]) -> CodecCost {
+/// Speeds and ratios of `codec` on `pixels` (already row-filtered as the RAM tier stores them,
+/// rows of `row` bytes; undoing the filter is part of a hit) and on `encoded` files.
+fn codec_cost(codec: Codec, pixels: &[Vec<u8>], row: usize, encoded: &[Vec<u8>]) -> CodecCost {
     let ratio = |items: &[Vec<u8>]| {
         let raw: usize = items.iter().map(Vec::len).sum();
         let packed: usize = items
@@ -129,7 +133,11 @@ fn codec_cost(codec: Codec, pixels: &[Vec<u8>], encoded: &[Vec<u8>]) -> CodecCos
         .filter_map(|p| Some((codec.compress(p)?, p.len())))
         .collect();
     let decompress_s = per_item(&packed, |(c, len)| {
-        std::hint::black_box(codec.decompress(c, *len).ok());
+        if let Ok(mut p) = codec.decompress(c, *len) {
+            undelta(&mut p, row); // the cost is the same whatever the row length
+
+            std::hint::black_box(p);
+        }
     });
     CodecCost {
         compress_bytes_per_s: bytes as f64 / compress_s.max(1e-9),
@@ -161,7 +169,12 @@ pub fn calibrate(dataset: Option<&Path>) -> Result<Calibration, String> {
     let augment_s = per_item(&decoded, |d| {
         std::hint::black_box(transform(&spec, d, 7).ok());
     });
-    let pixels: Vec<Vec<u8>> = decoded.iter().map(|d| d.to_bytes()).collect();
+    // The RAM tier stores decoded pixels with the "up" row filter before the codec.
+    let row = decoded[0].row_len();
+    let pixels: Vec<Vec<u8>> = decoded
+        .iter()
+        .map(|d| delta(&d.to_bytes(), d.row_len()))
+        .collect();
     let mean = |items: &[Vec<u8>]| {
         items.iter().map(Vec::len).sum::<usize>() as f64 / items.len().max(1) as f64
     };
@@ -174,9 +187,9 @@ pub fn calibrate(dataset: Option<&Path>) -> Result<Calibration, String> {
         augment_s,
         image_bytes: mean(&encoded),
         pixel_bytes: mean(&pixels),
-        lz4: codec_cost(Codec::Lz4, &pixels, &encoded),
-        zstd1: codec_cost(Codec::Zstd(1), &pixels, &encoded),
-        zstd3: codec_cost(Codec::Zstd(3), &pixels, &encoded),
+        lz4: codec_cost(Codec::Lz4, &pixels, row, &encoded),
+        zstd1: codec_cost(Codec::Zstd(1), &pixels, row, &encoded),
+        zstd3: codec_cost(Codec::Zstd(3), &pixels, row, &encoded),
         source_bytes_per_s,
         source_latency_s,
     })

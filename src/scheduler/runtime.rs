@@ -85,7 +85,9 @@ pub struct SchedulerOptions {
 impl Default for SchedulerOptions {
     fn default() -> SchedulerOptions {
         SchedulerOptions {
-            mode: Mode::Policy,
+            // The learned policy is opt-in until it beats the heuristics on real workloads
+            // (BENCHMARKS.md, scheduler on the real system).
+            mode: Mode::Heuristic,
             policy: None,
             learn: false,
             save: None,

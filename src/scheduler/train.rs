@@ -43,7 +43,7 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> TrainConfig {
         TrainConfig {
-            updates: 200,
+            updates: 1000,
             steps_per_update: 512,
             envs: 4,
             episode_steps: 150,
@@ -434,75 +434,5 @@ mod tests {
         assert!(on_gpu.mean_latency_s < on_cpu.mean_latency_s);
         assert!(on_gpu.mean_reward > on_cpu.mean_reward);
         assert!(on_cpu.p99_s >= on_cpu.mean_latency_s && on_cpu.stall_share > 0.0);
-    }
-
-    #[test]
-    #[ignore]
-    fn scratch_baselines() {
-        let t = std::time::Instant::now();
-        for s in [
-            Scenario::cpu_bound(),
-            Scenario::io_bound(),
-            Scenario::load_shift(),
-        ] {
-            for g in [false, true] {
-                let s = s.clone().with_gpu(g);
-                let h = sim::heuristic_policy(&s);
-                let rr = sim::round_robin(&s);
-                let st = evaluate(&sim::static_cpu, &s, 1, 150);
-                let he = evaluate(&h, &s, 1, 150);
-                let r = evaluate(&rr, &s, 1, 150);
-                let mut best = String::new();
-                for (name, a) in [
-                    ("gpu", start().with(Head::Decode, 1).with(Head::Augment, 1)),
-                    (
-                        "dec+lz4",
-                        start().with(Head::Decoded, 1).with(Head::Codec, 1),
-                    ),
-                    ("dec+none", start().with(Head::Decoded, 1)),
-                    ("w2x", start().with(Head::Workers, 3)),
-                    ("d128", start().with(Head::Depth, 3)),
-                    (
-                        "d128w2x",
-                        start().with(Head::Depth, 3).with(Head::Workers, 3),
-                    ),
-                    (
-                        "gpu+dec+lz4",
-                        start()
-                            .with(Head::Decode, 1)
-                            .with(Head::Augment, 1)
-                            .with(Head::Decoded, 1)
-                            .with(Head::Codec, 1),
-                    ),
-                    (
-                        "cpu/gpu-aug dec lz4",
-                        start()
-                            .with(Head::Augment, 1)
-                            .with(Head::Decoded, 1)
-                            .with(Head::Codec, 1),
-                    ),
-                ] {
-                    let e = evaluate(
-                        &move |_: &Observation, _: &Action, _: &Mask, _| a,
-                        &s,
-                        1,
-                        150,
-                    );
-                    best += &format!(" {name}={:.2}", e.mean_latency_s * 1e3);
-                }
-                println!(
-                    "{:14} static {:.2}ms p99 {:.1} stall {:.3} r {:.2} | heur {:.2}ms r {:.2} | rr {:.2} |{best}",
-                    s.name,
-                    st.mean_latency_s * 1e3,
-                    st.p99_s * 1e3,
-                    st.stall_share,
-                    st.mean_reward,
-                    he.mean_latency_s * 1e3,
-                    he.mean_reward,
-                    r.mean_latency_s * 1e3
-                );
-            }
-        }
-        println!("{:?}", t.elapsed());
     }
 }
