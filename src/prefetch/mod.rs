@@ -203,6 +203,13 @@ struct SetState {
     diagnosis: Value,
 }
 
+/// The depth controller: twice the files consumed while one file is fetched (`rate` opens/s x
+/// `file_seconds`), plus one per worker, within `DEPTH_MIN..=DEPTH_MAX`. Also restated as the
+/// scheduler's heuristic action.
+pub fn controller_depth(rate: f64, file_seconds: f64, threads: usize) -> usize {
+    ((rate * file_seconds * 2.0).ceil() as usize + threads).clamp(DEPTH_MIN, DEPTH_MAX)
+}
+
 struct Shared {
     source: Arc<dyn Source>,
     cache: Arc<NeverEvictCache>,
@@ -537,13 +544,15 @@ impl SetState {
         }
     }
 
-    /// Replaces this set's queued files with the next `depth` predicted ones.
+    /// Replaces this set's queued files with the next `depth` predicted ones (the scheduler's
+    /// depth while it holds the knob, else `controller_depth`).
     fn plan(&mut self, shared: &Shared, set: SetId, last: &Path) {
         let file_seconds = f64::from_bits(shared.file_seconds.load(Ordering::Relaxed));
         let threads = shared.options.threads.max(1);
-        let depth = shared.knobs.depth().unwrap_or_else(|| {
-            ((self.rate * file_seconds * 2.0).ceil() as usize + threads).clamp(DEPTH_MIN, DEPTH_MAX)
-        });
+        let depth = shared
+            .knobs
+            .depth()
+            .unwrap_or_else(|| controller_depth(self.rate, file_seconds, threads));
         shared.depth.store(depth, Ordering::Relaxed);
         let outcomes = &shared.outcomes[set];
         let current = self.tracker.current();

@@ -40,44 +40,15 @@ fn per_item<T>(items: &[T], mut f: impl FnMut(&T)) -> f64 {
     median(rounds.collect())
 }
 
-/// Up to `IMAGES` JPEG files under `dir`, walked in name order.
-fn dataset_images(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
+/// Every regular file under `dir`, sorted by path.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(&d) else {
             continue;
         };
-        let mut entries: Vec<_> = entries.flatten().collect();
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let Ok(kind) = e.file_type() else { continue };
-            let path = e.path();
-            let jpeg = path
-                .extension()
-                .and_then(|x| x.to_str())
-                .is_some_and(|x| x.eq_ignore_ascii_case("jpg") || x.eq_ignore_ascii_case("jpeg"));
-            if kind.is_dir() {
-                stack.push(path);
-            } else if kind.is_file() && jpeg {
-                out.push(path);
-                if out.len() == IMAGES {
-                    return out;
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Bandwidth and first-byte latency of reading the files under `dir` (page cache included:
-/// the figure is what prepfs would see now).
-fn source(dir: &Path) -> Option<(f64, f64)> {
-    use std::io::Read;
-    let mut files = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).ok()?.flatten() {
+        for e in entries.flatten() {
             match e.file_type() {
                 Ok(t) if t.is_dir() => stack.push(e.path()),
                 Ok(t) if t.is_file() => files.push(e.path()),
@@ -86,11 +57,30 @@ fn source(dir: &Path) -> Option<(f64, f64)> {
         }
     }
     files.sort();
+    files
+}
+
+/// The first `IMAGES` JPEG files of `files`.
+fn jpegs(files: &[PathBuf]) -> impl Iterator<Item = &PathBuf> {
+    files
+        .iter()
+        .filter(|p| {
+            p.extension()
+                .and_then(|x| x.to_str())
+                .is_some_and(|x| x.eq_ignore_ascii_case("jpg") || x.eq_ignore_ascii_case("jpeg"))
+        })
+        .take(IMAGES)
+}
+
+/// Bandwidth and first-byte latency of reading `files` in order, up to `SOURCE_SAMPLE` bytes
+/// (page cache included: the figure is what prepfs would see now).
+fn source(files: &[PathBuf]) -> Option<(f64, f64)> {
+    use std::io::Read;
     let (mut bytes, mut busy, mut firsts) = (0u64, Duration::ZERO, Vec::new());
     let mut buf = vec![0u8; 1 << 20];
     for path in files {
         let t = Instant::now();
-        let Ok(mut f) = std::fs::File::open(&path) else {
+        let Ok(mut f) = std::fs::File::open(path) else {
             continue;
         };
         let mut first = true;
@@ -149,9 +139,9 @@ fn codec_cost(codec: Codec, pixels: &[Vec<u8>], row: usize, encoded: &[Vec<u8>])
 
 /// Measures this machine (and `dataset`'s images and read speed, when given).
 pub fn calibrate(dataset: Option<&Path>) -> Result<Calibration, String> {
+    let files = dataset.map(files_under).unwrap_or_default();
     let encoded: Vec<Vec<u8>> = match dataset {
-        Some(dir) => dataset_images(dir)
-            .iter()
+        Some(_) => jpegs(&files)
             .filter_map(|p| std::fs::read(p).ok())
             .collect(),
         None => (0..IMAGES as u64)
@@ -179,9 +169,8 @@ pub fn calibrate(dataset: Option<&Path>) -> Result<Calibration, String> {
         items.iter().map(Vec::len).sum::<usize>() as f64 / items.len().max(1) as f64
     };
     let defaults = Calibration::default();
-    let (source_bytes_per_s, source_latency_s) = dataset
-        .and_then(source)
-        .unwrap_or((defaults.source_bytes_per_s, defaults.source_latency_s));
+    let (source_bytes_per_s, source_latency_s) =
+        source(&files).unwrap_or((defaults.source_bytes_per_s, defaults.source_latency_s));
     Ok(Calibration {
         decode_s,
         augment_s,

@@ -10,6 +10,7 @@
 use super::action::{Action, DEPTHS, Head, Mask};
 use super::state::Observation;
 use crate::cache::policy::{CodecPolicy, Heuristic as CodecHeuristic, Signals};
+use crate::prefetch::controller_depth;
 
 /// What the heuristic needs beyond the observation.
 #[derive(Debug, Clone, Copy)]
@@ -36,10 +37,9 @@ pub fn action(obs: &Observation, mask: &Mask, ctx: &Context) -> Action {
         .iter()
         .position(|c| *c == codec)
         .unwrap_or(0);
-    // The prefetcher's controller: twice the files consumed while one is fetched, plus a file
-    // per worker; the smallest option that covers it.
-    let want =
-        (obs.request_rate * obs.source_latency_s * 2.0).ceil() as usize + ctx.prefetch_threads;
+    // The prefetcher's controller, with the source's fetch time for a file's; the smallest
+    // option that covers it.
+    let want = controller_depth(obs.request_rate, obs.source_latency_s, ctx.prefetch_threads);
     let depth = DEPTHS
         .iter()
         .position(|d| *d >= want)

@@ -199,15 +199,15 @@ fn sample(telemetry: &Telemetry, sources: Sources, stop: &AtomicBool) {
     let device = sources.source_root.as_deref().and_then(proc::device_of);
     let gpu = gpu::Gpu::probe();
     let mut gpu_now = gpu.sample();
-    let read = || Reading {
+    let read = |cpu| Reading {
         at: Instant::now(),
-        cpu: proc::cpu_ticks(),
+        cpu,
         own_cpu: proc::own_cpu(),
         pipeline: sources.probe.as_ref().map(|p| p()).unwrap_or_default(),
         disk: device.and_then(|(major, minor)| proc::disk_counters(major, minor)),
     };
-    let mut window: VecDeque<Reading> = VecDeque::from([read()]);
     let mut last_cpu = proc::cpu_ticks();
+    let mut window: VecDeque<Reading> = VecDeque::from([read(last_cpu)]);
     let mut first = true;
     let mut tick = 0u64;
     while !stop.load(Ordering::Relaxed) {
@@ -233,7 +233,7 @@ fn sample(telemetry: &Telemetry, sources: Sources, stop: &AtomicBool) {
         if !tick.is_multiple_of(FULL_EVERY) {
             continue;
         }
-        let newest = read();
+        let newest = read(now);
         if let Some(oldest) = window.front() {
             let observation = Observation {
                 gpu: gpu_now,
