@@ -119,6 +119,7 @@ impl Mounted {
 /// Mounts `cfg` and serves it from background threads; returns once the mount answers.
 pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
     cap_malloc_arenas();
+    raise_open_file_limit();
     let mount_error = |why: String| RunError::Mount {
         mountpoint: cfg.mountpoint.clone(),
         why,
@@ -400,6 +401,23 @@ pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<(), RunError> {
 /// gets its own, and each keeps the 1 MiB reply buffers it freed: 19 MB resident was measured
 /// with an empty cache, memory the cache budget then cannot use.
 const MALLOC_ARENAS: libc::c_int = 2;
+
+/// Raises the soft limit on open files to the hard one, as servers do: prefetch holds
+/// descriptors of files opened ahead (a quarter of the limit at most), and the common soft
+/// default of 1024 would leave it few. A failure leaves the limit as it was.
+fn raise_open_file_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::debug!(error = %e, "cannot raise the open-file limit");
+        }
+    }
+}
 
 fn cap_malloc_arenas() {
     #[cfg(target_env = "gnu")]

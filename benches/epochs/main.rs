@@ -116,6 +116,10 @@ pub struct Options {
     pub views: bool,
     /// Whether to run the prefetch comparison over a slow, latency-bound source.
     pub prefetch: bool,
+    /// The prefetch comparison's scenarios to run (all when empty).
+    pub scenarios: Vec<String>,
+    /// Staging buffer of the prefetching mount, taken out of its cache budget.
+    pub staging_bytes: u64,
     pub seed: u64,
     #[serde(skip)]
     pub workdir: PathBuf,
@@ -126,7 +130,7 @@ pub struct Options {
 
 const USAGE: &str = "usage: cargo bench --bench epochs -- [--quick] [--files N] [--epochs N] \
 [--read-mbps N] [--read-iops N] [--mem-ratio F] [--shard-mib N] [--readers plain,torch,shards,views,prefetch] \
-[--seed N] [--workdir DIR] [--out DIR]";
+[--scenarios sorted,shuffled,fixed,torch,shards] [--staging-mib N] [--seed N] [--workdir DIR] [--out DIR]";
 
 impl Options {
     fn parse() -> Result<Options, String> {
@@ -146,6 +150,8 @@ impl Options {
             readers: vec![Reader::Plain, Reader::Torch, Reader::Shards],
             views: true,
             prefetch: false,
+            scenarios: Vec::new(),
+            staging_bytes: prefetch::STAGING,
             seed: 1,
             workdir: std::env::var_os("PREPFS_EPOCHS_DIR")
                 .map_or_else(|| PathBuf::from("/var/tmp/prepfs-epochs"), PathBuf::from),
@@ -177,6 +183,8 @@ impl Options {
                 }
                 "--shard-mib" => o.shard_bytes = value.parse::<u64>().map_err(bad)? << 20,
                 "--seed" => o.seed = value.parse().map_err(bad)?,
+                "--scenarios" => o.scenarios = value.split(',').map(str::to_owned).collect(),
+                "--staging-mib" => o.staging_bytes = value.parse::<u64>().map_err(bad)? << 20,
                 "--workdir" => o.workdir = PathBuf::from(value),
                 "--out" => out = Some(PathBuf::from(value)),
                 "--readers" => {

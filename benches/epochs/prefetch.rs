@@ -37,9 +37,10 @@ pub const THINK_MS: f64 = 2.0;
 /// prefetch threads, a 1 MiB buffer each and its page-cache pages). Without it the shards run
 /// thrashed in epoch 2: the cgroup full of memfd pages, 5 MB reclaimable.
 const PREFETCH_IN_FLIGHT: u64 = 8 << 20;
-/// Staging buffer of the prefetching mount (at most a quarter of C), taken out of its cache
-/// budget.
-const STAGING: u64 = 16 << 20;
+/// Staging buffer of the prefetching mount by default: the mount's own default
+/// (`--prefetch-buffer 64M`), at most half of C, taken out of its cache budget (`--staging-mib`
+/// sets another).
+pub const STAGING: u64 = 64 << 20;
 
 /// How a run reads the slow source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -202,7 +203,9 @@ pub fn run(
     );
     let mut setups: Vec<Setup> = Vec::new();
     let mut runs = Vec::new();
-    for scenario in SCENARIOS {
+    let wanted =
+        |s: &Scenario| opts.scenarios.is_empty() || opts.scenarios.iter().any(|n| n == s.name);
+    for scenario in SCENARIOS.into_iter().filter(wanted) {
         let setup = match setups.iter().find(|s| s.reader == scenario.reader) {
             Some(s) => *s,
             None => {
@@ -238,7 +241,7 @@ fn run_one(
         Variant::PageCache => (0, Vec::new()),
         Variant::NoPrefetch => (setup.cache_mem, vec!["--no-prefetch".into()]),
         Variant::Prefetch => {
-            let staging = STAGING.min(setup.cache_mem / 4);
+            let staging = opts.staging_bytes.min(setup.cache_mem / 2);
             (
                 setup.cache_mem.saturating_sub(staging + PREFETCH_IN_FLIGHT),
                 vec!["--prefetch-buffer".into(), staging.to_string()],

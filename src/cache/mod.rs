@@ -274,6 +274,14 @@ impl NeverEvictCache {
         self.tiers.ledger.has_room(bytes)
     }
 
+    /// Whether a prefetch of a block of `bytes` would find room for them now: in the
+    /// never-evict tiers, else in the staging buffer.
+    pub fn has_prefetch_room(&self, bytes: u64) -> bool {
+        self.has_room(bytes)
+            || self.tiers.disk.as_ref().is_some_and(|d| d.has_room())
+            || self.tiers.staging.has_room(bytes)
+    }
+
     /// Starts a new pass of the staging buffer (see `Staging::retire`).
     pub fn retire_staged(&self) {
         self.tiers.staging.retire();
@@ -303,9 +311,15 @@ impl NeverEvictCache {
         hit
     }
 
+    /// Whether the cache holds decoded pixels of image `identity` (not checked or counted as a
+    /// hit: for prefetch to skip decoding them again).
+    pub fn has_decoded(&self, identity: &Identity) -> bool {
+        self.decoded.get(identity).is_some()
+    }
+
     /// Offers the decoded pixels of image `identity` (at `path`): `len` bytes in rows of `row`
     /// bytes that took `decode` to produce, made by `pixels` only if the policy finds them worth
-    /// their memory and the budget has room.
+    /// their memory and the budget has room. True when they were admitted.
     pub fn offer_decoded(
         &self,
         identity: Identity,
@@ -313,7 +327,7 @@ impl NeverEvictCache {
         (len, row): (u64, usize),
         decode: Duration,
         pixels: impl FnOnce() -> Vec<u8>,
-    ) {
+    ) -> bool {
         let metrics = &self.tiers.metrics;
         let reason = policy::keep_decoded(
             self.decoded_caching,
@@ -325,11 +339,11 @@ impl NeverEvictCache {
         self.decoded_last.store(reason as u8, Ordering::Relaxed);
         if !reason.keeps() {
             metrics.decoded_declined.inc();
-            return;
+            return false;
         }
         if len > u64::from(u32::MAX) || !self.tiers.ledger.has_room(len) {
             metrics.decoded_rejected.inc();
-            return;
+            return false;
         }
         let entry = self.decoded.get_or_insert_with(identity, || {
             Arc::new(CachedFile::new(
@@ -341,12 +355,14 @@ impl NeverEvictCache {
                 self.tiers.clone(),
             ))
         });
-        if entry.admit_whole(pixels()) {
+        let admitted = entry.admit_whole(pixels());
+        if admitted {
             metrics.decoded_admitted.inc();
         } else {
             metrics.decoded_rejected.inc();
             self.decoded.remove(&identity);
         }
+        admitted
     }
 
     /// Flips a byte of the first block of image `identity`'s cached pixels.

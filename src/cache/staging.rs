@@ -59,6 +59,11 @@ impl Staging {
         self.budget
     }
 
+    /// Whether `len` more bytes fit now.
+    pub fn has_room(&self, len: u64) -> bool {
+        self.used.load(Ordering::Relaxed) + len <= self.budget
+    }
+
     /// Whether block `index` of `identity` is staged or being staged.
     pub fn contains(&self, identity: Identity, index: usize) -> bool {
         self.blocks.get(&(identity, index)).is_some()

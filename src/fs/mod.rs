@@ -14,7 +14,7 @@ mod views;
 pub use views::View;
 
 use std::ffi::{OsStr, OsString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ use crate::inode::{
     self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE,
     VIEWS_DIR,
 };
-use crate::prefetch::{OrderHint, PrefetchOptions, Prefetcher, Readahead};
+use crate::prefetch::{DecodeAhead, OrderHint, PrefetchOptions, Prefetcher, Readahead};
 use crate::scheduler::action::{Action, CODECS, Head, Mask};
 use crate::scheduler::knobs::{Knobs, ScheduledCodec};
 use crate::scheduler::runtime::{Scheduler, SchedulerOptions, Setup};
@@ -195,6 +195,30 @@ pub struct Fs {
     _sampler: Sampler,
 }
 
+/// Share of the machine's CPU that must be idle for prefetch to decode view images ahead.
+const DECODE_AHEAD_IDLE: f64 = 0.25;
+
+/// Decoding ahead for prefetch (views only): while at least `DECODE_AHEAD_IDLE` of the CPU is
+/// idle and no render waits for a thread, so it only takes time nobody else wants.
+fn decode_ahead(
+    views: &Arc<Views>,
+    telemetry: &Arc<Telemetry>,
+    render_pool: Option<&WorkerPool>,
+) -> Option<DecodeAhead> {
+    if views.is_empty() {
+        return None;
+    }
+    let (views, telemetry) = (views.clone(), telemetry.clone());
+    let waiting = render_pool.map(WorkerPool::queued);
+    Some(Arc::new(move |_, path: &Path, source: &dyn SourceFile| {
+        let idle = telemetry.cpu_idle() >= DECODE_AHEAD_IDLE
+            && waiting
+                .as_ref()
+                .is_none_or(|w| w.load(Ordering::Relaxed) == 0);
+        idle && views.decode_ahead(path, source)
+    }))
+}
+
 /// How telemetry reads this mount's pipeline: counters from the metrics, gauges from the cache,
 /// the prefetcher and the render queue. Every read is an atomic load or a short lock that no
 /// request path holds for long.
@@ -261,16 +285,6 @@ impl Fs {
             .with_decoded_caching(options.decoded_caching)
             .with_knobs(knobs.clone()),
         );
-        let view_names: Vec<String> = options.views.iter().map(|v| v.name.clone()).collect();
-        let prefetcher = Prefetcher::start(
-            source.clone(),
-            cache.clone(),
-            metrics.clone(),
-            options.prefetch,
-            &view_names,
-            options.order_hint.clone(),
-            knobs.clone(),
-        );
         let views = Arc::new(Views::new(
             &options.views,
             Box::new(Cpu),
@@ -301,6 +315,17 @@ impl Fs {
             })
             .ok()
         };
+        let view_names: Vec<String> = options.views.iter().map(|v| v.name.clone()).collect();
+        let prefetcher = Prefetcher::start(
+            source.clone(),
+            cache.clone(),
+            metrics.clone(),
+            options.prefetch,
+            &view_names,
+            decode_ahead(&views, &telemetry, render_pool.as_ref()),
+            options.order_hint.clone(),
+            knobs.clone(),
+        );
         let sampler = Sampler::start(
             telemetry.clone(),
             Sources {

@@ -4,7 +4,7 @@
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::*;
 use crate::cache::BLOCK_SIZE;
@@ -708,6 +708,67 @@ fn without_room_for_their_bytes_files_are_opened_ahead_and_never_at_a_stale_vers
             pattern(64 << 10, i)
         }
     });
+}
+
+#[test]
+fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let jpegs: Vec<Vec<u8>> = (0..24)
+        .map(|i| crate::synthetic::photo(i).expect("jpeg"))
+        .collect();
+    for (i, jpeg) in jpegs.iter().enumerate() {
+        std::fs::write(dir.path().join(format!("a{i:02}.jpg")), jpeg).expect("write");
+    }
+    let spec = crate::view::ViewSpec::parse("v=decode,resize(40),uint8(hwc)").expect("spec");
+    let (source, plan) =
+        FaultySource::new(Arc::new(LocalSource::open(dir.path()).expect("source")));
+    plan.read_delay_us.store(2000, Ordering::SeqCst);
+    let fs = Arc::new(Fs::new(
+        Arc::new(source),
+        FsOptions {
+            views: vec![spec.clone()],
+            decoded_caching: DecodedCaching::On,
+            prefetch: crate::prefetch::PrefetchOptions {
+                enabled: true,
+                threads: 2,
+            },
+            ..options(1 << 30)
+        },
+    ));
+    // The test machine may be busy; the rule under test is what happens when it is idle.
+    let stop = Arc::new(AtomicBool::new(false));
+    let idle = {
+        let (fs, stop) = (fs.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                fs.telemetry.set_cpu_idle(1.0);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    // One pass in walk order, as a validation pass reads, with a training step between files.
+    for (i, jpeg) in jpegs.iter().enumerate() {
+        let ino = ino_of(&fs, &format!(".prepfs/views/v/a{i:02}.jpg.npy"));
+        let size = fs.getattr(ino).expect("attr").size;
+        let fh = fs.open(ino, Intent::Read).expect("open").fh;
+        let want = crate::view::render::render(&spec, jpeg, 0)
+            .expect("renders")
+            .npy;
+        assert_eq!(read_all(&fs, fh, size).expect("read"), want, "a{i:02}");
+        fs.release(fh).expect("release");
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    stop.store(true, Ordering::Relaxed);
+    idle.join().expect("idle thread");
+    let m = fs.metrics();
+    let status = fs.prefetcher.status();
+    assert_eq!(status["view:v"]["predictor"], "sorted", "{status}");
+    assert!(m.prefetch_decoded_ahead.get() > 0, "nothing decoded ahead");
+    assert!(
+        m.decoded_hits.get() > 0,
+        "no first render found its pixels decoded ahead"
+    );
+    assert!(m.decoded_hits.get() <= m.prefetch_decoded_ahead.get());
 }
 
 #[test]

@@ -11,6 +11,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -19,7 +20,7 @@ use super::{Attr, DirSnapshot, Fs, Handle, Intent, SOURCE_TTL};
 use crate::cache::{BLOCK_SIZE, NeverEvictCache, Unpacked};
 use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
-use crate::source::{Kind, Meta, Source, SourceFile};
+use crate::source::{Identity, Kind, Meta, Source, SourceFile};
 use crate::stats::ViewMetrics;
 use crate::view::npy::{self, Dtype};
 use crate::view::{Executor, Output, Rgb, ViewSpec, render};
@@ -161,17 +162,17 @@ impl Views {
             .source
             .open(&node.path)
             .map_err(|e| FsError::from_source(&e))?;
-        self.read_through(source.as_ref(), node, limit)
+        self.read_through(source.as_ref(), &node.path, limit)
     }
 
-    /// The first `limit` bytes (or all) of `source`, the open file of `node`, through the cache.
+    /// The first `limit` bytes (or all) of `source`, the open file at `path`, through the cache.
     fn read_through(
         &self,
         source: &dyn SourceFile,
-        node: &Node,
+        path: &Path,
         limit: Option<usize>,
     ) -> Result<Vec<u8>, FsError> {
-        let cached = self.cache.file(source.identity(), &node.path);
+        let cached = self.cache.file(source.identity(), path);
         let size = source.identity().size;
         let unpacked = Unpacked::default();
         let end = limit.map_or(size, |l| size.min(l as u64));
@@ -212,19 +213,45 @@ impl Views {
             }
         }
         let encoded = self
-            .read_through(source.as_ref(), node, None)
+            .read_through(source.as_ref(), &node.path, None)
             .map_err(|e| format!("cannot read the image: {e}"))?;
+        let (image, decode, _) = self.decode_and_offer(&encoded, identity, &node.path)?;
+        Ok((image, Some(decode)))
+    }
+
+    /// Decodes `encoded`, image `identity` at `path`, and offers the pixels to the cache; the
+    /// pixels, the decode time and whether the cache kept them.
+    fn decode_and_offer(
+        &self,
+        encoded: &[u8],
+        identity: Identity,
+        path: &Path,
+    ) -> Result<(Rgb, Duration, bool), String> {
         let started = Instant::now();
-        let image = self.executor.decode(&encoded).map_err(|e| e.to_string())?;
+        let image = self.executor.decode(encoded).map_err(|e| e.to_string())?;
         let decode = started.elapsed();
-        self.cache.offer_decoded(
+        let kept = self.cache.offer_decoded(
             identity,
-            &node.path,
+            path,
             (image.byte_len() as u64, image.row_len()),
             decode,
             || image.to_bytes(),
         );
-        Ok((image, Some(decode)))
+        Ok((image, decode, kept))
+    }
+
+    /// Decodes the image at `path` (the open `source`) into the decoded-pixel cache ahead of its
+    /// open, unless the cache holds its pixels already or would not keep them now; true when it
+    /// decoded and the cache kept them. Prefetch calls it when the CPU is idle.
+    pub(super) fn decode_ahead(&self, path: &Path, source: &dyn SourceFile) -> bool {
+        let identity = source.identity();
+        if self.cache.has_decoded(&identity) || !self.cache.decoded_choice().1.keeps() {
+            return false;
+        }
+        self.read_through(source, path, None)
+            .map_err(|e| e.to_string())
+            .and_then(|encoded| self.decode_and_offer(&encoded, identity, path))
+            .is_ok_and(|(_, _, kept)| kept)
     }
 
     fn render(&self, open: &ViewOpen) -> Result<Arc<Vec<u8>>, FsError> {

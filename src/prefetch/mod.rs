@@ -8,7 +8,9 @@
 //! every open with the best predictor's next ones; when no predictor has been right recently it
 //! falls back to the files the last pass read and this one has not (epochs >= 2); in epoch 1 it
 //! fetches nothing. Workers fetch into the never-evict cache, else into the staging buffer, else
-//! only open the file and park it for the reader's open (`Parked`). Demand reads never queue
+//! only open the file and park it for the reader's open (`Parked`); a parked file is planned
+//! again only once room for its bytes frees, and no file is opened ahead while the parked set is
+//! full and there is no room, so opens ahead never churn. Demand reads never queue
 //! behind prefetch (they do not use this queue), and while any demand read waits on the source,
 //! at most half the workers run. Must never serve bytes (the cache does, keyed by file version), never block an open or a
 //! read on planning, and never fetch past the cache's budget and the staging buffer's.
@@ -87,7 +89,15 @@ pub type SetId = usize;
 enum Outcome {
     InFlight,
     Done,
+    /// Opened ahead without room for its bytes: planned again only once room frees.
+    Parked,
+    /// Needed nothing (already cached, or failed): not planned again in this pass.
+    Settled,
 }
+
+/// Decodes a view image ahead of its open when the CPU is idle (the view set, the image's path,
+/// the open source file); true when it decoded and the cache kept the pixels.
+pub type DecodeAhead = Arc<dyn Fn(SetId, &Path, &dyn SourceFile) -> bool + Send + Sync>;
 
 enum Job {
     /// Fetch the first blocks of a file ahead of its open.
@@ -230,6 +240,8 @@ struct Shared {
     status: Mutex<Value>,
     /// Files opened ahead whose bytes had no room anywhere.
     parked: Parked,
+    /// Decodes view images ahead of their opens (view sets only).
+    decode_ahead: Option<DecodeAhead>,
 }
 
 /// The prefetcher of one mount.
@@ -258,13 +270,16 @@ pub struct Readahead {
 
 impl Prefetcher {
     /// Starts the planner and `options.threads` workers for the source tree and `views` views
-    /// (named `view_names`), following `hint`'s order file too when there is one.
+    /// (named `view_names`, their images decoded ahead by `decode_ahead` once fetched), following
+    /// `hint`'s order file too when there is one.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         source: Arc<dyn Source>,
         cache: Arc<NeverEvictCache>,
         metrics: Arc<Metrics>,
         options: PrefetchOptions,
         view_names: &[String],
+        decode_ahead: Option<DecodeAhead>,
         hint: Option<OrderHint>,
         knobs: Arc<Knobs>,
     ) -> Prefetcher {
@@ -285,7 +300,8 @@ impl Prefetcher {
             depth: AtomicUsize::new(DEPTH_MIN),
             knobs,
             status: Mutex::new(json!({})),
-            parked: Parked::default(),
+            parked: Parked::for_open_file_limit(),
+            decode_ahead,
         });
         let order_file = hint.map(|h| OrderFile::new(h.file, h.mountpoint));
         let slot = order_file.as_ref().map(OrderFile::slot);
@@ -468,7 +484,7 @@ impl SetState {
     fn close_epoch(&mut self, shared: &Shared, set: SetId) {
         let mut outcomes = shared.outcomes[set].lock();
         let wasted = outcomes.values().filter(|o| **o == Outcome::Done).count();
-        outcomes.retain(|_, o| *o == Outcome::InFlight);
+        outcomes.retain(|_, o| matches!(o, Outcome::InFlight | Outcome::Parked));
         drop(outcomes);
         shared.metrics.prefetch_wasted.add(wasted as u64);
         shared.cache.retire_staged();
@@ -517,7 +533,7 @@ impl SetState {
         match shared.outcomes[set].lock().remove(&file) {
             Some(Outcome::Done) => shared.metrics.prefetch_useful.inc(),
             Some(Outcome::InFlight) => shared.metrics.prefetch_late.inc(),
-            None => {}
+            Some(Outcome::Parked | Outcome::Settled) | None => {}
         }
         let now = Instant::now();
         if let Some(last) = self.last_open.replace(now) {
@@ -558,13 +574,32 @@ impl SetState {
         let current = self.tracker.current();
         let cache = &shared.cache;
         let known = &self.known;
+        let parked_full = shared.parked.is_full();
         let skip = |p: &Path| {
-            current.contains(p)
-                || outcomes.lock().contains_key(p)
-                || known
-                    .get(p)
-                    .and_then(|id| cache.get(id))
-                    .is_some_and(|e| e.is_complete())
+            if current.contains(p) {
+                return true;
+            }
+            let outcome = outcomes.lock().get(p).copied();
+            if matches!(
+                outcome,
+                Some(Outcome::InFlight | Outcome::Done | Outcome::Settled)
+            ) {
+                return true;
+            }
+            let identity = known.get(p);
+            if identity
+                .and_then(|id| cache.get(id))
+                .is_some_and(|e| e.is_complete())
+            {
+                return true;
+            }
+            // Without room for its bytes a file is worth an open ahead, once, while there are
+            // descriptors to hold it.
+            let first_block = identity.map_or(crate::cache::BLOCK_SIZE, |id| {
+                id.size.clamp(1, crate::cache::BLOCK_SIZE)
+            });
+            !cache.has_prefetch_room(first_block)
+                && (outcome == Some(Outcome::Parked) || parked_full)
         };
         let best = self
             .predictors
@@ -724,9 +759,10 @@ fn work(shared: &Shared) {
     }
 }
 
-/// Fetches the first blocks of `file` ahead of its open. When there is no room for them, the
-/// opened file is parked instead, so that the reader's open at least makes no round trip (and a
-/// later try, once room frees, makes none either).
+/// Fetches the first blocks of `file` ahead of its open, and for a view set decodes the image
+/// ahead when the CPU is idle. When there is no room for the bytes, the opened file is parked
+/// instead, so that the reader's open at least makes no round trip (and a later try, once room
+/// frees, makes none either).
 fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identity>) {
     if let Some(entry) = known.and_then(|id| shared.cache.get(&id))
         && entry.is_complete()
@@ -735,13 +771,19 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
     }
     {
         let mut outcomes = shared.outcomes[set].lock();
-        if outcomes.contains_key(file) {
+        if matches!(
+            outcomes.get(file),
+            Some(Outcome::InFlight | Outcome::Done | Outcome::Settled)
+        ) {
             return;
         }
         outcomes.insert(file.clone(), Outcome::InFlight);
     }
     let started = Instant::now();
     let mut fetched = false;
+    let mut took = 0.0;
+    let mut decoded = false;
+    let mut parked_now = false;
     let parked = shared.parked.take(file, None);
     let opened_now = parked.is_none();
     match parked.map_or_else(|| shared.source.open(file), Ok) {
@@ -768,11 +810,28 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
                     }
                 }
             }
+            took = started.elapsed().as_secs_f64();
+            if set > 0
+                && !no_room
+                && let Some(decode) = &shared.decode_ahead
+                && decode(set, file, source.as_ref())
+            {
+                shared.metrics.prefetch_decoded_ahead.inc();
+                decoded = true;
+            }
             if no_room {
                 if opened_now {
                     shared.metrics.prefetch_opened_ahead.inc();
                 }
-                shared.parked.park(file.clone(), source);
+                parked_now = true;
+                for closed in shared.parked.park(file.clone(), source) {
+                    for outcomes in &shared.outcomes {
+                        let mut outcomes = outcomes.lock();
+                        if outcomes.get(&closed) == Some(&Outcome::Parked) {
+                            outcomes.remove(&closed);
+                        }
+                    }
+                }
             }
         }
         Err(e) => {
@@ -783,16 +842,19 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
     let mut outcomes = shared.outcomes[set].lock();
     // The reader may have opened it meanwhile (counted late, entry gone): leave that be.
     if outcomes.get(file) == Some(&Outcome::InFlight) {
-        if fetched {
+        if fetched || decoded {
             outcomes.insert(file.clone(), Outcome::Done);
+        } else if parked_now {
+            outcomes.insert(file.clone(), Outcome::Parked);
         } else {
-            outcomes.remove(file);
+            outcomes.insert(file.clone(), Outcome::Settled);
         }
     }
     drop(outcomes);
-    if fetched {
+    if fetched || decoded {
         shared.metrics.prefetch_issued.inc();
-        let took = started.elapsed().as_secs_f64();
+    }
+    if fetched {
         let old = f64::from_bits(shared.file_seconds.load(Ordering::Relaxed));
         let new = if old == 0.0 {
             took

@@ -4,8 +4,9 @@
 //! Owns: a bounded set of open source files keyed by path, the oldest closed first when it is
 //! full. When neither the cache nor the staging buffer has room for a predicted file's bytes,
 //! prefetch can still take the open's round trip (milliseconds on network storage) off the
-//! reader's path, at the cost of a descriptor and no memory. Must never hand a reader a file of
-//! another version than the one its open saw (`take` compares identities and closes a
+//! reader's path, at the cost of a descriptor and no memory. Its capacity comes from the
+//! process's open-file limit (a quarter of it, at most `MAX_CAPACITY`). Must never hand a reader
+//! a file of another version than the one its open saw (`take` compares identities and closes a
 //! mismatch), and never hold more than its capacity of descriptors.
 
 use std::collections::{HashMap, VecDeque};
@@ -17,8 +18,9 @@ use parking_lot::Mutex;
 use super::epoch::FileKey;
 use crate::source::{Identity, SourceFile};
 
-/// Descriptors held at most (the planner's deepest queue).
-pub const CAPACITY: usize = 128;
+/// Descriptors held at most, whatever the open-file limit: enough for the uncached rest of a
+/// pass over a few thousand files.
+pub const MAX_CAPACITY: usize = 4096;
 
 #[derive(Default)]
 struct Slots {
@@ -30,31 +32,57 @@ struct Slots {
 }
 
 /// The parked files of one mount.
-#[derive(Default)]
 pub struct Parked {
+    capacity: usize,
     slots: Mutex<Slots>,
 }
 
 impl Parked {
-    /// Parks `file`, opened at `path`, closing the oldest parked file when full.
-    pub fn park(&self, path: FileKey, file: Arc<dyn SourceFile>) {
+    /// Room for `capacity` descriptors.
+    pub fn new(capacity: usize) -> Parked {
+        Parked {
+            capacity,
+            slots: Mutex::default(),
+        }
+    }
+
+    /// Room for a quarter of the descriptors the process may open (the cache, the FUSE
+    /// connection and the readers' handles need the rest), at most `MAX_CAPACITY`.
+    pub fn for_open_file_limit() -> Parked {
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap_or(u64::MAX);
+        Parked::new((limit / 4).min(MAX_CAPACITY as u64) as usize)
+    }
+
+    /// Parks `file`, opened at `path`, closing the oldest parked files when full; returns the
+    /// paths of those it closed.
+    pub fn park(&self, path: FileKey, file: Arc<dyn SourceFile>) -> Vec<FileKey> {
+        let mut closed = Vec::new();
         let mut s = self.slots.lock();
         s.generation += 1;
         let generation = s.generation;
         s.files.insert(path.clone(), (generation, file));
         s.order.push_back((generation, path));
-        while s.files.len() > CAPACITY {
+        while s.files.len() > self.capacity {
             let Some((generation, path)) = s.order.pop_front() else {
                 break;
             };
             if s.files.get(&path).is_some_and(|(g, _)| *g == generation) {
                 s.files.remove(&path);
+                closed.push(path);
             }
         }
-        if s.order.len() > 2 * CAPACITY {
+        if s.order.len() > 2 * self.capacity.max(1) {
             let Slots { files, order, .. } = &mut *s;
             order.retain(|(g, p)| files.get(p).is_some_and(|(fg, _)| fg == g));
         }
+        closed
+    }
+
+    /// Whether parking another file would close one.
+    pub fn is_full(&self) -> bool {
+        self.slots.lock().files.len() >= self.capacity
     }
 
     /// The file parked for `path`, if it is at version `identity` (any version when `None`).
@@ -107,7 +135,7 @@ mod tests {
 
     #[test]
     fn a_parked_file_is_taken_once_and_only_at_its_version() {
-        let parked = Parked::default();
+        let parked = Parked::new(4);
         parked.park(key(1), Arc::new(Fake(id(1))));
         assert!(
             parked.take(&key(1), Some(id(2))).is_none(),
@@ -127,10 +155,14 @@ mod tests {
 
     #[test]
     fn the_oldest_parked_files_close_first_when_full() {
-        let parked = Parked::default();
+        const CAPACITY: usize = 128;
+        let parked = Parked::new(CAPACITY);
+        let mut closed = Vec::new();
         for n in 0..CAPACITY + 10 {
-            parked.park(key(n), Arc::new(Fake(id(n as u64))));
+            assert_eq!(parked.is_full(), n >= CAPACITY);
+            closed.extend(parked.park(key(n), Arc::new(Fake(id(n as u64)))));
         }
+        assert_eq!(closed, (0..10).map(key).collect::<Vec<_>>());
         assert_eq!(parked.len(), CAPACITY);
         assert!(parked.take(&key(0), None).is_none());
         assert!(parked.take(&key(9), None).is_none());
@@ -144,5 +176,14 @@ mod tests {
         }
         assert_eq!(parked.len(), CAPACITY);
         assert!(parked.slots.lock().order.len() <= 2 * CAPACITY);
+    }
+
+    #[test]
+    fn capacity_follows_the_open_file_limit() {
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap_or(u64::MAX);
+        let expected = (limit / 4).min(MAX_CAPACITY as u64) as usize;
+        assert_eq!(Parked::for_open_file_limit().capacity, expected);
     }
 }

@@ -200,6 +200,8 @@ pub struct Metrics {
     pub prefetch_opened_ahead: Counter,
     /// Reader opens that took a file opened ahead instead of opening it (round trips saved).
     pub prefetch_opens_saved: Counter,
+    /// View images prefetch decoded into the decoded-pixel cache while the CPU was idle.
+    pub prefetch_decoded_ahead: Counter,
 }
 
 impl Default for Metrics {
@@ -249,6 +251,7 @@ impl Default for Metrics {
             prefetch_events_dropped: Counter::default(),
             prefetch_opened_ahead: Counter::default(),
             prefetch_opens_saved: Counter::default(),
+            prefetch_decoded_ahead: Counter::default(),
         }
     }
 }
@@ -776,6 +779,13 @@ impl Metrics {
                 C,
                 "Reader opens that took a file opened ahead (no round trip to the source).",
                 self.prefetch_opens_saved.get() as f64,
+            ),
+            (
+                "prefetch.decoded_ahead",
+                "prefetch_decoded_ahead_total",
+                C,
+                "View images decoded ahead of their opens into the decoded-pixel cache.",
+                self.prefetch_decoded_ahead.get() as f64,
             ),
             (
                 "prefetch.depth",
