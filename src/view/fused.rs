@@ -507,6 +507,14 @@ mod tests {
     fn struct_item_is_128_bytes_without_padding() {
         assert_eq!(std::mem::size_of::<Item>(), 128);
         assert_eq!(std::mem::align_of::<Item>(), 8);
+        // The offsets of kernel.cu's `struct Item` (same field order, no padding).
+        use std::mem::offset_of;
+        assert_eq!(offset_of!(Item, src_w), 16);
+        assert_eq!(offset_of!(Item, valid), 56);
+        assert_eq!(offset_of!(Item, xtaps), 72);
+        assert_eq!(offset_of!(Item, flip), 96);
+        assert_eq!(offset_of!(Item, scale), 104);
+        assert_eq!(offset_of!(Item, offset), 116);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! file: a render either completes or fails the read with EIO.
 
 pub mod fused;
+pub mod gpu;
 pub mod npy;
 pub mod plan;
 pub mod render;

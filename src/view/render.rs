@@ -159,6 +159,12 @@ fn jpeg_is_complete(encoded: &[u8]) -> bool {
     matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
 }
 
+/// Whether `encoded` is a JPEG (by its magic) whose last scan is complete: what a GPU decoder
+/// may be given; anything else is left to `decode`, which explains the refusal.
+pub fn is_complete_jpeg(encoded: &[u8]) -> bool {
+    encoded.starts_with(&[0xFF, 0xD8, 0xFF]) && jpeg_is_complete(encoded)
+}
+
 /// Decodes `encoded` (JPEG, PNG) to RGB, within the pixel limits; a truncated JPEG is an error.
 pub fn decode(encoded: &[u8]) -> Result<Rgb, RenderError> {
     let reader = reader(encoded)?;
