@@ -286,7 +286,7 @@ impl Kernels {
     fn run(&mut self, jobs: Vec<TransformJob>) -> Vec<Result<Vec<u8>, String>> {
         let mut answers: Vec<Option<Result<Vec<u8>, String>>> = jobs.iter().map(|_| None).collect();
         if let Err(e) = self.ctx.bind_to_thread() {
-            return jobs.iter().map(|_| Err(driver("context", &e))).collect();
+            return jobs.iter().map(|_| Err(driver("context", e))).collect();
         }
         let mut pending: Vec<usize> = (0..jobs.len()).collect();
         while !pending.is_empty() {
@@ -448,7 +448,7 @@ struct Decoder {
 impl Decoder {
     fn run(&mut self, jobs: Vec<DecodeJob>) -> Vec<Result<Rgb, String>> {
         if let Err(e) = self.ctx.bind_to_thread() {
-            return jobs.iter().map(|_| Err(driver("context", &e))).collect();
+            return jobs.iter().map(|_| Err(driver("context", e))).collect();
         }
         let capacity = self.out.len();
         let mut answers: Vec<Result<Rgb, String>> = Vec::with_capacity(jobs.len());
@@ -554,11 +554,14 @@ impl Decoder {
     }
 }
 
+/// The nvJPEG device thread.
+type DecodeBatcher = Batcher<DecodeJob, Result<Rgb, String>>;
+
 /// Renders on the GPU: transforms through the fused kernel, JPEG decodes through nvJPEG; what
 /// either cannot do runs on the CPU, counted.
 pub struct GpuExecutor {
     transforms: Batcher<TransformJob, Result<Vec<u8>, String>>,
-    decodes: Option<Batcher<DecodeJob, Result<Rgb, String>>>,
+    decodes: Option<DecodeBatcher>,
     counters: Arc<GpuCounters>,
 }
 
@@ -568,11 +571,11 @@ impl GpuExecutor {
     pub fn open(
         options: &GpuOptions,
         counters: Arc<GpuCounters>,
-    ) -> Result<(GpuExecutor, GpuReport), GpuReport> {
+    ) -> Result<(GpuExecutor, GpuReport), Box<GpuReport>> {
         let mut report = GpuReport::default();
         let fail = |mut report: GpuReport, reason: String| {
             report.reason = Some(reason);
-            report
+            Box::new(report)
         };
         // SAFETY: probing loads and unloads libcuda by name; cudarc would panic without it.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
@@ -673,14 +676,7 @@ fn open_decoder(
     options: &GpuOptions,
     budget: &Arc<Budget>,
     counters: &Arc<GpuCounters>,
-) -> Result<
-    (
-        Batcher<DecodeJob, Result<Rgb, String>>,
-        String,
-        &'static str,
-    ),
-    String,
-> {
+) -> Result<(DecodeBatcher, String, &'static str), String> {
     let nvjpeg = Nvjpeg::open(options.nvjpeg.as_deref(), budget.clone())?;
     let (path, backend) = (nvjpeg.path.clone(), nvjpeg.backend());
     let bytes = decode_buffer(options.memory);

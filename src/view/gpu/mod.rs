@@ -246,7 +246,7 @@ fn open_backend(
 ) -> (Option<Arc<dyn Executor>>, GpuReport) {
     match cuda::GpuExecutor::open(options, counters.clone()) {
         Ok((executor, report)) => (Some(Arc::new(executor) as Arc<dyn Executor>), report),
-        Err(report) => (None, report),
+        Err(report) => (None, *report),
     }
 }
 

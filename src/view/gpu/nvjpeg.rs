@@ -130,12 +130,14 @@ impl Api {
     }
 }
 
+/// Live allocations by address: bytes, and the budget they were charged to.
+type Charges = HashMap<usize, (usize, Arc<Budget>)>;
+
 /// The budget new nvJPEG device allocations are charged to: the last backend opened (a C
 /// callback has no context pointer).
 static BUDGET: Mutex<Option<Arc<Budget>>> = Mutex::new(None);
 /// nvJPEG's live allocations: size and the budget charged, credited back on free.
-static LIVE: LazyLock<Mutex<HashMap<usize, (usize, Arc<Budget>)>>> =
-    LazyLock::new(Default::default);
+static LIVE: LazyLock<Mutex<Charges>> = LazyLock::new(Default::default);
 
 extern "C" fn dev_malloc(ptr: *mut *mut c_void, size: usize) -> c_int {
     const FAILED: c_int = 2; // cudaErrorMemoryAllocation
