@@ -522,6 +522,7 @@ impl Decoder {
             }
         }
         drop(guard);
+        let used = used.min(capacity); // the last slot's rounding may pass the end
         let copied = self
             .host
             .as_mut_slice()
