@@ -40,4 +40,10 @@ cargo test --locked "$@"
 if [ $# -eq 0 ]; then
   say "epochs benchmark, quick mode (first run installs torch into ~/.cache/prepfs/venv)"
   cargo bench --locked --bench epochs -- --quick
+  # The GPU backend (--features cuda) builds without CUDA anywhere, and its kernel compiles
+  # through NVRTC, which the venv's pip CUDA libraries provide (no GPU needed): required here,
+  # so a missing NVRTC fails instead of skipping. The GPU-only checks are benches/gpu/check.sh.
+  say "GPU backend feature: build, and compile the kernel with the venv's NVRTC"
+  PREPFS_CUDA_PYTHON="$HOME/.cache/prepfs/venv" PREPFS_REQUIRE_NVRTC=1 \
+    cargo test --locked --features cuda --lib --test gpu view::gpu
 fi

@@ -248,6 +248,20 @@ struct MountArgs {
     /// Reward penalty per unit of stall (seconds readers waited per second).
     #[arg(long, value_name = "W", default_value_t = RewardWeights::default().stall)]
     stall_penalty: f64,
+    /// Views on the GPU: auto (where a usable GPU exists, placed per batch by the scheduler),
+    /// on (every render the GPU can do), off. Needs a build with `--features cuda`.
+    #[arg(long, value_name = "MODE", default_value = "auto")]
+    gpu: String,
+    /// Hard cap on the GPU memory prepfs allocates, e.g. 1G (training owns the rest).
+    #[arg(long, value_name = "SIZE")]
+    gpu_mem: Option<String>,
+    /// nvJPEG library (file or directory) to try first; see docs/CONFIGURATION.md for the
+    /// search order.
+    #[arg(long, value_name = "PATH")]
+    nvjpeg: Option<PathBuf>,
+    /// NVRTC library (file or directory) to try first, for compiling the GPU kernel.
+    #[arg(long, value_name = "PATH")]
+    nvrtc: Option<PathBuf>,
     /// Read options from a TOML file first (`cache_mem = "8G"`; flags on the command line and
     /// in -o override it).
     #[arg(long, value_name = "FILE")]
@@ -430,6 +444,10 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 reward_alpha,
                 reward_beta,
                 stall_penalty,
+                gpu,
+                gpu_mem,
+                nvjpeg,
+                nvrtc,
                 daemon_child,
                 // Spelled out as flags by `expand` before parsing.
                 config: _,
@@ -456,6 +474,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 reward: config::check_reward(reward_alpha, reward_beta, stall_penalty)?,
                 seed,
             };
+            let gpu = config::parse_gpu(&gpu, gpu_mem.as_deref(), nvjpeg, nvrtc)?;
             let cache_mem = match cache_mem {
                 Some(s) => config::parse_size(&s)?,
                 None => config::default_cache_mem(),
@@ -488,6 +507,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 cache_disk,
                 disk_min_free,
                 scheduler,
+                gpu,
             };
             run::mount(&cfg, daemon_child)
         }

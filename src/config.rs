@@ -10,6 +10,7 @@ use crate::prefetch::PrefetchOptions;
 use crate::scheduler::runtime::SchedulerOptions;
 use crate::scheduler::state::RewardWeights;
 use crate::view::ViewSpec;
+use crate::view::gpu::{DEFAULT_GPU_MEMORY, GpuMode, GpuOptions, MIN_GPU_MEMORY};
 use std::path::{Path, PathBuf};
 
 /// Why a configuration cannot be used. Each message is one line a user can act on.
@@ -92,6 +93,47 @@ pub struct MountConfig {
     pub disk_min_free: f64,
     /// Who sets the knobs, and how it learns.
     pub scheduler: SchedulerOptions,
+    /// The views' GPU backend.
+    pub gpu: GpuOptions,
+}
+
+/// Parses and checks the GPU options: `--gpu` (auto, on, off) and `--gpu-mem` (a size, at
+/// least `MIN_GPU_MEMORY`); the library paths, when given, must exist.
+pub fn parse_gpu(
+    mode: &str,
+    memory: Option<&str>,
+    nvjpeg: Option<PathBuf>,
+    nvrtc: Option<PathBuf>,
+) -> Result<GpuOptions, ConfigError> {
+    let mode = GpuMode::parse(mode)
+        .ok_or_else(|| ConfigError::Invalid(format!("--gpu {mode}: expected auto, on or off")))?;
+    let memory = match memory {
+        Some(text) => parse_size(text)?,
+        None => DEFAULT_GPU_MEMORY,
+    };
+    if memory < MIN_GPU_MEMORY {
+        return Err(ConfigError::Invalid(format!(
+            "--gpu-mem {memory}: at least {}M (a launch must hold a useful batch)",
+            MIN_GPU_MEMORY >> 20
+        )));
+    }
+    for (flag, path) in [("--nvjpeg", &nvjpeg), ("--nvrtc", &nvrtc)] {
+        if let Some(p) = path
+            && !p.exists()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "{flag} {}: no such file or directory",
+                p.display()
+            )));
+        }
+    }
+    let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
+    Ok(GpuOptions {
+        mode,
+        memory,
+        nvjpeg: nvjpeg.map(absolute),
+        nvrtc: nvrtc.map(absolute),
+    })
 }
 
 /// Parses `--codec`: `auto` (adaptive: `None`) or a fixed codec.
@@ -349,6 +391,32 @@ fn unescape_mountinfo(field: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_options_are_checked() {
+        let default = parse_gpu("auto", None, None, None).expect("valid");
+        assert_eq!(default.memory, DEFAULT_GPU_MEMORY);
+        assert_eq!(
+            parse_gpu("on", Some("2G"), None, None)
+                .expect("valid")
+                .memory,
+            2 << 30
+        );
+        for (mode, mem, needle) in [
+            ("sometimes", None, "expected auto, on or off"),
+            ("auto", Some("1M"), "at least 64M"),
+            ("auto", Some("lots"), "invalid size"),
+        ] {
+            let e = parse_gpu(mode, mem, None, None)
+                .expect_err(mode)
+                .to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+        let missing = parse_gpu("auto", None, Some("/nonexistent/libnvjpeg.so".into()), None)
+            .expect_err("missing")
+            .to_string();
+        assert!(missing.contains("--nvjpeg"), "{missing}");
+    }
 
     #[test]
     fn sizes_parse_with_binary_units() {

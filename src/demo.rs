@@ -76,6 +76,7 @@ pub fn run(files: usize) -> Result<(), String> {
         cache_disk: None,
         disk_min_free: 0.05,
         scheduler: Default::default(),
+        gpu: Default::default(),
     };
     let mounted = run::start(&cfg).map_err(|e| e.to_string())?;
     println!(

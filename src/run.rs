@@ -151,6 +151,7 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
             }),
             scheduler: Some(cfg.scheduler.clone()),
             source_root: Some(cfg.source.clone()),
+            gpu: cfg.gpu.clone(),
         },
         disk,
     ));

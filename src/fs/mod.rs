@@ -37,7 +37,8 @@ use crate::shards::ShardedMap;
 use crate::source::{Deferred, Kind, Meta, Source, SourceFile, SpaceStats};
 use crate::stats::{self, Gauges, Metrics};
 use crate::telemetry::{Pipeline, Probe, Sampler, Sources, Telemetry};
-use crate::view::{Cpu, ViewSpec};
+use crate::view::ViewSpec;
+use crate::view::gpu::{Gpu, GpuMode, GpuOptions};
 use crate::workers::WorkerPool;
 use views::Views;
 
@@ -76,6 +77,8 @@ pub struct FsOptions {
     pub scheduler: Option<SchedulerOptions>,
     /// The source directory's path (telemetry finds its block device there).
     pub source_root: Option<PathBuf>,
+    /// The GPU backend of the views (`--gpu`, `--gpu-mem`, `--nvjpeg`, `--nvrtc`).
+    pub gpu: GpuOptions,
 }
 
 /// Attributes of one node, with how long the kernel may cache them.
@@ -192,6 +195,8 @@ pub struct Fs {
     telemetry: Arc<Telemetry>,
     /// Sets the knobs; dropped before the sampler and the modules it drives.
     scheduler: Option<Scheduler>,
+    /// The views' GPU backend and what opening it found.
+    gpu: Gpu,
     _sampler: Sampler,
 }
 
@@ -217,6 +222,24 @@ fn decode_ahead(
                 .is_none_or(|w| w.load(Ordering::Relaxed) == 0);
         idle && views.decode_ahead(path, source)
     }))
+}
+
+/// What the scheduler may choose on this mount: GPU placements only with a usable GPU backend,
+/// decode knobs only with views, and no choice where an option is fixed by the user.
+fn scheduler_mask(options: &FsOptions, gpu: bool, views: bool) -> Mask {
+    let mut mask = Mask::new(gpu, views);
+    if let Some(codec) = options.codec {
+        mask.only(
+            Head::Codec,
+            CODECS.iter().position(|c| *c == codec).unwrap_or(0),
+        );
+    }
+    match options.decoded_caching {
+        DecodedCaching::Auto => {}
+        DecodedCaching::Off => mask.only(Head::Decoded, 0),
+        DecodedCaching::On => mask.only(Head::Decoded, 1),
+    }
+    mask
 }
 
 /// How telemetry reads this mount's pipeline: counters from the metrics, gauges from the cache,
@@ -285,9 +308,18 @@ impl Fs {
             .with_decoded_caching(options.decoded_caching)
             .with_knobs(knobs.clone()),
         );
+        // The GPU backend is opened only for views (nothing else renders).
+        let gpu = Gpu::open(&if options.views.is_empty() {
+            GpuOptions {
+                mode: GpuMode::Off,
+                ..options.gpu.clone()
+            }
+        } else {
+            options.gpu.clone()
+        });
         let views = Arc::new(Views::new(
             &options.views,
-            Box::new(Cpu),
+            Box::new(gpu.placed(knobs.clone(), telemetry.clone())),
             source.clone(),
             cache.clone(),
         ));
@@ -339,18 +371,7 @@ impl Fs {
             },
         );
         let scheduler = options.scheduler.clone().map(|s| {
-            let mut mask = Mask::new(false, !views.is_empty());
-            if let Some(codec) = options.codec {
-                mask.only(
-                    Head::Codec,
-                    CODECS.iter().position(|c| *c == codec).unwrap_or(0),
-                );
-            }
-            match options.decoded_caching {
-                DecodedCaching::Auto => {}
-                DecodedCaching::Off => mask.only(Head::Decoded, 0),
-                DecodedCaching::On => mask.only(Head::Decoded, 1),
-            }
+            let mask = scheduler_mask(&options, gpu.available(), !views.is_empty());
             let c = cache.clone();
             Scheduler::start(
                 s,
@@ -377,6 +398,7 @@ impl Fs {
             prefetcher,
             telemetry,
             scheduler,
+            gpu,
             _sampler: sampler,
         }
     }
@@ -490,6 +512,7 @@ impl Fs {
                             .as_ref()
                             .map_or(serde_json::json!({"mode": "off"}), Scheduler::to_json),
                     ),
+                    ("gpu".to_owned(), self.gpu.to_json()),
                 ]
                 .into_iter()
                 .chain(self.views.iter().map(|v| {

@@ -36,6 +36,11 @@ fn options(budget: u64) -> FsOptions {
         order_hint: None,
         scheduler: None,
         source_root: None,
+        // Tests render on the CPU whatever the machine has.
+        gpu: crate::view::gpu::GpuOptions {
+            mode: crate::view::gpu::GpuMode::Off,
+            ..Default::default()
+        },
     }
 }
 
@@ -819,4 +824,70 @@ fn a_pass_waiting_on_a_source_larger_than_the_cache_is_diagnosed_as_short_of_cac
         d["fetch_stall_share"].as_f64().is_some_and(|s| s > 0.05),
         "{d}"
     );
+}
+
+#[test]
+fn without_a_usable_gpu_the_scheduler_cannot_place_work_there() {
+    use crate::scheduler::action::{Action, Head};
+    let o = options(1 << 20);
+    let mask = super::scheduler_mask(&o, false, true);
+    let gpu_decode = Action::default().with(Head::Decode, 1);
+    let gpu_augment = Action::default().with(Head::Augment, 1);
+    assert!(!mask.admits(&gpu_decode) && !mask.admits(&gpu_augment));
+    assert!(mask.admits(&Action::default()));
+    let with_gpu = super::scheduler_mask(&o, true, true);
+    assert!(with_gpu.admits(&gpu_decode) && with_gpu.admits(&gpu_augment));
+}
+
+#[test]
+fn stats_say_whether_views_can_use_a_gpu_and_renders_are_unchanged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let jpeg = crate::synthetic::photo(2).expect("jpeg");
+    std::fs::write(dir.path().join("a.jpg"), &jpeg).expect("write");
+    let spec = crate::view::ViewSpec::parse("v=decode,center_crop(32),uint8(hwc)").expect("spec");
+    let fs = Fs::new(
+        Arc::new(LocalSource::open(dir.path()).expect("source")),
+        FsOptions {
+            views: vec![spec.clone()],
+            gpu: crate::view::gpu::GpuOptions::default(),
+            ..options(1 << 20)
+        },
+    );
+    let control = fs
+        .lookup(inode::ROOT, OsStr::new(".prepfs"))
+        .expect("control");
+    let stats = fs
+        .lookup(control.ino, OsStr::new("stats.json"))
+        .expect("stats");
+    let opened = fs.open(stats.ino, Intent::Read).expect("open stats");
+    let json: serde_json::Value =
+        serde_json::from_slice(&read_all(&fs, opened.fh, 1 << 20).expect("read")).expect("json");
+    let gpu = &json["gpu"];
+    assert_eq!(gpu["mode"], "auto");
+    assert_eq!(gpu["built_with_cuda"], cfg!(feature = "cuda"));
+    let available = gpu["available"].as_bool().expect("available is a bool");
+    if !available {
+        assert!(
+            gpu["reason"].as_str().is_some_and(|r| !r.is_empty()),
+            "{gpu}"
+        );
+    }
+    assert!(gpu["memory_used_bytes"].as_u64() <= gpu["memory_cap_bytes"].as_u64());
+    let views = fs.lookup(control.ino, OsStr::new("views")).expect("views");
+    let root = fs.lookup(views.ino, OsStr::new("v")).expect("view root");
+    let file = fs
+        .lookup(root.ino, OsStr::new("a.jpg.npy"))
+        .expect("view file");
+    let fh = fs.open(file.ino, Intent::Read).expect("open").fh;
+    let served = read_all(&fs, fh, 1 << 20).expect("read");
+    let cpu = crate::view::render::render(&spec, &jpeg, 0)
+        .expect("renders")
+        .npy;
+    assert_eq!(served.len(), cpu.len());
+    if !available {
+        assert_eq!(
+            served, cpu,
+            "no GPU: the CPU's bytes (center crops draw nothing)"
+        );
+    }
 }

@@ -3,7 +3,7 @@
 //!
 //! Owns: nothing of its own. It restates the rules each module applies when the scheduler is
 //! off or falls back (the codec policy, the prefetcher's depth controller, the render pool's
-//! size, the decoded-caching rule) plus the GPU rule the GPU backend will apply. In the mount a
+//! size, the decoded-caching rule) plus the GPU placement rule (`prefers_gpu`, which the views apply themselves). In the mount a
 //! fallback does not apply this action: it hands each knob back to its module. Must never
 //! diverge from those modules: it calls their rules where they are functions.
 
@@ -26,6 +26,13 @@ const GPU_WHEN_CPU_BUSY: f64 = 0.8;
 /// GPU busy share below which the GPU counts as idle.
 const GPU_IDLE: f64 = 0.5;
 
+/// The placement rule: decode and augment on the GPU when the CPU is busy and the GPU idle
+/// (the views apply it themselves while the scheduler does not hold the placement knobs).
+pub fn prefers_gpu(obs: &Observation) -> bool {
+    let gpu_idle = obs.gpu.is_some_and(|g| g.busy < GPU_IDLE);
+    gpu_idle && obs.cpu_busy >= GPU_WHEN_CPU_BUSY
+}
+
 /// The modules' own choices for `obs`, within `mask`.
 pub fn action(obs: &Observation, mask: &Mask, ctx: &Context) -> Action {
     let signals = Signals {
@@ -44,8 +51,7 @@ pub fn action(obs: &Observation, mask: &Mask, ctx: &Context) -> Action {
         .iter()
         .position(|d| *d >= want)
         .unwrap_or(DEPTHS.len() - 1);
-    let gpu_idle = obs.gpu.is_some_and(|g| g.busy < GPU_IDLE);
-    let gpu = usize::from(gpu_idle && obs.cpu_busy >= GPU_WHEN_CPU_BUSY);
+    let gpu = usize::from(prefers_gpu(obs));
     let mut a = Action::default()
         .with(Head::Decode, gpu)
         .with(Head::Augment, gpu)

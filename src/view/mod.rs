@@ -5,7 +5,10 @@
 //! and the scheduler add executors instead of changing view code. Must never serve a partial
 //! file: a render either completes or fails the read with EIO.
 
+pub mod fused;
+pub mod gpu;
 pub mod npy;
+pub mod plan;
 pub mod render;
 pub mod spec;
 

@@ -15,7 +15,8 @@ use fast_image_resize::images::{CroppedImage, Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
 use super::npy::{self, Dtype};
-use super::spec::{Op, Output, Size, ViewSpec, short_side};
+use super::plan::{self, Step};
+use super::spec::{Output, ViewSpec};
 
 /// Largest width or height decoded: larger images are refused before their pixels are.
 pub const MAX_SIDE: u32 = 16_384;
@@ -59,6 +60,25 @@ impl Rgb {
     /// Bytes of `to_bytes`.
     pub fn byte_len(&self) -> usize {
         self.data.len() + TRAILER
+    }
+
+    /// An image of `width` x `height` from RGB rows; an error if the length does not match or
+    /// the dimensions are out of bounds (the same limits as a decode).
+    pub fn from_raw(width: u32, height: u32, data: Vec<u8>) -> Result<Rgb, RenderError> {
+        check_side(width, height)?;
+        if width as usize * height as usize * 3 != data.len() {
+            return Err(RenderError::Corrupt("pixels of a wrong length".into()));
+        }
+        Ok(Rgb {
+            width,
+            height,
+            data,
+        })
+    }
+
+    /// The pixels: `height` rows of `row_len` bytes.
+    pub fn pixels(&self) -> &[u8] {
+        &self.data
     }
 
     /// Bytes of one row of pixels.
@@ -139,6 +159,12 @@ fn jpeg_is_complete(encoded: &[u8]) -> bool {
     matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
 }
 
+/// Whether `encoded` is a JPEG (by its magic) whose last scan is complete: what a GPU decoder
+/// may be given; anything else is left to `decode`, which explains the refusal.
+pub fn is_complete_jpeg(encoded: &[u8]) -> bool {
+    encoded.starts_with(&[0xFF, 0xD8, 0xFF]) && jpeg_is_complete(encoded)
+}
+
 /// Decodes `encoded` (JPEG, PNG) to RGB, within the pixel limits; a truncated JPEG is an error.
 pub fn decode(encoded: &[u8]) -> Result<Rgb, RenderError> {
     let reader = reader(encoded)?;
@@ -191,91 +217,27 @@ pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, Re
 /// `seed`: everything after the decode (`decode` is left zero).
 pub fn transform(spec: &ViewSpec, decoded: &Rgb, seed: u64) -> Result<Rendered, RenderError> {
     let started = Instant::now();
+    let draws = plan::draw(spec, decoded.width, decoded.height, seed);
     let mut image = Cow::Borrowed(decoded);
-    let mut rng = fastrand::Rng::with_seed(seed);
     let mut resizer = Resizer::new();
-    let (mut flip, mut norm, mut crops) = (false, None, Vec::new());
-    for op in &spec.ops {
-        match *op {
-            Op::Resize(size) => {
-                let (h, w) = match size {
-                    Size::Short(s) => short_side(image.height, image.width, s),
-                    Size::Exact(h, w) => (h, w),
-                };
-                let full = (0, 0, image.width, image.height);
-                image = Cow::Owned(resize(&mut resizer, &image, full, w.max(1), h.max(1))?);
-            }
-            Op::CenterCrop { height, width } => {
-                image = Cow::Owned(center_crop(&image, width, height));
-            }
-            Op::RandomResizedCrop {
-                height,
+    for step in &draws.steps {
+        image = Cow::Owned(match *step {
+            Step::Resize {
+                region,
                 width,
-                scale,
-                ratio,
-            } => {
-                let (top, left, h, w) =
-                    random_crop_box(&mut rng, image.width, image.height, scale, ratio);
-                crops.push([top, left, h, w]);
-                let region = (left, top, w, h);
-                image = Cow::Owned(resize(&mut resizer, &image, region, width, height)?);
-            }
-            Op::HorizontalFlip { p } => {
-                if rng.f64() < p {
-                    flip = !flip;
-                }
-            }
-            Op::Normalize { mean, std } => norm = Some((mean, std)),
-        }
+                height,
+            } => resize(&mut resizer, &image, region, width, height)?,
+            Step::CenterCrop { width, height } => center_crop(&image, width, height),
+        });
     }
-    let npy = encode(spec.output, &image, flip, norm);
+    let npy = encode(spec.output, &image, draws.flip, draws.norm);
     Ok(Rendered {
         npy,
         decode: Duration::ZERO,
         transform: started.elapsed(),
-        crops,
-        flipped: flip,
+        crops: draws.crops,
+        flipped: draws.flip,
     })
-}
-
-/// torchvision's `RandomResizedCrop.get_params`: (top, left, height, width) of the crop.
-pub fn random_crop_box(
-    rng: &mut fastrand::Rng,
-    width: u32,
-    height: u32,
-    scale: (f64, f64),
-    ratio: (f64, f64),
-) -> (u32, u32, u32, u32) {
-    let area = f64::from(width) * f64::from(height);
-    let (log_lo, log_hi) = (ratio.0.ln(), ratio.1.ln());
-    for _ in 0..10 {
-        let target = area * (scale.0 + rng.f64() * (scale.1 - scale.0));
-        let aspect = (log_lo + rng.f64() * (log_hi - log_lo)).exp();
-        let w = (target * aspect).sqrt().round();
-        let h = (target / aspect).sqrt().round();
-        if 0.0 < w && w <= f64::from(width) && 0.0 < h && h <= f64::from(height) {
-            let (w, h) = (w as u32, h as u32);
-            let top = rng.u32(0..=height - h);
-            let left = rng.u32(0..=width - w);
-            return (top, left, h, w);
-        }
-    }
-    // Fallback to a central crop of the allowed aspect ratio.
-    let in_ratio = f64::from(width) / f64::from(height);
-    let (w, h) = if in_ratio < ratio.0 {
-        (
-            width,
-            ((f64::from(width) / ratio.0).round() as u32).clamp(1, height),
-        )
-    } else if in_ratio > ratio.1 {
-        (
-            ((f64::from(height) * ratio.1).round() as u32).clamp(1, width),
-            height,
-        )
-    } else {
-        (width, height)
-    };
-    ((height - h) / 2, (width - w) / 2, h, w)
 }
 
 /// Resizes `region` (left, top, width, height) of `image` to `width` x `height` with Pillow's
@@ -307,17 +269,10 @@ fn resize(
 /// torchvision's `CenterCrop`: the central region, zero-padded where the image is smaller.
 fn center_crop(image: &Rgb, width: u32, height: u32) -> Rgb {
     let mut out = vec![0u8; width as usize * height as usize * 3];
-    // Offsets of the crop in the image, as torchvision computes them: rounded half to even
-    // (Python's round) when the crop fits; when it is larger, -(padding before), and torchvision
-    // pads (crop - size) // 2 before, the odd pixel after.
-    let offset = |size: u32, crop: u32| -> i64 {
-        if crop > size {
-            -i64::from((crop - size) / 2)
-        } else {
-            ((f64::from(size) - f64::from(crop)) / 2.0).round_ties_even() as i64
-        }
-    };
-    let (top, left) = (offset(image.height, height), offset(image.width, width));
+    let (top, left) = (
+        plan::center_offset(image.height, height),
+        plan::center_offset(image.width, width),
+    );
     for y in 0..i64::from(height) {
         let sy = y + top;
         if sy < 0 || sy >= i64::from(image.height) {
@@ -520,6 +475,7 @@ mod tests {
 
     #[test]
     fn random_crop_boxes_stay_inside_the_image() {
+        use plan::random_crop_box;
         let mut rng = fastrand::Rng::with_seed(9);
         for (w, h) in [(500, 375), (10, 1000), (1000, 10), (1, 1), (224, 224)] {
             for _ in 0..200 {
