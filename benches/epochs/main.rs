@@ -120,6 +120,8 @@ pub struct Options {
     pub scenarios: Vec<String>,
     /// Staging buffer of the prefetching mount, taken out of its cache budget.
     pub staging_bytes: u64,
+    /// `--prefetch-threads` of the prefetching mount (its default when `None`).
+    pub prefetch_threads: Option<usize>,
     pub seed: u64,
     #[serde(skip)]
     pub workdir: PathBuf,
@@ -130,7 +132,7 @@ pub struct Options {
 
 const USAGE: &str = "usage: cargo bench --bench epochs -- [--quick] [--files N] [--epochs N] \
 [--read-mbps N] [--read-iops N] [--mem-ratio F] [--shard-mib N] [--readers plain,torch,shards,views,prefetch] \
-[--scenarios sorted,shuffled,fixed,torch,shards] [--staging-mib N] [--seed N] [--workdir DIR] [--out DIR]";
+[--scenarios sorted,shuffled,fixed,torch,shards] [--staging-mib N] [--prefetch-threads N] [--seed N] [--workdir DIR] [--out DIR]";
 
 impl Options {
     fn parse() -> Result<Options, String> {
@@ -152,6 +154,7 @@ impl Options {
             prefetch: false,
             scenarios: Vec::new(),
             staging_bytes: prefetch::STAGING,
+            prefetch_threads: None,
             seed: 1,
             workdir: std::env::var_os("PREPFS_EPOCHS_DIR")
                 .map_or_else(|| PathBuf::from("/var/tmp/prepfs-epochs"), PathBuf::from),
@@ -185,6 +188,7 @@ impl Options {
                 "--seed" => o.seed = value.parse().map_err(bad)?,
                 "--scenarios" => o.scenarios = value.split(',').map(str::to_owned).collect(),
                 "--staging-mib" => o.staging_bytes = value.parse::<u64>().map_err(bad)? << 20,
+                "--prefetch-threads" => o.prefetch_threads = Some(value.parse().map_err(bad)?),
                 "--workdir" => o.workdir = PathBuf::from(value),
                 "--out" => out = Some(PathBuf::from(value)),
                 "--readers" => {

@@ -242,9 +242,13 @@ fn run_one(
         Variant::NoPrefetch => (setup.cache_mem, vec!["--no-prefetch".into()]),
         Variant::Prefetch => {
             let staging = opts.staging_bytes.min(setup.cache_mem / 2);
+            let mut extra = vec!["--prefetch-buffer".into(), staging.to_string()];
+            if let Some(threads) = opts.prefetch_threads {
+                extra.extend(["--prefetch-threads".into(), threads.to_string()]);
+            }
             (
                 setup.cache_mem.saturating_sub(staging + PREFETCH_IN_FLIGHT),
-                vec!["--prefetch-buffer".into(), staging.to_string()],
+                extra,
             )
         }
     };
