@@ -1,5 +1,5 @@
 //! GPU checks of the views' backend: they need an NVIDIA GPU and driver, so each is
-//! `#[ignore]`d and run by `benches/gpu/check.sh` (`--ignored`). Without a GPU they fail with
+//! ignored by default (each with its reason) and run by `benches/gpu/check.sh` (`--ignored`). Without a GPU they fail with
 //! the backend's reason (never skip silently). Tolerances are the ones docs/CONFIGURATION.md
 //! documents: transforms exact, nvJPEG decodes within `DECODE_MEAN_ABS` of the CPU decoder.
 #![cfg(feature = "cuda")]

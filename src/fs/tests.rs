@@ -610,6 +610,21 @@ fn followed_at_epoch_3(fs: &Fs, predictor: &str) -> serde_json::Value {
     status
 }
 
+/// Rewrites `order[at]` in `dir` with new bytes of another size, then reads `order[at..]`
+/// through `fs`, checking that file at its new version and the others unchanged.
+fn rewrite_next_and_read_the_rest(dir: &Path, fs: &Fs, order: &[u8], at: usize) {
+    let changed = order[at];
+    let fresh = pattern(70_000, 99);
+    std::fs::write(dir.join(format!("f{changed:02}")), &fresh).expect("rewrite");
+    read_pass(fs, &order[at..], |i| {
+        if i == changed {
+            fresh.clone()
+        } else {
+            pattern(64 << 10, i)
+        }
+    });
+}
+
 #[test]
 fn replayed_order_is_prefetched_from_a_slow_source_into_the_staging_buffer() {
     let (_dir, fs, _plan) = slow_prefetching_fs(60, 8 << 20, None);
@@ -642,16 +657,7 @@ fn a_prefetched_file_changed_in_the_source_is_served_at_its_new_version() {
     // Let the prefetcher fetch the next files of the replayed order (old versions).
     std::thread::sleep(Duration::from_millis(200));
     assert!(fs.cache.staged().0 > 0, "the next files were staged");
-    let changed = order[10];
-    let fresh = pattern(70_000, 99);
-    std::fs::write(dir.path().join(format!("f{changed:02}")), &fresh).expect("rewrite");
-    read_pass(&fs, &order[10..], |i| {
-        if i == changed {
-            fresh.clone()
-        } else {
-            pattern(64 << 10, i)
-        }
-    });
+    rewrite_next_and_read_the_rest(dir.path(), &fs, &order, 10);
 }
 
 #[test]
@@ -703,16 +709,7 @@ fn without_room_for_their_bytes_files_are_opened_ahead_and_never_at_a_stale_vers
         "the next files wait opened"
     );
     // Rewritten in place: the parked descriptor now names another version.
-    let changed = order[10];
-    let fresh = pattern(70_000, 99);
-    std::fs::write(dir.path().join(format!("f{changed:02}")), &fresh).expect("rewrite");
-    read_pass(&fs, &order[10..], |i| {
-        if i == changed {
-            fresh.clone()
-        } else {
-            pattern(64 << 10, i)
-        }
-    });
+    rewrite_next_and_read_the_rest(dir.path(), &fs, &order, 10);
 }
 
 #[test]
