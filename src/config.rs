@@ -246,10 +246,11 @@ pub fn default_render_threads() -> usize {
 
 /// Default I/O threads: enough parallel source reads to keep network or slow storage busy.
 pub const DEFAULT_IO_THREADS: usize = 16;
-/// Prefetch workers: two concurrent fetches hide a few ms of per-request latency behind each
-/// other's transfers; each holds a block in flight twice (its buffer and the source's page
-/// cache), memory that a tight limit takes from the page cache.
-pub const DEFAULT_PREFETCH_THREADS: usize = 2;
+/// Prefetch workers: concurrent fetches and opens hide a few ms of per-request latency behind
+/// each other's transfers (two left a shuffled epoch's opens ahead behind the reader); each
+/// holds a block in flight twice (its buffer and the source's page cache), memory that a tight
+/// limit takes from the page cache.
+pub const DEFAULT_PREFETCH_THREADS: usize = 4;
 /// Prefetch staging buffer: a few dozen files or shards' first blocks ahead, small next to any
 /// cache budget worth having.
 pub const DEFAULT_PREFETCH_BUFFER: u64 = 64 << 20;

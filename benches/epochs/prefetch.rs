@@ -12,6 +12,11 @@
 //!   permutation every epoch.
 //! - torch: the stock DataLoader (decode and augmentation in 2 workers), shuffled.
 //! - shards: the tar shards streamed in sorted order, no think time (bandwidth).
+//! - view: the plain reader over a validation view's `.npy` files in walk order, thinking as
+//!   above, on a mount whose memory holds the decoded pixels (`VIEW_BUDGET`): prefetch fetches
+//!   the next images' bytes and, while the CPU is idle, decodes them ahead. Its third variant
+//!   keeps no decoded pixels (`--decoded-cache off`), so prefetch can only fetch bytes: the
+//!   difference is decode-ahead's. The page cache cannot serve a view, so it has no such run.
 //!
 //! Stall = epoch time - think time (what the reader waited for bytes); prepfs also counts its
 //! own (`stall.fetch_seconds`). Owns these runs and their table; must never assert on timing.
@@ -52,6 +57,8 @@ pub enum Variant {
     NoPrefetch,
     /// prepfs prefetching.
     Prefetch,
+    /// prepfs prefetching a view's bytes, keeping no decoded pixels (so no decode-ahead).
+    PrefetchBytesOnly,
 }
 
 impl Variant {
@@ -60,6 +67,7 @@ impl Variant {
             Variant::PageCache => "page cache",
             Variant::NoPrefetch => "prepfs, no prefetch",
             Variant::Prefetch => "prepfs, prefetch",
+            Variant::PrefetchBytesOnly => "prepfs, prefetch, no decode ahead",
         }
     }
 }
@@ -71,38 +79,83 @@ pub struct Scenario {
     pub reader: Reader,
     pub order: &'static str,
     pub think_ms: f64,
+    /// The view spec it reads through (`name=ops`), or none for the dataset's own files.
+    pub view: Option<&'static str>,
 }
 
-const SCENARIOS: [Scenario; 5] = [
+/// The view scenario's transform: the stock validation pipeline.
+const VAL_VIEW: &str = "val=decode,resize(256),center_crop(224),normalize(imagenet)";
+/// Memory of the view scenario's mounts, in dataset sizes: the JPEGs and their decoded pixels
+/// (about 3.5x packed), so that decode-ahead's pixels are kept; no cgroup limit.
+const VIEW_BUDGET: u64 = 6;
+
+impl Scenario {
+    /// The planner's name of the file set it reads.
+    fn set(&self) -> String {
+        match self.view {
+            Some(spec) => format!("view:{}", view_name(spec)),
+            None => "files".into(),
+        }
+    }
+
+    fn variants(&self) -> &'static [Variant] {
+        match self.view {
+            Some(_) => &[
+                Variant::NoPrefetch,
+                Variant::PrefetchBytesOnly,
+                Variant::Prefetch,
+            ],
+            None => &[Variant::PageCache, Variant::NoPrefetch, Variant::Prefetch],
+        }
+    }
+}
+
+fn view_name(spec: &str) -> &str {
+    spec.split_once('=').map_or(spec, |(n, _)| n)
+}
+
+const SCENARIOS: [Scenario; 6] = [
     Scenario {
         name: "sorted",
         reader: Reader::Plain,
         order: "sorted",
         think_ms: THINK_MS,
+        view: None,
     },
     Scenario {
         name: "shuffled",
         reader: Reader::Plain,
         order: "shuffled",
         think_ms: THINK_MS,
+        view: None,
     },
     Scenario {
         name: "fixed",
         reader: Reader::Plain,
         order: "fixed",
         think_ms: THINK_MS,
+        view: None,
     },
     Scenario {
         name: "torch",
         reader: Reader::Torch,
         order: "shuffled",
         think_ms: 0.0,
+        view: None,
     },
     Scenario {
         name: "shards",
         reader: Reader::Shards,
         order: "sorted",
         think_ms: 0.0,
+        view: None,
+    },
+    Scenario {
+        name: "view",
+        reader: Reader::Plain,
+        order: "sorted",
+        think_ms: THINK_MS,
+        view: Some(VAL_VIEW),
     },
 ];
 
@@ -214,7 +267,7 @@ pub fn run(
                 s
             }
         };
-        for variant in [Variant::PageCache, Variant::NoPrefetch, Variant::Prefetch] {
+        for &variant in scenario.variants() {
             runs.push(run_one(opts, python, &slow, &setup, scenario, variant)?);
         }
     }
@@ -230,28 +283,38 @@ fn run_one(
     variant: Variant,
 ) -> Result<PrefetchRun, String> {
     sandbox::drop_caches()?;
+    // A view's mounts hold its pixels: memory is not what this scenario measures.
+    let (memory_limit, budget) = match scenario.view {
+        Some(_) => (None, setup.data_bytes * VIEW_BUDGET),
+        None => (Some(setup.memory_limit), setup.cache_mem),
+    };
     let group = Cgroup::create(
         &format!("prefetch-{}-{variant:?}", scenario.name),
         &Limits {
-            memory: Some(setup.memory_limit),
+            memory: memory_limit,
             throttle: None,
         },
     )?;
-    let (cache_mem, extra): (u64, Vec<String>) = match variant {
+    let (cache_mem, mut extra): (u64, Vec<String>) = match variant {
         Variant::PageCache => (0, Vec::new()),
-        Variant::NoPrefetch => (setup.cache_mem, vec!["--no-prefetch".into()]),
-        Variant::Prefetch => {
-            let staging = opts.staging_bytes.min(setup.cache_mem / 2);
+        Variant::NoPrefetch => (budget, vec!["--no-prefetch".into()]),
+        Variant::Prefetch | Variant::PrefetchBytesOnly => {
+            let staging = opts.staging_bytes.min(budget / 2);
             let mut extra = vec!["--prefetch-buffer".into(), staging.to_string()];
             if let Some(threads) = opts.prefetch_threads {
                 extra.extend(["--prefetch-threads".into(), threads.to_string()]);
             }
-            (
-                setup.cache_mem.saturating_sub(staging + PREFETCH_IN_FLIGHT),
-                extra,
-            )
+            (budget.saturating_sub(staging + PREFETCH_IN_FLIGHT), extra)
         }
     };
+    if let Some(spec) = scenario.view {
+        let decoded = match variant {
+            Variant::PrefetchBytesOnly => "off",
+            _ => "on",
+        };
+        extra.extend(["--view".into(), spec.into()]);
+        extra.extend(["--decoded-cache".into(), decoded.into()]);
+    }
     let mount = match variant {
         Variant::PageCache => None,
         _ => Some(PrepfsMount::start(
@@ -262,10 +325,19 @@ fn run_one(
             &extra,
         )?),
     };
-    let root = mount
+    let top = mount
         .as_ref()
-        .map_or(slow.mountpoint.as_path(), |m| m.mountpoint.as_path())
-        .join(scenario.reader.subdir());
+        .map_or(slow.mountpoint.as_path(), |m| m.mountpoint.as_path());
+    let root = match scenario.view {
+        Some(spec) => top.join(".prepfs/views").join(view_name(spec)),
+        None => top.to_path_buf(),
+    }
+    .join(scenario.reader.subdir());
+    let suffix = if scenario.view.is_some() {
+        ".npy"
+    } else {
+        ".jpg"
+    };
     let mut session = ReaderSession::start(
         &group,
         python,
@@ -278,6 +350,8 @@ fn run_one(
             scenario.order.into(),
             "--think-ms".into(),
             scenario.think_ms.to_string(),
+            "--suffix".into(),
+            suffix.into(),
         ],
     )?;
     let mut epochs = Vec::new();
@@ -297,7 +371,7 @@ fn run_one(
                 .zip(after.as_ref())
                 .map(|(b, a)| stall(a) - stall(b)),
             prefetch: after.as_ref().map(|a| a["prefetch"].clone()),
-            planner: after.as_ref().map(|a| a["epochs"]["files"].clone()),
+            planner: after.as_ref().map(|a| a["epochs"][scenario.set()].clone()),
         };
         eprintln!(
             "epochs: prefetch: {:<8} {:<20} epoch {}: {:6.2} s, stall {:6.2} s{}",
@@ -330,7 +404,7 @@ fn run_one(
         scenario,
         variant,
         data_bytes: setup.data_bytes,
-        memory_limit: setup.memory_limit,
+        memory_limit: memory_limit.unwrap_or(0),
         cache_mem,
         epochs,
     })
@@ -421,6 +495,7 @@ pub fn markdown(runs: &[PrefetchRun], read_bps: u64) -> String {
         "\nPrefetch: readers over slowfs ({SLOW_LATENCY_MS} ms per open and per read, one {} MB/s \
          link, page cache on) with the same memory per run as above (M = D x mem-ratio). The \
          plain reader thinks {THINK_MS} ms after each file; stall = epoch time - think time. \
+         The view scenario's mounts have memory for the pixels ({VIEW_BUDGET} x D, no limit). \
          Epochs 2+ are medians; precision is the predictor's in use after the last epoch.\n\n\
          | scenario | variant | epoch 1 s | epoch 1 stall s | epochs 2+ s | epochs 2+ stall s | prepfs stall s, 2+ | predictor | precision | useful / issued, last epoch |\n\
          |---|---|---:|---:|---:|---:|---:|---|---:|---|\n",
@@ -450,12 +525,18 @@ pub fn markdown(runs: &[PrefetchRun], read_bps: u64) -> String {
                 .as_str()
                 .unwrap_or("-")
                 .to_owned()),
-            if run.variant == Variant::Prefetch {
+            if matches!(run.variant, Variant::Prefetch | Variant::PrefetchBytesOnly) {
                 format!("{:.2}", precision(run))
             } else {
                 "-".into()
             },
-            prefetch.map_or("-".into(), |p| format!("{} / {}", p["useful"], p["issued"])),
+            prefetch.map_or("-".into(), |p| {
+                let decoded = match run.scenario.view {
+                    Some(_) => format!(", {} decoded ahead", p["decoded_ahead"]),
+                    None => String::new(),
+                };
+                format!("{} / {}{decoded}", p["useful"], p["issued"])
+            }),
         ));
     }
     md

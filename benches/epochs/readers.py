@@ -11,7 +11,8 @@ run and the prepfs run see exactly the same accesses.
 
 - plain: every file read whole with open().read(), in a random permutation per epoch
   (`--order shuffled`), the same permutation every epoch (`fixed`), or walk order (`sorted`);
-  `--think-ms` waits that long after each file, as a training step computes between samples.
+  `--think-ms` waits that long after each file, as a training step computes between samples;
+  `--suffix .npy` reads a view's files instead of the JPEGs.
 - torch: the stock torchvision ImageFolder + DataLoader (RandomResizedCrop, flip, ToTensor,
   Normalize; batch 32, shuffle, num_workers=2), iterated to the end.
 - view: the drop-in for `torch` over a prepfs tensor view: torchvision DatasetFolder over the
@@ -58,7 +59,7 @@ def epoch_order(args, paths, epoch):
 
 
 def plain(args):
-    paths = files_under(args.root, ".jpg")
+    paths = files_under(args.root, args.suffix)
     emit({"ready": True, "items": len(paths)})
     think = args.think_ms / 1000.0
     for epoch in range(1, args.epochs + 1):
@@ -138,6 +139,7 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--order", choices=["shuffled", "fixed", "sorted"], default="shuffled")
     parser.add_argument("--think-ms", type=float, default=0.0)
+    parser.add_argument("--suffix", default=".jpg", help="plain: the files to read")
     args = parser.parse_args()
     {"plain": plain, "torch": torch_loader, "view": view_loader, "shards": shards}[args.kind](args)
 

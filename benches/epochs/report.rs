@@ -271,9 +271,7 @@ fn markdown(
          loop device (direct I/O), reads throttled to {} MB/s and {} IOPS by the blkio cgroup; \
          page cache dropped before each run. Memory: one cgroup per run holding the reader (and \
          the prepfs daemon), limit = M + the reader's measured working set, M = {:.2} x D; prepfs \
-         --cache-mem C = M - the daemon's measured working set - {} MiB kept free for reads in flight. Epochs 2+ are medians.\n\n\
-         | reader | side | limit MB | C MB | D-C MB | epoch 1 s | epochs 2+ s | epoch 1 items/s | epochs 2+ items/s | device MB (reads) epoch 1 | device MB (reads) epochs 2+ | prepfs misses MB epochs 2+ |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         --cache-mem C = M - the daemon's measured working set - {} MiB kept free for reads in flight. Epochs 2+ are medians.\n\n",
         command(opts),
         manifest.files,
         mb(manifest.file_bytes as f64),
@@ -284,6 +282,12 @@ fn markdown(
         opts.mem_ratio,
         crate::IN_FLIGHT_HEADROOM >> 20,
     );
+    if !runs.is_empty() {
+        md.push_str(
+            "| reader | side | limit MB | C MB | D-C MB | epoch 1 s | epochs 2+ s | epoch 1 items/s | epochs 2+ items/s | device MB (reads) epoch 1 | device MB (reads) epochs 2+ | prepfs misses MB epochs 2+ |\n\
+             |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+    }
     for run in runs {
         let s = &run.setup;
         md.push_str(&format!(

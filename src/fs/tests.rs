@@ -713,6 +713,64 @@ fn without_room_for_their_bytes_files_are_opened_ahead_and_never_at_a_stale_vers
 }
 
 #[test]
+fn shuffled_epochs_stage_the_smallest_remaining_files_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // 120 files of 2 to 240 KiB, sizes unrelated to names (so no walk predicts the order).
+    let size = |i: u8| (1 + (usize::from(i) * 7) % 120) * (2 << 10);
+    for i in 0..120u8 {
+        std::fs::write(dir.path().join(format!("f{i:02}")), pattern(size(i), i)).expect("write");
+    }
+    let (source, plan) =
+        FaultySource::new(Arc::new(LocalSource::open(dir.path()).expect("source")));
+    plan.read_delay_us.store(2000, Ordering::SeqCst);
+    let options = FsOptions {
+        prefetch: crate::prefetch::PrefetchOptions {
+            enabled: true,
+            threads: 2,
+        },
+        prefetch_buffer: 64 << 10,
+        ..options(256 << 10)
+    };
+    let fs = Fs::new(Arc::new(source), options);
+    let local = LocalSource::open(dir.path()).expect("source");
+    let held = |i: u8| {
+        let id = local
+            .stat(Path::new(&format!("f{i:02}")))
+            .expect("stat")
+            .identity;
+        fs.cache.get(&id).is_some_and(|e| e.is_complete())
+    };
+    let mut rng = fastrand::Rng::with_seed(5);
+    let mut order: Vec<u8> = (0..120).collect();
+    rng.shuffle(&mut order);
+    read_pass(&fs, &order, |i| pattern(size(i), i));
+    let cached: Vec<u8> = (0..120).filter(|&i| held(i)).collect();
+    rng.shuffle(&mut order);
+    read_pass(&fs, &order[..3], |i| pattern(size(i), i));
+    std::thread::sleep(Duration::from_millis(300));
+    let status = status_at_epoch(&fs, 2);
+    assert_eq!(status["files"]["predictor"], "remaining", "{status}");
+    assert!(fs.cache.staged().0 > 0, "nothing staged: {status}");
+    // The smallest files not yet read (nor cached in epoch 1) are the ones staged.
+    let mut unread: Vec<u8> = order[3..]
+        .iter()
+        .copied()
+        .filter(|i| !cached.contains(i))
+        .collect();
+    unread.sort_by_key(|&i| size(i));
+    let staged_reads = || fs.metrics().prefetch_staged_reads.get();
+    let before = staged_reads();
+    read_pass(&fs, &unread[..3], |i| pattern(size(i), i));
+    assert_eq!(staged_reads() - before, 3, "the 3 smallest were staged");
+    let rest: Vec<u8> = order[3..]
+        .iter()
+        .copied()
+        .filter(|i| !unread[..3].contains(i))
+        .collect();
+    read_pass(&fs, &rest, |i| pattern(size(i), i));
+}
+
+#[test]
 fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
     let dir = tempfile::tempdir().expect("tempdir");
     let jpegs: Vec<Vec<u8>> = (0..24)

@@ -6,14 +6,15 @@
 //! concurrency. Opens reach the planner through a bounded channel (an open never waits on it;
 //! a full channel drops the event and counts it). The planner replaces its queued files after
 //! every open with the best predictor's next ones; when no predictor has been right recently it
-//! falls back to the files the last pass read and this one has not (epochs >= 2); in epoch 1 it
-//! fetches nothing. Workers fetch into the never-evict cache, else into the staging buffer, else
-//! only open the file and park it for the reader's open (`Parked`); a parked file is planned
-//! again only once room for its bytes frees, and no file is opened ahead while the parked set is
-//! full and there is no room, so opens ahead never churn. Demand reads never queue
-//! behind prefetch (they do not use this queue), and while any demand read waits on the source,
-//! at most half the workers run. Must never serve bytes (the cache does, keyed by file version), never block an open or a
-//! read on planning, and never fetch past the cache's budget and the staging buffer's.
+//! falls back to the files the last pass read and this one has not (epochs >= 2; their bytes
+//! smallest first, since each is equally likely next); in epoch 1 it fetches nothing. Workers
+//! fetch into the never-evict cache, else into the staging buffer, else only open the file and
+//! park it for the reader's open (`Parked`); a parked file is planned again only once room for
+//! its bytes frees, and no file is opened ahead while the parked set is full and there is no
+//! room, so opens ahead never churn. Demand reads never queue behind prefetch (they do not use
+//! this queue), and while any demand read waits on the source, at most half the workers run.
+//! Must never serve bytes (the cache does, keyed by file version), never block an open or a read
+//! on planning, and never fetch past the cache's budget and the staging buffer's.
 
 pub mod epoch;
 mod hint;
@@ -201,7 +202,11 @@ struct SetState {
     /// Identities seen at opens (a fully cached file is not queued again).
     known: HashMap<FileKey, Identity>,
     opens: u64,
+    /// Where the remaining-set walks stand: opens ahead in the last pass's order, fetches in
+    /// `by_size` (the last pass's files, smallest first).
     cursor: usize,
+    fetch_cursor: usize,
+    by_size: Vec<FileKey>,
     in_use: &'static str,
     /// Opens per second (moving average) and when the last one came.
     rate: f64,
@@ -470,6 +475,8 @@ impl SetState {
             known: HashMap::new(),
             opens: 0,
             cursor: 0,
+            fetch_cursor: 0,
+            by_size: Vec::new(),
             in_use: "none",
             rate: 0.0,
             last_open: None,
@@ -495,6 +502,12 @@ impl SetState {
         let now = Marks::now(&shared.metrics);
         let pass = self.tracker.previous();
         let files = pass.map_or(0, |p| p.len());
+        let known = &self.known;
+        self.by_size = pass.map_or_else(Vec::new, |p| {
+            predict::smallest_first(p.order(), |f| known.get(f).map(|i| i.size))
+        });
+        // The walk starts after the cursor: at the smallest file.
+        self.fetch_cursor = self.by_size.len().saturating_sub(1);
         // Sizes are known for dataset files (their identities), not for view files.
         let working_set = pass.and_then(|p| {
             p.order()
@@ -575,6 +588,12 @@ impl SetState {
         let cache = &shared.cache;
         let known = &self.known;
         let parked_full = shared.parked.is_full();
+        // A file's first block, as much as a prefetch of it needs room for at first.
+        let first_block = |p: &Path| {
+            known.get(p).map_or(crate::cache::BLOCK_SIZE, |id| {
+                id.size.clamp(1, crate::cache::BLOCK_SIZE)
+            })
+        };
         let skip = |p: &Path| {
             if current.contains(p) {
                 return true;
@@ -595,10 +614,7 @@ impl SetState {
             }
             // Without room for its bytes a file is worth an open ahead, once, while there are
             // descriptors to hold it.
-            let first_block = identity.map_or(crate::cache::BLOCK_SIZE, |id| {
-                id.size.clamp(1, crate::cache::BLOCK_SIZE)
-            });
-            !cache.has_prefetch_room(first_block)
+            !cache.has_prefetch_room(first_block(p))
                 && (outcome == Some(Outcome::Parked) || parked_full)
         };
         let best = self
@@ -612,10 +628,30 @@ impl SetState {
                 self.in_use = predictor.name();
                 predictor.predict(&self.tracker, last, depth, &skip, &mut next);
             }
-            None if self.tracker.previous().is_some() => {
+            // The remaining set: fetch its smallest files while their bytes have room (the most
+            // misses hidden per byte held), then open the next ones ahead, in any order.
+            None if let Some(previous) = self.tracker.previous() => {
                 self.in_use = "remaining";
-                self.cursor =
-                    predict::remaining(&self.tracker, self.cursor, depth, &skip, &mut next);
+                let fits = |p: &Path| cache.has_prefetch_room(first_block(p));
+                self.fetch_cursor = predict::smallest_remaining(
+                    &self.tracker,
+                    &self.by_size,
+                    self.fetch_cursor,
+                    depth,
+                    &skip,
+                    &fits,
+                    &mut next,
+                );
+                let mut opens = Vec::new();
+                self.cursor = predict::remaining(
+                    &self.tracker,
+                    previous.order(),
+                    self.cursor,
+                    depth.saturating_sub(next.len()),
+                    &|p: &Path| skip(p) || next.iter().any(|f| **f == *p),
+                    &mut opens,
+                );
+                next.append(&mut opens);
             }
             // Epoch 1 in an order nobody predicts: nothing worth the source's time. A
             // speculative fill of the cache in walk order was measured to starve the page

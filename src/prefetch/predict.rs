@@ -239,20 +239,17 @@ impl Predictor for Tree {
     }
 }
 
-/// Appends up to `n` files the last pass read and this one has not, starting after `cursor` (so
-/// that successive calls spread over the set, and a call that finds few continues where the last
-/// one stopped); returns the new cursor.
+/// Appends up to `n` files of `order` (the last pass's files, in some order) that this pass has
+/// not read, starting after `cursor` (so that successive calls spread over the set, and a call
+/// that finds few continues where the last one stopped); returns the new cursor.
 pub fn remaining(
     tracker: &EpochTracker,
+    order: &[FileKey],
     cursor: usize,
     n: usize,
     skip: &dyn Fn(&Path) -> bool,
     out: &mut Vec<FileKey>,
 ) -> usize {
-    let Some(previous) = tracker.previous() else {
-        return cursor;
-    };
-    let order = previous.order();
     let len = order.len();
     let wanted = out.len() + n;
     let mut at = cursor;
@@ -267,6 +264,51 @@ pub fn remaining(
         }
     }
     at
+}
+
+/// Appends up to `n` files of `by_size` (smallest first) after `cursor` that this pass has not
+/// read and `skip` passes, stopping at the first that `fits` refuses (those after it are larger);
+/// returns the new cursor (the last file taken or passed).
+pub fn smallest_remaining(
+    tracker: &EpochTracker,
+    by_size: &[FileKey],
+    cursor: usize,
+    n: usize,
+    skip: &dyn Fn(&Path) -> bool,
+    fits: &dyn Fn(&Path) -> bool,
+    out: &mut Vec<FileKey>,
+) -> usize {
+    let len = by_size.len();
+    let wanted = out.len() + n;
+    let mut at = cursor;
+    for _ in 0..len.min(n * SCAN_PER_PREDICTION) {
+        if out.len() >= wanted {
+            break;
+        }
+        let next = (at + 1) % len.max(1);
+        let f = &by_size[next];
+        if !tracker.current().contains(f) && !skip(f) {
+            if !fits(f) {
+                break;
+            }
+            out.push(f.clone());
+        }
+        at = next;
+    }
+    at
+}
+
+/// `order` smallest file first (`size` of a file, unknown sizes last): the order in which the
+/// remaining set is staged. In a shuffled pass every remaining file is equally likely next, and a
+/// miss costs a round trip whatever its size, so the same staging bytes hide the most misses
+/// when they hold the smallest files.
+pub fn smallest_first(order: &[FileKey], size: impl Fn(&Path) -> Option<u64>) -> Vec<FileKey> {
+    let mut sized: Vec<(u64, &FileKey)> = order
+        .iter()
+        .map(|f| (size(f).unwrap_or(u64::MAX), f))
+        .collect();
+    sized.sort_by_key(|(size, _)| *size);
+    sized.into_iter().map(|(_, f)| f.clone()).collect()
 }
 
 /// The online record of one predictor: what it predicted, what came true.
@@ -508,10 +550,12 @@ mod tests {
             t.open(f);
         }
         let mut first = Vec::new();
-        let cursor = remaining(&t, 0, 25, &|_| false, &mut first);
+        let last_pass = t.previous().map(|p| p.order().to_vec()).unwrap_or_default();
+        let cursor = remaining(&t, &last_pass, 0, 25, &|_| false, &mut first);
         let mut rest = Vec::new();
         remaining(
             &t,
+            &last_pass,
             cursor,
             100,
             &|p| first.iter().any(|f| &**f == p),
@@ -522,5 +566,58 @@ mod tests {
         got.dedup();
         assert_eq!(got.len(), 40);
         assert!(got.iter().all(|f| !order[..20].contains(f)));
+    }
+
+    #[test]
+    fn smallest_first_orders_by_size_with_unknown_sizes_last() {
+        let files: Vec<FileKey> = ["a", "b", "c", "d"]
+            .map(|n| FileKey::from(Path::new(n)))
+            .into();
+        let size = |p: &Path| match p.to_str() {
+            Some("a") => Some(300),
+            Some("b") => None,
+            Some("c") => Some(100),
+            _ => Some(200),
+        };
+        let sorted = smallest_first(&files, size);
+        let got: Vec<&str> = sorted.iter().map(|f| f.to_str().unwrap_or("")).collect();
+        assert_eq!(got, ["c", "d", "a", "b"]);
+    }
+
+    #[test]
+    fn smallest_remaining_takes_unread_files_in_size_order_while_they_fit() {
+        let (_dir, files) = tree(2, 30);
+        let mut t = EpochTracker::default();
+        for f in &files {
+            t.open(f);
+        }
+        // Epoch 2 has read files 0-9 and 58; file 59 is held already; file 56 does not fit.
+        for f in files[..10].iter().chain([&files[58]]) {
+            t.open(f);
+        }
+        let by_size: Vec<FileKey> = files.iter().rev().cloned().collect();
+        let skip = |p: &Path| *p == *files[59];
+        let mut out = Vec::new();
+        let cursor = smallest_remaining(
+            &t,
+            &by_size,
+            by_size.len() - 1,
+            4,
+            &skip,
+            &|p: &Path| *p != *files[56],
+            &mut out,
+        );
+        assert_eq!(
+            out,
+            [files[57].clone()],
+            "stops at the first that does not fit"
+        );
+        let mut more = Vec::new();
+        smallest_remaining(&t, &by_size, cursor, 2, &skip, &|_| true, &mut more);
+        assert_eq!(
+            more,
+            [files[56].clone(), files[55].clone()],
+            "goes on from there"
+        );
     }
 }
