@@ -181,6 +181,7 @@ pub struct PrefetchRun {
     pub scenario: Scenario,
     pub variant: Variant,
     pub data_bytes: u64,
+    /// The cgroup's memory limit (0: none, the view scenario).
     pub memory_limit: u64,
     pub cache_mem: u64,
     pub epochs: Vec<PrefetchEpoch>,

@@ -542,18 +542,26 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     assert_eq!(tight.gauges().decoded_bytes, 0);
 }
 
-/// A mount over a source whose every read takes 2 ms, with room in RAM for 4 of `files` files
-/// of 64 KiB and a staging buffer for all of them, prefetching with 2 threads.
 /// `files` files of 64 KiB behind a source that takes 2 ms per read, a 256 KiB cache, a
-/// staging buffer of `staging` bytes, and prefetch following `order_hint` when given.
+/// staging buffer of `staging` bytes, and prefetch (2 threads) following `order_hint` when given.
 fn slow_prefetching_fs(
     files: u8,
     staging: u64,
     order_hint: Option<crate::prefetch::OrderHint>,
 ) -> (tempfile::TempDir, Fs, Arc<FaultPlan>) {
+    slow_prefetching_fs_sized(files, |_| 64 << 10, staging, order_hint)
+}
+
+/// As `slow_prefetching_fs`, file `fNN` holding `size(NN)` bytes.
+fn slow_prefetching_fs_sized(
+    files: u8,
+    size: impl Fn(u8) -> usize,
+    staging: u64,
+    order_hint: Option<crate::prefetch::OrderHint>,
+) -> (tempfile::TempDir, Fs, Arc<FaultPlan>) {
     let dir = tempfile::tempdir().expect("tempdir");
     for i in 0..files {
-        std::fs::write(dir.path().join(format!("f{i:02}")), pattern(64 << 10, i)).expect("write");
+        std::fs::write(dir.path().join(format!("f{i:02}")), pattern(size(i), i)).expect("write");
     }
     let (source, plan) =
         FaultySource::new(Arc::new(LocalSource::open(dir.path()).expect("source")));
@@ -714,24 +722,9 @@ fn without_room_for_their_bytes_files_are_opened_ahead_and_never_at_a_stale_vers
 
 #[test]
 fn shuffled_epochs_stage_the_smallest_remaining_files_first() {
-    let dir = tempfile::tempdir().expect("tempdir");
     // 120 files of 2 to 240 KiB, sizes unrelated to names (so no walk predicts the order).
     let size = |i: u8| (1 + (usize::from(i) * 7) % 120) * (2 << 10);
-    for i in 0..120u8 {
-        std::fs::write(dir.path().join(format!("f{i:02}")), pattern(size(i), i)).expect("write");
-    }
-    let (source, plan) =
-        FaultySource::new(Arc::new(LocalSource::open(dir.path()).expect("source")));
-    plan.read_delay_us.store(2000, Ordering::SeqCst);
-    let options = FsOptions {
-        prefetch: crate::prefetch::PrefetchOptions {
-            enabled: true,
-            threads: 2,
-        },
-        prefetch_buffer: 64 << 10,
-        ..options(256 << 10)
-    };
-    let fs = Fs::new(Arc::new(source), options);
+    let (dir, fs, _plan) = slow_prefetching_fs_sized(120, size, 64 << 10, None);
     let local = LocalSource::open(dir.path()).expect("source");
     let held = |i: u8| {
         let id = local

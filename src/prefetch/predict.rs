@@ -250,6 +250,21 @@ pub fn remaining(
     skip: &dyn Fn(&Path) -> bool,
     out: &mut Vec<FileKey>,
 ) -> usize {
+    smallest_remaining(tracker, order, cursor, n, skip, &|_| true, out)
+}
+
+/// Appends up to `n` files of `order` after `cursor` that this pass has not read and `skip`
+/// passes, stopping at the first that `fits` refuses (in `smallest_first` order, those after it
+/// are larger); returns the new cursor (the last file taken or passed).
+pub fn smallest_remaining(
+    tracker: &EpochTracker,
+    order: &[FileKey],
+    cursor: usize,
+    n: usize,
+    skip: &dyn Fn(&Path) -> bool,
+    fits: &dyn Fn(&Path) -> bool,
+    out: &mut Vec<FileKey>,
+) -> usize {
     let len = order.len();
     let wanted = out.len() + n;
     let mut at = cursor;
@@ -257,36 +272,8 @@ pub fn remaining(
         if out.len() >= wanted {
             break;
         }
-        at = (at + 1) % len.max(1);
-        let f = &order[at];
-        if !tracker.current().contains(f) && !skip(f) {
-            out.push(f.clone());
-        }
-    }
-    at
-}
-
-/// Appends up to `n` files of `by_size` (smallest first) after `cursor` that this pass has not
-/// read and `skip` passes, stopping at the first that `fits` refuses (those after it are larger);
-/// returns the new cursor (the last file taken or passed).
-pub fn smallest_remaining(
-    tracker: &EpochTracker,
-    by_size: &[FileKey],
-    cursor: usize,
-    n: usize,
-    skip: &dyn Fn(&Path) -> bool,
-    fits: &dyn Fn(&Path) -> bool,
-    out: &mut Vec<FileKey>,
-) -> usize {
-    let len = by_size.len();
-    let wanted = out.len() + n;
-    let mut at = cursor;
-    for _ in 0..len.min(n * SCAN_PER_PREDICTION) {
-        if out.len() >= wanted {
-            break;
-        }
         let next = (at + 1) % len.max(1);
-        let f = &by_size[next];
+        let f = &order[next];
         if !tracker.current().contains(f) && !skip(f) {
             if !fits(f) {
                 break;
