@@ -1,22 +1,37 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: installs or checks what it needs, then runs
-# every test (unit tests of the core and real-mount tests of the binary) and the epochs
-# benchmark's quick mode (real PyTorch on throttled slow storage; asserts misses, not timing).
-# Arguments go to `cargo test` (a test name filter); with arguments the quick mode is skipped.
+# The whole test suite, from a fresh machine. Everything it needs is installed or checked first,
+# completely, before any test runs (tests never install anything):
+#   1. system packages: fuse3 (fusermount3), e2fsprogs and mount (loop-device ext4 images),
+#      util-linux's flock, python3-venv;
+#   2. the Python environment of the client tests (python/ensure-env: pinned requirements.lock,
+#      rebuilt when half made; $PREPFS_VENV, default ~/.cache/prepfs/venv);
+# then every test (unit tests, real-mount tests of the binary, PyTorch/TF clients, examples),
+# the epochs benchmark's quick mode (real PyTorch on throttled slow storage; asserts misses, not
+# timing), and the GPU backend's build with its NVRTC kernel compile (no GPU needed).
+# Arguments go to `cargo test` (a test name filter); with arguments only that runs.
+# PREPFS_FRESH_VENV=1 builds the Python environment afresh in a temporary directory and removes
+# it at exit (CI does this on every submission, to prove the install path).
 set -euo pipefail
 cd "$(dirname "$0")"
 
 say() { printf 'test.sh: %s\n' "$*" >&2; }
+started=$SECONDS
 
 command -v cargo >/dev/null || { say "needs a Rust toolchain (https://rustup.rs)"; exit 1; }
 [ -e /dev/fuse ] || { say "/dev/fuse is missing: load the fuse module (modprobe fuse)"; exit 1; }
 [ "$(id -u)" = 0 ] || { say "the mount tests run as root (they also test a normal user via setpriv)"; exit 1; }
 
-# fusermount3 (package fuse3) is how normal users mount; the tests cover that path.
-if ! command -v fusermount3 >/dev/null; then
-  say "installing fuse3 (fusermount3)"
+# 1. System packages.
+need_pkgs=()
+command -v fusermount3 >/dev/null || need_pkgs+=(fuse3)   # how normal users mount; tested
+command -v mkfs.ext4 >/dev/null || need_pkgs+=(e2fsprogs)
+command -v losetup >/dev/null || need_pkgs+=(mount)
+command -v flock >/dev/null || need_pkgs+=(util-linux)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  say "installing ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq fuse3 >/dev/null
+  apt-get update -qq && apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
 fi
 # Without udev (containers), /dev/fuse keeps mode 0600; distributions make it 0666 through the
 # fuse3 udev rule, which is what normal-user mounts rely on.
@@ -25,25 +40,29 @@ if [ "$(stat -c %a /dev/fuse)" != 666 ]; then
   chmod 0666 /dev/fuse
 fi
 
-# The epochs harness: ext4 images on loop devices, and a Python for the cached client venv.
-need_pkgs=()
-command -v mkfs.ext4 >/dev/null || need_pkgs+=(e2fsprogs)
-command -v losetup >/dev/null || need_pkgs+=(mount)
-python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
-if [ ${#need_pkgs[@]} -gt 0 ]; then
-  say "installing ${need_pkgs[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+# 2. The Python environment, once, before any test binary can ask for it.
+if [ "${PREPFS_FRESH_VENV:-0}" = 1 ]; then
+  fresh=$(mktemp -d "${TMPDIR:-/tmp}/prepfs-venv.XXXXXX")
+  trap 'rm -rf "$fresh"' EXIT
+  export PREPFS_VENV="$fresh/venv"
+  say "a fresh Python environment in $PREPFS_VENV (removed at exit)"
 fi
+export PREPFS_VENV="${PREPFS_VENV:-$HOME/.cache/prepfs/venv}"
+python/ensure-env >/dev/null
+say "set-up done after $((SECONDS - started)) s"
 
+# 3. The tests.
 cargo test --locked "$@"
 if [ $# -eq 0 ]; then
-  say "epochs benchmark, quick mode (first run installs torch into ~/.cache/prepfs/venv)"
-  cargo bench --locked --bench epochs -- --quick
+  # The benchmark harness in the test profile: the quick mode asserts misses, not timing, so it
+  # needs no release build of its own (one compile of the dependencies for the whole suite).
+  say "epochs benchmark, quick mode"
+  cargo test --locked --bench epochs -- --quick
   # The GPU backend (--features cuda) builds without CUDA anywhere, and its kernel compiles
   # through NVRTC, which the venv's pip CUDA libraries provide (no GPU needed): required here,
   # so a missing NVRTC fails instead of skipping. The GPU-only checks are benches/gpu/check.sh.
   say "GPU backend feature: build, and compile the kernel with the venv's NVRTC"
-  PREPFS_CUDA_PYTHON="$HOME/.cache/prepfs/venv" PREPFS_REQUIRE_NVRTC=1 \
+  PREPFS_CUDA_PYTHON="$PREPFS_VENV" PREPFS_REQUIRE_NVRTC=1 \
     cargo test --locked --features cuda --lib --test gpu view::gpu
 fi
+say "passed in $((SECONDS - started)) s"

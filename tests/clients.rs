@@ -1,13 +1,13 @@
 //! The real clients over real mounts: PyTorch (torchvision DatasetFolder + DataLoader with two
 //! workers) and tf.data reading tensor views, and the views' pixels against torchvision's own
-//! transforms on the same JPEGs. The Python environment comes from `python/ensure-env`, which
-//! installs it on first use (`common::python`).
+//! transforms on the same JPEGs. The Python environment is the one `python/ensure-env` prepared
+//! before the tests (`common::python`).
 
 mod common;
 
 use std::process::Command;
 
-use common::{TestMount, python};
+use common::{TestMount, described, python, run_checked};
 
 const CLIENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients");
 
@@ -71,18 +71,17 @@ fn a_pytorch_sampler_publishing_its_order_is_followed_by_prefetch() {
     assert!(hint["precision"].as_f64() > Some(0.8), "{files}");
 }
 
-/// Runs a client script with the venv's python; panics with its output unless it succeeds.
+/// Runs a client script with the venv's python; panics with how it ended (status or signal,
+/// command line, stdout, stderr) unless it exits 0 with output.
 fn run_client(script: &str, args: &[&std::ffi::OsStr]) -> String {
-    let out = Command::new(python())
-        .arg(format!("{CLIENTS}/{script}"))
-        .args(args)
-        .output()
-        .expect("run python");
+    let mut command = Command::new(python());
+    command.arg(format!("{CLIENTS}/{script}")).args(args);
+    let out = run_checked(&mut command);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
-        out.status.success(),
-        "{script} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        !stdout.trim().is_empty(),
+        "{script} printed nothing: {}",
+        described(&command, &out)
     );
     stdout
 }

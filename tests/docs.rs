@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::TestMount;
+use common::{TestMount, described};
 
 /// The ```sh blocks of `doc`, each with the line it starts on.
 fn sh_blocks(doc: &str) -> Vec<(usize, String)> {
@@ -45,20 +45,18 @@ fn run_examples(doc: &str) {
         std::env::var("PATH").unwrap_or_default()
     );
     for (line, body) in blocks {
-        let out = Command::new("sh")
+        let mut command = Command::new("sh");
+        command
             .arg("-c")
             .arg(&body)
             .env("MNT", &t.mnt)
             .env("SRC", &t.src)
-            .env("PATH", &path_var)
-            .output()
-            .expect("run sh");
+            .env("PATH", &path_var);
+        let out = command.output().expect("run sh");
         assert!(
             out.status.success(),
-            "{doc}:{line}: example failed ({}):\n{body}\nstdout: {}\nstderr: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            "{doc}:{line}: example failed:\n{body}\n{}",
+            described(&command, &out)
         );
     }
     assert_eq!(t.unmount().map(|s| s.success()), Some(true));

@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{TestMount, python};
+use common::{TestMount, described, python, run_checked};
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
 const CLASSES: usize = 3;
@@ -14,24 +14,23 @@ const PER_CLASS: usize = 8;
 
 /// Runs one example for two epochs and returns its result line, parsed.
 fn run(python: &Path, t: &TestMount, example: &str) -> serde_json::Value {
-    let out = Command::new(python)
+    let mut command = Command::new(python);
+    command
         .arg(format!("{EXAMPLES}/{example}/run.py"))
         .arg("--mount")
         .arg(&t.mnt)
         .arg("--source")
         .arg(&t.src)
-        .env("TF_CPP_MIN_LOG_LEVEL", "3")
-        .output()
-        .expect("run python");
+        .env("TF_CPP_MIN_LOG_LEVEL", "3");
+    let out = run_checked(&mut command);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{example} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let line = stdout.lines().last().unwrap_or_default();
-    let result: serde_json::Value =
-        serde_json::from_str(line).unwrap_or_else(|e| panic!("{example}: {e}: {stdout}"));
+    let result: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| {
+        panic!(
+            "{example}: no result line ({e}): {}",
+            described(&command, &out)
+        )
+    });
     assert_eq!(result["example"], example, "{result}");
     assert!(result["items_per_s"].as_f64() > Some(0.0), "{result}");
     assert!(result["hit_rate"].is_number(), "{result}");

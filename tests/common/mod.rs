@@ -147,17 +147,60 @@ pub fn run(args: &[&std::ffi::OsStr]) -> Output {
         .expect("run prepfs")
 }
 
-/// The Python of the client tests and examples, from `python/ensure-env` (which installs the
-/// environment on first use); a missing environment fails the test, it is never skipped.
+/// The Python of the client tests and examples: the environment `python/ensure-env` prepared
+/// (`./test.sh` runs it once before any test). Tests never install anything: a missing or
+/// half-made environment fails the test with how to prepare it; it is never skipped.
 pub fn python() -> PathBuf {
     let ensure_env = concat!(env!("CARGO_MANIFEST_DIR"), "/python/ensure-env");
-    let out = Command::new(ensure_env)
-        .output()
-        .expect("run python/ensure-env");
+    let mut check = Command::new(ensure_env);
+    check.arg("--check");
+    let out = check.output().expect("run python/ensure-env --check");
     assert!(
         out.status.success(),
-        "python/ensure-env failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+        "no complete Python environment: {}",
+        described(&check, &out)
     );
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// Runs `command` and returns its output, panicking with how it ended (exit code or signal),
+/// its command line, stdout and stderr unless it exited 0.
+pub fn run_checked(command: &mut Command) -> Output {
+    let out = command
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    assert!(out.status.success(), "{}", described(command, &out));
+    out
+}
+
+/// How a finished command ended, for a failure message: exit code or signal, the command line,
+/// and its stdout and stderr (each said to be empty when it is).
+pub fn described(command: &Command, out: &Output) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let ended = match (out.status.code(), out.status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(signal)) => format!(
+            "killed by signal {signal}{}",
+            if out.status.core_dumped() {
+                " (core dumped)"
+            } else {
+                ""
+            }
+        ),
+        (None, None) => format!("ended: {}", out.status),
+    };
+    let stream = |name: &str, bytes: &[u8]| {
+        let text = String::from_utf8_lossy(bytes);
+        if text.trim().is_empty() {
+            format!("{name}: (empty)")
+        } else {
+            format!("{name}:\n{text}")
+        }
+    };
+    format!(
+        "{ended}\ncommand: {command:?}\n{}\n{}",
+        stream("stdout", &out.stdout),
+        stream("stderr", &out.stderr)
+    )
 }
