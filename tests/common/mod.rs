@@ -59,18 +59,33 @@ impl TestMount {
 
     /// Mounts in the foreground with `extra` flags and waits until the mount answers.
     pub fn mount(&mut self, extra: &[&str]) {
-        self.mount_logging(extra, "warn,fuser=error", Stdio::inherit());
+        self.mount_logging(extra, "warn,fuser=error", Stdio::inherit(), None);
+    }
+
+    /// Like `mount`, with the daemon inside `group` from its start.
+    pub fn mount_confined(&mut self, extra: &[&str], group: &MemoryCgroup) {
+        self.mount_logging(extra, "warn,fuser=error", Stdio::inherit(), Some(group));
     }
 
     /// Like `mount`, with the daemon's log filtered by `rust_log` (RUST_LOG syntax) and written
     /// to `log` (a foreground prepfs logs to stderr; `--log-file` is for the detached daemon).
     pub fn mount_logged(&mut self, extra: &[&str], rust_log: &str, log: &Path) {
         let file = std::fs::File::create(log).expect("create the log file");
-        self.mount_logging(extra, rust_log, file.into());
+        self.mount_logging(extra, rust_log, file.into(), None);
     }
 
-    fn mount_logging(&mut self, extra: &[&str], rust_log: &str, stderr: Stdio) {
-        let child = prepfs()
+    fn mount_logging(
+        &mut self,
+        extra: &[&str],
+        rust_log: &str,
+        stderr: Stdio,
+        group: Option<&MemoryCgroup>,
+    ) {
+        let mut command = prepfs();
+        if let Some(group) = group {
+            group.confine(&mut command);
+        }
+        let child = command
             .arg("mount")
             .arg(&self.src)
             .arg(&self.mnt)
@@ -203,4 +218,132 @@ pub fn described(command: &Command, out: &Output) -> String {
         stream("stdout", &out.stdout),
         stream("stderr", &out.stderr)
     )
+}
+
+/// A memory cgroup of its own for a daemon under test (cgroup v1's memory controller where the
+/// machine has it, else v2), removed on drop. Members join before they exec (`confine`), so a
+/// daemon sees its limit from its first instruction on.
+pub struct MemoryCgroup {
+    dir: PathBuf,
+    v1: bool,
+}
+
+impl MemoryCgroup {
+    /// A new group limited to `limit` bytes (no swap), below this process's own group.
+    pub fn new(limit: u64) -> MemoryCgroup {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let v1_root = Path::new("/sys/fs/cgroup/memory");
+        let v1 = v1_root.join("memory.limit_in_bytes").exists();
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let own_path = own
+            .lines()
+            .filter_map(|l| l.splitn(3, ':').nth(2).map(|p| (l, p)))
+            .find(|(l, _)| {
+                if v1 {
+                    l.split(':')
+                        .nth(1)
+                        .is_some_and(|c| c.split(',').any(|c| c == "memory"))
+                } else {
+                    l.starts_with("0::")
+                }
+            })
+            .map_or("/", |(_, p)| p)
+            .trim_start_matches('/')
+            .to_owned();
+        let root = if v1 {
+            v1_root
+        } else {
+            Path::new("/sys/fs/cgroup")
+        };
+        let name = format!(
+            "prepfs-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let dir = root.join(own_path).join(name);
+        std::fs::create_dir(&dir)
+            .unwrap_or_else(|e| panic!("cannot create the cgroup {}: {e}", dir.display()));
+        let group = MemoryCgroup { dir, v1 };
+        if v1 {
+            group.write("memory.limit_in_bytes", &limit.to_string());
+            // Swap would let the group exceed its limit instead of meeting the OOM killer.
+            let _ = std::fs::write(
+                group.dir.join("memory.memsw.limit_in_bytes"),
+                limit.to_string(),
+            );
+            let _ = std::fs::write(group.dir.join("memory.swappiness"), "0");
+        } else {
+            group.write("memory.max", &limit.to_string());
+            let _ = std::fs::write(group.dir.join("memory.swap.max"), "0");
+        }
+        group
+    }
+
+    fn write(&self, file: &str, value: &str) {
+        let path = self.dir.join(file);
+        std::fs::write(&path, value)
+            .unwrap_or_else(|e| panic!("cannot write {value} to {}: {e}", path.display()));
+    }
+
+    fn read(&self, file: &str) -> String {
+        std::fs::read_to_string(self.dir.join(file)).unwrap_or_default()
+    }
+
+    /// Makes `command`'s process join this group before it execs.
+    pub fn confine(&self, command: &mut Command) {
+        use std::os::unix::process::CommandExt;
+        let procs =
+            std::ffi::CString::new(self.dir.join("cgroup.procs").as_os_str().as_encoded_bytes())
+                .expect("cgroup path without NUL");
+        // SAFETY: between fork and exec only async-signal-safe calls are made: open, write,
+        // close on a path prepared before the fork.
+        unsafe {
+            command.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+                if written != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// Processes the kernel's OOM killer killed in this group so far.
+    pub fn oom_kills(&self) -> u64 {
+        let (file, key) = if self.v1 {
+            ("memory.oom_control", "oom_kill")
+        } else {
+            ("memory.events", "oom_kill")
+        };
+        self.read(file)
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        for _ in 0..100 {
+            for pid in self
+                .read("cgroup.procs")
+                .lines()
+                .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
+            {
+                // SAFETY: kill(2) has no memory effects.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
