@@ -11,7 +11,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{self, MountConfig};
+use crate::config::{self, ConfigError, MountConfig};
+use crate::memory::limits;
 use crate::options::{self, Flag};
 use crate::prefetch::PrefetchOptions;
 use crate::run::{self, RunError};
@@ -159,7 +160,9 @@ struct MountArgs {
     source: PathBuf,
     /// Empty directory where the mount appears.
     mountpoint: PathBuf,
-    /// RAM cache budget, e.g. 8G (default: half of the memory available now).
+    /// Hard memory budget of everything the mount holds for data (cache, prefetch staging,
+    /// reads and renders in flight), e.g. 8G (default: half of the memory available now, within
+    /// the cgroup's limit, less 64M of headroom).
     #[arg(long, value_name = "SIZE")]
     cache_mem: Option<String>,
     /// Stay in the foreground (logs to stderr) instead of returning once ready.
@@ -171,9 +174,13 @@ struct MountArgs {
     /// Threads receiving FUSE requests (default: one per core, at least 2).
     #[arg(long, value_name = "N")]
     fuse_threads: Option<usize>,
-    /// Threads reading cache misses from the source.
+    /// Threads serving requests that may wait on the source (lookups, opens, cache misses).
     #[arg(long, value_name = "N", default_value_t = config::DEFAULT_IO_THREADS)]
     io_threads: usize,
+    /// Longest a request may wait on the source before it is answered EIO, e.g. 30s, 500ms
+    /// (a hung network filesystem then fails the calls that touch it instead of hanging them).
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    source_timeout: String,
     /// Threads rendering view files (default: one per core).
     #[arg(long, value_name = "N")]
     render_threads: Option<usize>,
@@ -204,8 +211,8 @@ struct MountArgs {
     /// Threads fetching files ahead of the readers.
     #[arg(long, value_name = "N", default_value_t = config::DEFAULT_PREFETCH_THREADS)]
     prefetch_threads: usize,
-    /// Staging buffer for prefetched data the cache has no room for, e.g. 64M (apart from
-    /// --cache-mem; 0: prefetch only into the cache). Default 64M.
+    /// Staging buffer for prefetched data the cache has no room for, e.g. 64M (part of
+    /// --cache-mem, at most a quarter of it; 0: prefetch only into the cache). Default 64M.
     #[arg(long, value_name = "SIZE")]
     prefetch_buffer: Option<String>,
     /// A file outside the mount where a sampler writes the upcoming paths, one per line
@@ -423,6 +430,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 no_passthrough,
                 fuse_threads,
                 io_threads,
+                source_timeout,
                 render_threads,
                 allow_other,
                 log_file,
@@ -475,9 +483,19 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 seed,
             };
             let gpu = config::parse_gpu(&gpu, gpu_mem.as_deref(), nvjpeg, nvrtc)?;
+            let (host, cgroup) = (limits::host(), limits::cgroup());
             let cache_mem = match cache_mem {
-                Some(s) => config::parse_size(&s)?,
-                None => config::default_cache_mem(),
+                Some(s) => {
+                    let budget = config::parse_size(&s)?;
+                    let warning = limits::check_budget(budget, host, cgroup.as_ref())
+                        .map_err(|e| RunError::Config(ConfigError::Invalid(e)))?;
+                    // Said once, by the command the user ran (the daemon child runs this too).
+                    if let Some(warning) = warning.filter(|_| !daemon_child) {
+                        eprintln!("prepfs: warning: {warning}");
+                    }
+                    budget
+                }
+                None => limits::default_budget(host, cgroup.as_ref()),
             };
             config::check_fuse_device()?;
             let cfg = MountConfig {
@@ -488,6 +506,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 passthrough: !no_passthrough && rustix::process::geteuid().is_root(),
                 fuse_threads: fuse_threads.unwrap_or_else(config::default_fuse_threads),
                 io_threads: io_threads.max(1),
+                source_timeout: config::parse_duration(&source_timeout)?,
                 render_threads: render_threads
                     .unwrap_or_else(config::default_render_threads)
                     .max(1),

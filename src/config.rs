@@ -55,7 +55,7 @@ pub struct MountConfig {
     pub source: PathBuf,
     /// Where the mount appears (canonical).
     pub mountpoint: PathBuf,
-    /// Byte budget of the RAM tier.
+    /// The hard memory budget of everything the mount holds for data (`--cache-mem`).
     pub cache_mem: u64,
     /// Stay attached to the terminal instead of becoming a daemon.
     pub foreground: bool,
@@ -63,8 +63,10 @@ pub struct MountConfig {
     pub passthrough: bool,
     /// Threads receiving FUSE requests.
     pub fuse_threads: usize,
-    /// Threads serving cache misses from the source.
+    /// Threads serving requests that may wait on the source (lookups, opens, misses).
     pub io_threads: usize,
+    /// Longest a request may wait on the source before it is answered EIO.
+    pub source_timeout: std::time::Duration,
     /// Threads rendering view files (decode and ops): the CPU executor's pool.
     pub render_threads: usize,
     /// Let other users access the mount (off by default).
@@ -214,25 +216,6 @@ pub fn parse_views(definitions: &[String]) -> Result<Vec<ViewSpec>, ConfigError>
     Ok(views)
 }
 
-/// Share of available memory taken by default for the RAM tier.
-const DEFAULT_CACHE_SHARE: f64 = 0.5;
-/// Budget used when /proc/meminfo cannot be read.
-const FALLBACK_CACHE_BYTES: u64 = 1 << 30;
-
-/// Default RAM budget: half of the memory available now.
-pub fn default_cache_mem() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(FALLBACK_CACHE_BYTES, |kib| {
-            ((kib * 1024) as f64 * DEFAULT_CACHE_SHARE) as u64
-        })
-}
-
 /// Default number of FUSE threads: one per core, at least two.
 pub fn default_fuse_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
@@ -252,8 +235,38 @@ pub const DEFAULT_IO_THREADS: usize = 16;
 /// limit takes from the page cache.
 pub const DEFAULT_PREFETCH_THREADS: usize = 4;
 /// Prefetch staging buffer: a few dozen files or shards' first blocks ahead, small next to any
-/// cache budget worth having.
+/// cache budget worth having (and at most a quarter of the budget it is part of).
 pub const DEFAULT_PREFETCH_BUFFER: u64 = 64 << 20;
+
+/// Default `--source-timeout`: a network filesystem's own retries (NFS retransmits over tens of
+/// seconds) fit inside it, and a reader of a dead source gets EIO, not a hang.
+pub const DEFAULT_SOURCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Parses a duration: `30s`, `500ms`, `2m`, or a number of seconds (`1.5`); between 100 ms and
+/// one hour.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, ConfigError> {
+    let bad = || {
+        ConfigError::Invalid(format!(
+            "invalid duration {text:?}: use seconds (30, 1.5), or a number with ms, s or m, \
+             between 100ms and 60m"
+        ))
+    };
+    let t = text.trim();
+    let (number, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (t, 1.0)
+    };
+    let seconds = number.trim().parse::<f64>().map_err(|_| bad())? * scale;
+    if !(0.1..=3600.0).contains(&seconds) {
+        return Err(bad());
+    }
+    Ok(std::time::Duration::from_secs_f64(seconds))
+}
 
 /// Parses `8G`, `512M`, `1.5G`, `4096`, `64KiB` (binary multiples).
 pub fn parse_size(text: &str) -> Result<u64, ConfigError> {
@@ -357,36 +370,7 @@ pub fn check_fuse_device() -> Result<(), ConfigError> {
 
 /// Whether `path` (canonical) is a mount point, according to /proc/self/mountinfo.
 pub fn is_mount_point(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let wanted = path.to_string_lossy();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .any(|m| unescape_mountinfo(m) == wanted)
-}
-
-fn unescape_mountinfo(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4]
-                .iter()
-                .all(|b| (b'0'..=b'7').contains(b))
-        {
-            let code =
-                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(code);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    crate::mountinfo::mounts().iter().any(|m| m.point == path)
 }
 
 #[cfg(test)]
@@ -420,6 +404,21 @@ mod tests {
     }
 
     #[test]
+    fn durations_parse_with_units_and_bounds() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("30").ok(), Some(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2s").ok(), Some(Duration::from_secs(2)));
+        assert_eq!(
+            parse_duration("500ms").ok(),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(parse_duration("2m").ok(), Some(Duration::from_secs(120)));
+        for bad in ["", "0", "10ms", "2h", "-1", "fast", "61m"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
     fn sizes_parse_with_binary_units() {
         assert_eq!(parse_size("4096").ok(), Some(4096));
         assert_eq!(parse_size("8G").ok(), Some(8 << 30));
@@ -429,11 +428,5 @@ mod tests {
         for bad in ["", "G", "12X", "-1G", "1..2G", "8 GB extra"] {
             assert!(parse_size(bad).is_err(), "{bad:?} should be rejected");
         }
-    }
-
-    #[test]
-    fn mountinfo_escapes_are_decoded() {
-        assert_eq!(unescape_mountinfo("/mnt/with\\040space"), "/mnt/with space");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
     }
 }

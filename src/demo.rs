@@ -59,6 +59,7 @@ pub fn run(files: usize) -> Result<(), String> {
         passthrough: rustix::process::geteuid().is_root(),
         fuse_threads: config::default_fuse_threads(),
         io_threads: config::DEFAULT_IO_THREADS,
+        source_timeout: config::DEFAULT_SOURCE_TIMEOUT,
         render_threads: config::default_render_threads(),
         allow_other: false,
         log_file: None,

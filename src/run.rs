@@ -18,16 +18,20 @@ use crate::cache::{CacheDir, DiskOptions, DiskSetup};
 use crate::config::{ConfigError, MountConfig};
 use crate::fs::{Fs, FsOptions};
 use crate::fuse::{Adapter, Config, MountOption, Session, SessionACL, SessionUnmounter};
+use crate::memory::MemoryPlan;
+use crate::memory::pressure::PressureWatch;
 use crate::prefetch::OrderHint;
+use crate::requests::RequestPool;
 use crate::source::{LocalSource, Source};
-use crate::workers::WorkerPool;
 
 /// Line a daemon child prints on stdout once its mount answers.
 const READY_LINE: &str = "prepfs-ready";
 /// How long a new mount may take to answer its first request.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
-/// Queue depth of cache misses waiting for an I/O thread (bounded: back-pressure on the kernel).
-const IO_QUEUE_DEPTH: usize = 256;
+/// Requests waiting for an I/O thread at most. The kernel has at most one request out per
+/// waiting reader thread, so a full queue means thousands of readers or a hung source; beyond it
+/// a request is answered EIO at once instead of blocking a FUSE thread.
+const REQUEST_QUEUE_DEPTH: usize = 4096;
 
 /// A failure of a lifecycle command, printed as one line.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +71,8 @@ pub struct Mounted {
     unmounter: Unmounter,
     session: JoinHandle<std::io::Result<()>>,
     fs: Arc<Fs>,
+    /// Gives memory back before the kernel's OOM killer would take the daemon.
+    _pressure: PressureWatch,
 }
 
 /// Unmounts one mount; cheap to clone, usable from any thread (signal handling).
@@ -135,7 +141,7 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
     let fs = Arc::new(Fs::with_disk(
         source,
         FsOptions {
-            cache_budget: cfg.cache_mem,
+            memory: memory_plan(cfg),
             passthrough: cfg.passthrough,
             owner,
             views: cfg.views.clone(),
@@ -144,7 +150,6 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
             codec: cfg.codec,
             decoded_caching: cfg.decoded_caching,
             prefetch: cfg.prefetch,
-            prefetch_buffer: cfg.prefetch_buffer,
             order_hint: cfg.order_file.clone().map(|file| OrderHint {
                 file,
                 mountpoint: cfg.mountpoint.clone(),
@@ -155,9 +160,9 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
         },
         disk,
     ));
-    let workers = WorkerPool::new("prepfs-io", cfg.io_threads, IO_QUEUE_DEPTH)
+    let requests = RequestPool::new("prepfs-io", cfg.io_threads, REQUEST_QUEUE_DEPTH)
         .map_err(|e| mount_error(format!("cannot start I/O threads: {e}")))?;
-    let adapter = Adapter::new(fs.clone(), workers, cfg.passthrough);
+    let adapter = Adapter::new(fs.clone(), requests, cfg.passthrough, cfg.source_timeout);
 
     let options = vec![
         MountOption::RO,
@@ -189,17 +194,32 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
         .name("prepfs-session".into())
         .spawn(move || session.run())
         .map_err(|e| mount_error(format!("cannot start the session thread: {e}")))?;
+    let pressure = PressureWatch::start(fs.memory().clone());
     let mounted = Mounted {
         unmounter,
         session,
         fs,
+        _pressure: pressure,
     };
     if let Err(e) = wait_until_answering(&cfg.mountpoint) {
         let _ = mounted.unmount();
         return Err(mount_error(e));
     }
-    tracing::info!(source = %cfg.source.display(), mountpoint = %cfg.mountpoint.display(), cache_mem = cfg.cache_mem, "mounted");
+    let plan = mounted.fs.memory().plan();
+    tracing::info!(source = %cfg.source.display(), mountpoint = %cfg.mountpoint.display(), cache_mem = cfg.cache_mem, cache = plan.cache, staging = plan.staging, work = plan.work, "mounted");
     Ok(mounted)
+}
+
+/// How `cfg`'s memory budget is split: the staging buffer it asks for (none without prefetch), and
+/// room for a read in flight per I/O, prefetch and render thread and for the renders.
+fn memory_plan(cfg: &MountConfig) -> MemoryPlan {
+    let staging = if cfg.prefetch.enabled {
+        cfg.prefetch_buffer
+    } else {
+        0
+    };
+    let readers = cfg.io_threads + cfg.prefetch.threads + cfg.render_threads;
+    MemoryPlan::split(cfg.cache_mem, staging, readers, cfg.render_threads)
 }
 
 /// Opens and locks the disk tier's directory, if one was asked for. Its old entries are checked

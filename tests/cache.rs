@@ -341,13 +341,15 @@ fn a_full_cache_filesystem_stops_admission_and_never_fails_a_read() {
         .collect();
     fill(&t, &files);
     let dir_arg = dir.to_str().expect("utf-8 path");
+    // A RAM tier of a few blocks: most blocks go to the disk tier, whose writer queue holds
+    // them in the memory budget's work slice until written (so the budget has room for some).
     t.mount(&[
         "--cache-dir",
         dir_arg,
         "--cache-disk",
         "100M",
         "--cache-mem",
-        "1M",
+        "8M",
     ]);
     for _ in 0..3 {
         read_all_and_compare(&t, &files);

@@ -24,8 +24,10 @@ use super::codec::{self, Codec};
 use super::memfd::MemfdBody;
 use super::policy::strength;
 use super::rows;
+use super::slots::{Slots, Vacant};
 use super::{BLOCK_SIZE, Content, Tally, Tiers, thread_cpu};
 use crate::error::FsError;
+use crate::memory::Use;
 use crate::source::{Identity, SourceFile, read_full};
 
 /// Page size used to account memfd storage (the kernel allocates whole pages).
@@ -129,6 +131,12 @@ struct Slot {
     flight: Option<Arc<Flight>>,
 }
 
+impl Vacant for Slot {
+    fn is_vacant(&self) -> bool {
+        self.stored.is_none() && self.flight.is_none()
+    }
+}
+
 /// Bytes answering one read, borrowed from the cache where possible.
 pub enum ReadBytes {
     /// A range of one heap block.
@@ -164,7 +172,9 @@ pub struct CachedFile {
     rows: Option<usize>,
     /// Source path, recorded in disk entries so an old cache can be validated against the source.
     path: Arc<std::path::Path>,
-    slots: Box<[Mutex<Slot>]>,
+    slots: Slots<Slot>,
+    /// Bytes of this entry's own bookkeeping, charged to the budget while it lives.
+    overhead: u64,
     layout: OnceLock<Layout>,
     /// Multi-block raw files only; `Some(None)` when the memfd could not be created.
     memfd: OnceLock<Option<MemfdBody>>,
@@ -187,14 +197,19 @@ impl CachedFile {
         path: Arc<std::path::Path>,
         tiers: Arc<Tiers>,
     ) -> CachedFile {
-        let blocks = len.div_ceil(BLOCK_SIZE) as usize;
+        let slots = Slots::new(usize::try_from(len.div_ceil(BLOCK_SIZE)).unwrap_or(usize::MAX));
+        let overhead = std::mem::size_of::<CachedFile>() as u64
+            + slots.overhead()
+            + path.as_os_str().len() as u64;
+        tiers.ledger.budget.charge(Use::Cache, overhead);
         CachedFile {
             identity,
             content,
             len,
             rows,
             path,
-            slots: (0..blocks).map(|_| Mutex::new(Slot::default())).collect(),
+            slots,
+            overhead,
             layout: OnceLock::new(),
             memfd: OnceLock::new(),
             tiers,
@@ -215,8 +230,17 @@ impl CachedFile {
         self.len
     }
 
+    /// Raw files of more than one block (and a dense slot array: a huge file's bytes stay on
+    /// the heap, block by block) keep their bytes in a memfd, which passthrough can serve.
     fn uses_memfd(&self) -> bool {
-        self.slots.len() > 1 && self.layout.get() == Some(&Layout::Raw)
+        self.slots.is_dense() && self.slots.len() > 1 && self.layout.get() == Some(&Layout::Raw)
+    }
+
+    /// Whether block `index` is stored (false past the end).
+    fn is_stored(&self, index: usize) -> bool {
+        self.slots
+            .with(index, |s| s.stored.is_some())
+            .unwrap_or(false)
     }
 
     fn tally(&self) -> &Tally {
@@ -254,13 +278,13 @@ impl CachedFile {
         out
     }
 
-    /// Whether every block is cached or staged: reads need not touch the source.
+    /// Whether every block is cached or staged: reads need not touch the source. (A huge file
+    /// with sparse slots counts only when complete: its blocks are never walked one by one.)
     pub fn is_available(&self) -> bool {
         self.is_complete()
-            || (0..self.slots.len()).all(|i| {
-                self.slots[i].lock().stored.is_some()
-                    || self.tiers.staging.contains(self.identity, i)
-            })
+            || (self.slots.is_dense()
+                && (0..self.slots.len())
+                    .all(|i| self.is_stored(i) || self.tiers.staging.contains(self.identity, i)))
     }
 
     /// Whether every block is cached.
@@ -278,10 +302,7 @@ impl CachedFile {
         memo: &Unpacked,
     ) -> Option<ReadBytes> {
         let pieces = self.pieces(offset, len);
-        if !pieces
-            .iter()
-            .all(|(i, _)| self.slots[*i].lock().stored.is_some())
-        {
+        if !pieces.iter().all(|(i, _)| self.is_stored(*i)) {
             return None;
         }
         self.assemble(pieces, |index, range| {
@@ -334,7 +355,7 @@ impl CachedFile {
         range: Range<usize>,
         memo: &Unpacked,
     ) -> Option<ReadBytes> {
-        let stored = self.slots[index].lock().stored.clone()?;
+        let stored = self.slots.with(index, |s| s.stored.clone()).flatten()?;
         let bytes = match &stored {
             Stored::Packed(packed) => {
                 let mut last = memo.0.lock();
@@ -437,32 +458,34 @@ impl CachedFile {
         index: usize,
         source: &dyn SourceFile,
     ) -> Option<Result<Arc<Block>, FsError>> {
-        let (flight, leader) = {
-            let mut slot = self.slots[index].lock();
+        let (flight, leader) = self.slots.with(index, |slot| {
             if slot.stored.is_some() {
                 return None;
             }
-            match &slot.flight {
+            Some(match &slot.flight {
                 Some(f) => (f.clone(), false),
                 None => {
                     let f = Arc::new(Flight::default());
                     slot.flight = Some(f.clone());
                     (f, true)
                 }
-            }
-        };
+            })
+        })??;
         if !leader {
             return Some(flight.wait());
         }
         let span = self.block_span(index);
         let result = self.load(index, span.clone(), source);
-        let mut slot = self.slots[index].lock();
-        if let Ok(block) = &result {
-            slot.stored = self.admit(index, block);
-        }
-        let admitted = slot.stored.is_some();
-        slot.flight = None;
-        drop(slot);
+        let admitted = self
+            .slots
+            .with(index, |slot| {
+                if let Ok(block) = &result {
+                    slot.stored = self.admit(index, block);
+                }
+                slot.flight = None;
+                slot.stored.is_some()
+            })
+            .unwrap_or(false);
         if admitted {
             // The cache holds these bytes now; the kernel's copy would be a second one.
             source.drop_page_cache(span);
@@ -483,7 +506,7 @@ impl CachedFile {
         index: usize,
         source: &dyn SourceFile,
     ) -> Result<Prefetched, FsError> {
-        if index >= self.slots.len() || self.slots[index].lock().stored.is_some() {
+        if index >= self.slots.len() || self.is_stored(index) {
             return Ok(Prefetched::Present);
         }
         let span = self.block_span(index);
@@ -554,6 +577,8 @@ impl CachedFile {
     /// Bytes `span` of this version from the source; EIO if the read fails or the file changed.
     fn fetch(&self, span: Range<u64>, source: &dyn SourceFile) -> Result<Vec<u8>, FsError> {
         let metrics = &self.tiers.metrics;
+        // A read in flight: charged to the budget's work slice while it runs.
+        let _in_flight = self.tiers.ledger.budget.in_flight(span.end - span.start);
         let mut buf = vec![0u8; (span.end - span.start) as usize];
         let started = Instant::now();
         let read = read_full(source, &mut buf, span.start);
@@ -679,19 +704,22 @@ impl CachedFile {
         };
         for (index, block) in blocks.into_iter().enumerate() {
             let block = Arc::new(block);
-            let mut slot = self.slots[index].lock();
-            if slot.stored.is_none() {
-                match self.admit(index, &block) {
-                    Some(stored) => slot.stored = Some(stored),
-                    None => {
-                        drop(slot);
-                        (0..index).for_each(|i| self.drop_block(i));
-                        return false;
-                    }
+            // Some(true): admitted now; Some(false): already there; None: refused.
+            let outcome = self.slots.with(index, |slot| match &slot.stored {
+                Some(_) => Some(false),
+                None => {
+                    slot.stored = Some(self.admit(index, &block)?);
+                    Some(true)
                 }
-                drop(slot);
-                if matches!(self.layout.get(), Some(Layout::Packable { .. })) {
+            });
+            match outcome.flatten() {
+                Some(true) if matches!(self.layout.get(), Some(Layout::Packable { .. })) => {
                     self.tiers.packer.enqueue(self, index);
+                }
+                Some(_) => {}
+                None => {
+                    (0..index).for_each(|i| self.drop_block(i));
+                    return false;
                 }
             }
         }
@@ -702,10 +730,7 @@ impl CachedFile {
     /// makes it smaller; the budget it frees returns to the ledger. Run by the packer thread:
     /// compresses outside the block's lock and publishes only if the block did not change.
     pub fn pack(&self, index: usize, codec: Codec) -> PackOutcome {
-        let Some(slot) = self.slots.get(index) else {
-            return PackOutcome::Unchanged;
-        };
-        let Some(stored) = slot.lock().stored.clone() else {
+        let Some(stored) = self.slots.with(index, |s| s.stored.clone()).flatten() else {
             return PackOutcome::Unchanged;
         };
         let from = stored.codec();
@@ -746,17 +771,20 @@ impl CachedFile {
             self.stored_charge(index, &stored),
             packed.payload.len() as u64,
         );
-        let mut guard = slot.lock();
-        let unchanged = match (&guard.stored, &stored) {
-            (Some(Stored::Heap(a)), Stored::Heap(b)) => Arc::ptr_eq(a, b),
-            (Some(Stored::Packed(a)), Stored::Packed(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        };
-        if !unchanged || new >= old {
+        let published = self.slots.with(index, |slot| {
+            let unchanged = match (&slot.stored, &stored) {
+                (Some(Stored::Heap(a)), Stored::Heap(b)) => Arc::ptr_eq(a, b),
+                (Some(Stored::Packed(a)), Stored::Packed(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            };
+            if unchanged && new < old {
+                slot.stored = Some(Stored::Packed(Arc::new(packed)));
+            }
+            unchanged && new < old
+        });
+        if published != Some(true) {
             return PackOutcome::Unchanged;
         }
-        guard.stored = Some(Stored::Packed(Arc::new(packed)));
-        drop(guard);
         let ledger = &self.tiers.ledger;
         self.admitted_bytes.fetch_sub(old - new, Ordering::AcqRel);
         ledger.release(self.content, old - new);
@@ -771,7 +799,7 @@ impl CachedFile {
     }
 
     fn drop_block(&self, index: usize) {
-        let Some(stored) = self.slots[index].lock().stored.take() else {
+        let Some(stored) = self.slots.with(index, |s| s.stored.take()).flatten() else {
             return;
         };
         let span = self.block_span(index);
@@ -800,7 +828,9 @@ impl CachedFile {
         let body = self.memfd.get()?.as_ref()?;
         if !self.verified_complete.load(Ordering::Acquire) {
             for index in 0..self.slots.len() {
-                let Some(Stored::Memfd(sums)) = self.slots[index].lock().stored.clone() else {
+                let Some(Stored::Memfd(sums)) =
+                    self.slots.with(index, |s| s.stored.clone()).flatten()
+                else {
                     return None;
                 };
                 let span = self.block_span(index);
@@ -837,8 +867,7 @@ impl CachedFile {
     #[cfg(test)]
     pub(crate) fn corrupt_for_test(&self, index: usize) {
         let span = self.block_span(index);
-        let mut slot = self.slots[index].lock();
-        match slot.stored.as_mut() {
+        self.slots.with(index, |slot| match slot.stored.as_mut() {
             Some(Stored::Heap(block)) => {
                 let mut data = block.data.to_vec();
                 data[0] ^= 0xff;
@@ -862,7 +891,7 @@ impl CachedFile {
                 });
             }
             None => {}
-        }
+        });
     }
 }
 
@@ -871,12 +900,15 @@ impl Drop for CachedFile {
         let ledger = &self.tiers.ledger;
         let present = *self.present.get_mut();
         ledger.release(self.content, *self.admitted_bytes.get_mut());
-        for index in 0..self.slots.len() {
-            let span = self.block_span(index);
-            if let Some(stored) = &self.slots[index].get_mut().stored {
-                ledger.count_block(self.content, stored.codec(), span.end - span.start, false);
+        let (content, len) = (self.content, self.len);
+        self.slots.for_each_held(|index, slot| {
+            if let Some(stored) = &slot.stored {
+                let start = index as u64 * BLOCK_SIZE;
+                let logical = (start + BLOCK_SIZE).min(len) - start;
+                ledger.count_block(content, stored.codec(), logical, false);
             }
-        }
+        });
+        ledger.budget.release(Use::Cache, self.overhead);
         let tally = ledger.tally(self.content);
         if present > 0 {
             tally.entries.fetch_sub(1, Ordering::Relaxed);

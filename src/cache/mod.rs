@@ -20,6 +20,7 @@ mod memfd;
 mod packer;
 pub mod policy;
 pub(crate) mod rows;
+mod slots;
 mod staging;
 
 use std::path::Path;
@@ -39,6 +40,7 @@ use disk::DiskTier;
 use packer::Packer;
 use policy::CodecPolicy;
 
+use crate::memory::{MemoryBudget, Shed, Use};
 use crate::scheduler::knobs::Knobs;
 use crate::shards::ShardedMap;
 use crate::source::Identity;
@@ -73,12 +75,11 @@ struct Tally {
     complete: AtomicU64,
 }
 
-/// Budget accounting shared by the cache and every cached entry (entries release on drop).
+/// The cache's side of the memory budget (its cache slice), with the figures of each kind of
+/// entry; shared by the cache and every cached entry (entries release on drop).
 #[derive(Debug)]
 pub struct Ledger {
-    budget: u64,
-    /// Bytes charged to the budget, all kinds together.
-    used: AtomicU64,
+    budget: Arc<MemoryBudget>,
     tallies: [Tally; 2],
 }
 
@@ -92,10 +93,9 @@ fn family(codec: Codec) -> usize {
 }
 
 impl Ledger {
-    fn new(budget: u64) -> Ledger {
+    fn new(budget: Arc<MemoryBudget>) -> Ledger {
         Ledger {
             budget,
-            used: AtomicU64::new(0),
             tallies: Default::default(),
         }
     }
@@ -118,16 +118,10 @@ impl Ledger {
         }
     }
 
-    /// Reserves `bytes` for `content` if they fit under the budget; false (and nothing
-    /// reserved) otherwise.
+    /// Reserves `bytes` for `content` if they fit the cache slice; false (and nothing reserved)
+    /// otherwise.
     fn try_reserve(&self, content: Content, bytes: u64) -> bool {
-        let reserved = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes)
-                    .filter(|&total| total <= self.budget)
-            })
-            .is_ok();
+        let reserved = self.budget.admit(Use::Cache, bytes);
         if reserved {
             self.tally(content)
                 .stored
@@ -138,14 +132,14 @@ impl Ledger {
 
     /// Whether `bytes` would fit now (a hint: a concurrent admission may take the room first).
     fn has_room(&self, bytes: u64) -> bool {
-        self.used.load(Ordering::Acquire).saturating_add(bytes) <= self.budget
+        self.budget.has_room(Use::Cache, bytes)
     }
 
     fn release(&self, content: Content, bytes: u64) {
         self.tally(content)
             .stored
             .fetch_sub(bytes, Ordering::Relaxed);
-        self.used.fetch_sub(bytes, Ordering::AcqRel);
+        self.budget.release(Use::Cache, bytes);
     }
 }
 
@@ -179,15 +173,14 @@ pub struct NeverEvictCache {
 }
 
 impl NeverEvictCache {
-    /// An empty cache holding at most `budget` bytes in RAM, packing with `policy`, over an
-    /// optional disk tier, with `staging` for prefetched blocks none of them has room for.
-    /// Starts the packer thread (without it, entries simply stay raw).
+    /// An empty cache holding in RAM at most `budget`'s cache slice, with a staging buffer of
+    /// its staging slice for prefetched blocks neither tier has room for, packing with `policy`,
+    /// over an optional disk tier. Starts the packer thread (without it, entries stay raw).
     pub fn new(
-        budget: u64,
+        budget: Arc<MemoryBudget>,
         policy: Box<dyn CodecPolicy>,
         telemetry: Arc<Telemetry>,
         disk: Option<DiskSetup>,
-        staging: Arc<Staging>,
         metrics: Arc<Metrics>,
     ) -> NeverEvictCache {
         let packer = Arc::new(Packer::new(policy, telemetry, metrics.clone()));
@@ -197,9 +190,11 @@ impl NeverEvictCache {
                 d.options,
                 d.validate,
                 packer.clone(),
+                budget.clone(),
                 metrics.clone(),
             )
         });
+        let staging = Arc::new(Staging::new(budget.clone(), metrics.clone()));
         let packer_thread = if packer.enabled() {
             let p = packer.clone();
             std::thread::Builder::new()
@@ -244,13 +239,40 @@ impl NeverEvictCache {
         self
     }
 
-    /// Share of the RAM budget in use (0..=1; a zero budget is full).
+    /// This cache, shared, with what it can give back registered with its budget: the staging
+    /// buffer first (fetched ahead, the cheapest to fetch again), then decoded pixels.
+    pub fn shared(self) -> Arc<NeverEvictCache> {
+        let cache = Arc::new(self);
+        let budget = &cache.tiers.ledger.budget;
+        let staging: Arc<dyn Shed> = cache.tiers.staging.clone();
+        budget.add_shed(Arc::downgrade(&staging));
+        let decoded: Arc<dyn Shed> = cache.clone();
+        budget.add_shed(Arc::downgrade(&decoded));
+        cache
+    }
+
+    /// The memory budget this cache's slice is part of.
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.tiers.ledger.budget
+    }
+
+    /// Drops `entry` from the cache's index if it holds no block and nobody else (but the
+    /// caller) uses it: an opened or prefetched file the budget had no room for leaves nothing
+    /// behind once it is closed.
+    pub fn settle(&self, entry: &Arc<CachedFile>) {
+        if entry.cached_blocks() == 0 {
+            self.files.remove_if(&entry.identity(), |held| {
+                Arc::ptr_eq(held, entry) && Arc::strong_count(held) <= 2
+            });
+        }
+    }
+
+    /// Share of the cache slice in use (0..=1; a zero slice is full).
     pub fn fill(&self) -> f64 {
-        let ledger = &self.tiers.ledger;
-        if ledger.budget == 0 {
-            1.0
-        } else {
-            ledger.used.load(Ordering::Relaxed) as f64 / ledger.budget as f64
+        let budget = &self.tiers.ledger.budget;
+        match budget.slice(Use::Cache) {
+            0 => 1.0,
+            slice => budget.used(Use::Cache) as f64 / slice as f64,
         }
     }
 
@@ -388,15 +410,15 @@ impl NeverEvictCache {
         self.tiers.packer.last_choice()
     }
 
-    /// Blocks of `identity` (a version `blocks` blocks long) that the RAM tier and the disk tier
-    /// hold: `(ram, disk)`; the disk count is 0 without a disk tier.
-    pub fn held(&self, identity: &Identity, blocks: usize) -> (usize, usize) {
+    /// Blocks of `identity` that the RAM tier and the disk tier hold: `(ram, disk)`; the disk
+    /// count is 0 without a disk tier (which holds at most a file's first `disk::MAX_BLOCKS`).
+    pub fn held(&self, identity: &Identity) -> (usize, usize) {
         let ram = self.get(identity).map_or(0, |c| c.cached_blocks());
-        let disk = self
-            .tiers
-            .disk
-            .as_ref()
-            .map_or(0, |d| (0..blocks).filter(|&i| d.holds(identity, i)).count());
+        let disk = self.tiers.disk.as_ref().map_or(0, |d| {
+            (0..disk::blocks_held(identity))
+                .filter(|&i| d.holds(identity, i))
+                .count()
+        });
         (ram, disk)
     }
 
@@ -427,9 +449,9 @@ impl NeverEvictCache {
             std::array::from_fn(|i| load(&files.by_codec[i]) + load(&decoded.by_codec[i]));
         let (pack_queue, repack_queue) = self.tiers.packer.queued();
         Gauges {
-            cache_bytes: load(&ledger.used),
+            cache_bytes: load(&files.stored) + load(&decoded.stored),
             cache_logical_bytes: load(&files.logical) + load(&decoded.logical),
-            cache_budget_bytes: ledger.budget,
+            cache_budget_bytes: ledger.budget.slice(Use::Cache),
             cache_blocks: by_codec.iter().sum(),
             cache_blocks_by_codec: by_codec,
             cache_files: load(&files.entries),
@@ -441,6 +463,22 @@ impl NeverEvictCache {
             repack_queue: repack_queue as u64,
             ..Gauges::default()
         }
+    }
+}
+
+impl Shed for NeverEvictCache {
+    /// Decoded pixels no render is reading now: they can be decoded again.
+    fn shed(&self) -> u64 {
+        let stored = || {
+            self.tiers
+                .ledger
+                .tally(Content::Decoded)
+                .stored
+                .load(Ordering::Relaxed)
+        };
+        let before = stored();
+        self.decoded.retain(|_, entry| Arc::strong_count(entry) > 1);
+        before.saturating_sub(stored())
     }
 }
 

@@ -1,12 +1,13 @@
 //! `Staging`: the prefetch staging buffer, for blocks the never-evict tiers had no room for.
 //!
-//! Owns: a small byte budget apart from the cache's, blocks the prefetcher fetched ahead of the
-//! readers (keyed by file version and block, so a changed file never finds them), and their
-//! lifetime: a block is dropped once a reader has read it to its end, and blocks a pass staged
-//! but never read are dropped when the next pass begins (`retire`, counted as wasted). A reader
-//! that asks for a block still being fetched waits for that fetch instead of starting another.
-//! Must never admit past its budget, never hand out bytes that fail their checksum, and never
-//! hold a lock while fetching.
+//! Owns: blocks the prefetcher fetched ahead of the readers (keyed by file version and block, so
+//! a changed file never finds them), charged to the memory budget's staging slice, and their
+//! lifetime: a block is dropped once a reader has read it to its end, blocks a pass staged but
+//! never read are dropped when the next pass begins (`retire`, counted as wasted), and under
+//! memory pressure every block nobody waits on is given back (`Shed`). A reader that asks for a
+//! block still being fetched waits for that fetch instead of starting another. Must never admit
+//! past its slice, never hand out bytes that fail their checksum, never drop a block a reader is
+//! waiting on, and never hold a lock while fetching.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use super::Block;
 use super::block;
 use super::file::Flight;
 use crate::error::FsError;
+use crate::memory::{MemoryBudget, Shed, Use};
 use crate::shards::ShardedMap;
 use crate::source::Identity;
 use crate::stats::Metrics;
@@ -30,19 +32,17 @@ struct Staged {
 
 /// The staging buffer.
 pub struct Staging {
-    budget: u64,
-    used: AtomicU64,
+    budget: Arc<MemoryBudget>,
     generation: AtomicU64,
     blocks: ShardedMap<(Identity, usize), Arc<Staged>>,
     metrics: Arc<Metrics>,
 }
 
 impl Staging {
-    /// An empty buffer of `budget` bytes (0: prefetch only into the cache).
-    pub fn new(budget: u64, metrics: Arc<Metrics>) -> Staging {
+    /// An empty buffer in `budget`'s staging slice (none: prefetch only into the cache).
+    pub fn new(budget: Arc<MemoryBudget>, metrics: Arc<Metrics>) -> Staging {
         Staging {
             budget,
-            used: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             blocks: ShardedMap::default(),
             metrics,
@@ -51,17 +51,17 @@ impl Staging {
 
     /// Bytes held or reserved for fetches in flight.
     pub fn bytes(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
+        self.budget.used(Use::Staging)
     }
 
     /// The budget.
     pub fn budget(&self) -> u64 {
-        self.budget
+        self.budget.slice(Use::Staging)
     }
 
     /// Whether `len` more bytes fit now.
     pub fn has_room(&self, len: u64) -> bool {
-        self.used.load(Ordering::Relaxed) + len <= self.budget
+        self.budget.has_room(Use::Staging, len)
     }
 
     /// Whether block `index` of `identity` is staged or being staged.
@@ -78,13 +78,7 @@ impl Staging {
         len: u64,
         load: impl FnOnce() -> Result<Arc<Block>, FsError>,
     ) -> bool {
-        let reserved = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                (used + len <= self.budget).then_some(used + len)
-            })
-            .is_ok();
-        if !reserved {
+        if !self.budget.admit(Use::Staging, len) {
             return false;
         }
         let staged = Arc::new(Staged {
@@ -95,7 +89,7 @@ impl Staging {
         let key = (identity, index);
         let winner = self.blocks.get_or_insert_with(key, || staged.clone());
         if !Arc::ptr_eq(&winner, &staged) {
-            self.used.fetch_sub(len, Ordering::AcqRel);
+            self.budget.release(Use::Staging, len);
             return false;
         }
         let result = load();
@@ -144,14 +138,30 @@ impl Staging {
             keep
         });
         if freed > 0 {
-            self.used.fetch_sub(freed, Ordering::AcqRel);
+            self.budget.release(Use::Staging, freed);
             self.metrics.prefetch_wasted_bytes.add(freed);
         }
     }
 
     fn remove(&self, key: &(Identity, usize), staged: &Arc<Staged>) {
         if self.blocks.remove_if(key, |v| Arc::ptr_eq(v, staged)) {
-            self.used.fetch_sub(staged.len, Ordering::AcqRel);
+            self.budget.release(Use::Staging, staged.len);
         }
+    }
+}
+
+impl Shed for Staging {
+    /// Every staged block whose fetch is done and that no reader is taking now.
+    fn shed(&self) -> u64 {
+        let mut freed = 0;
+        self.blocks.retain(|_, staged| {
+            let keep = Arc::strong_count(staged) > 1 || !staged.flight.is_done();
+            if !keep {
+                freed += staged.len;
+            }
+            keep
+        });
+        self.budget.release(Use::Staging, freed);
+        freed
     }
 }

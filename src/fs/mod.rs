@@ -21,14 +21,13 @@ use std::time::{Duration, Instant};
 
 use crate::cache::codec::Codec;
 use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed};
-use crate::cache::{
-    BLOCK_SIZE, CachedFile, DiskSetup, NeverEvictCache, ReadBytes, Staging, Unpacked,
-};
+use crate::cache::{BLOCK_SIZE, CachedFile, DiskSetup, NeverEvictCache, ReadBytes, Unpacked};
 use crate::error::FsError;
 use crate::inode::{
     self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE,
     VIEWS_DIR,
 };
+use crate::memory::{MemoryBudget, MemoryPlan};
 use crate::prefetch::{DecodeAhead, OrderHint, PrefetchOptions, Prefetcher, Readahead};
 use crate::scheduler::action::{Action, CODECS, Head, Mask};
 use crate::scheduler::knobs::{Knobs, ScheduledCodec};
@@ -51,8 +50,8 @@ const RENDER_QUEUE_DEPTH: usize = 64;
 /// Options of the core that the CLI can change.
 #[derive(Debug, Clone)]
 pub struct FsOptions {
-    /// Byte budget of the RAM tier.
-    pub cache_budget: u64,
+    /// The memory budget and its split: the RAM tier, prefetch staging, data in motion.
+    pub memory: MemoryPlan,
     /// Offer kernel passthrough for fully cached files (needs root and Linux >= 6.9).
     pub passthrough: bool,
     /// Owner shown for the virtual control files.
@@ -69,8 +68,6 @@ pub struct FsOptions {
     pub decoded_caching: DecodedCaching,
     /// Prefetch workers, or off.
     pub prefetch: PrefetchOptions,
-    /// Byte budget of the prefetch staging buffer (apart from `cache_budget`).
-    pub prefetch_buffer: u64,
     /// An order file a sampler writes, for prefetch to follow.
     pub order_hint: Option<OrderHint>,
     /// The scheduler, or `None`: the modules' heuristics decide and nobody observes.
@@ -290,24 +287,11 @@ impl Fs {
             Some(codec) => Box::new(Fixed(codec)),
             None => Box::new(ScheduledCodec(knobs.clone())),
         };
-        let staging_budget = if options.prefetch.enabled {
-            options.prefetch_buffer
-        } else {
-            0
-        };
-        let staging = Arc::new(Staging::new(staging_budget, metrics.clone()));
-        let cache = Arc::new(
-            NeverEvictCache::new(
-                options.cache_budget,
-                policy,
-                telemetry.clone(),
-                disk,
-                staging,
-                metrics.clone(),
-            )
+        let budget = MemoryBudget::new(options.memory);
+        let cache = NeverEvictCache::new(budget, policy, telemetry.clone(), disk, metrics.clone())
             .with_decoded_caching(options.decoded_caching)
-            .with_knobs(knobs.clone()),
-        );
+            .with_knobs(knobs.clone())
+            .shared();
         // The GPU backend is opened only for views (nothing else renders).
         let gpu = Gpu::open(&if options.views.is_empty() {
             GpuOptions {
@@ -406,6 +390,11 @@ impl Fs {
     /// The mount's metrics registry.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The mount's memory budget.
+    pub fn memory(&self) -> &Arc<MemoryBudget> {
+        self.cache.budget()
     }
 
     fn node(&self, ino: u64) -> Result<Arc<Node>, FsError> {
@@ -578,7 +567,24 @@ impl Fs {
             .stat(&child_path)
             .map_err(|e| FsError::from_source(&e))?;
         let node = self.inodes.intern(&parent, name, meta.kind);
+        self.inodes.remember(&node);
         Ok(Self::source_attr(node.ino, &meta))
+    }
+
+    /// Whether `ino` is a virtual node (the control directory, its files, the views' roots):
+    /// answered without the source, so never held up by it.
+    pub fn is_virtual(&self, ino: u64) -> bool {
+        ino != ROOT && ino < inode::FIRST_SOURCE_INODE
+    }
+
+    /// Whether looking `name` up in `parent` is answered without the source.
+    pub fn lookup_is_virtual(&self, parent: u64, name: &OsStr) -> bool {
+        (parent == ROOT && name == CONTROL_DIR_NAME) || parent == CONTROL_DIR || parent == VIEWS_DIR
+    }
+
+    /// The kernel dropped `nlookup` lookups of `ino` (its inode left the kernel's caches).
+    pub fn forget(&self, ino: u64, nlookup: u64) {
+        self.inodes.forget(ino, nlookup);
     }
 
     /// Attributes of inode `ino`.
@@ -607,8 +613,8 @@ impl Fs {
             _ => return Err(FsError::NoAttribute),
         };
         let identity = self.stat_node(&node)?.identity;
-        let blocks = identity.size.div_ceil(BLOCK_SIZE) as usize;
-        let (ram, disk) = self.cache.held(&identity, blocks);
+        let blocks = identity.size.div_ceil(BLOCK_SIZE);
+        let (ram, disk) = self.cache.held(&identity);
         Ok(format!("ram={ram} disk={disk} blocks={blocks}").into_bytes())
     }
 
@@ -665,6 +671,47 @@ impl Fs {
         if intent == Intent::Read {
             self.prefetcher.opened(0, &node.path, Some(identity));
         }
+        let serve = if self.options.passthrough && cached.passthrough_fd().is_some() {
+            Serve::Passthrough(cached.clone())
+        } else {
+            Serve::Daemon
+        };
+        let fh = self.add_handle(Handle::File {
+            source,
+            cached,
+            unpacked: Unpacked::default(),
+            readahead: Readahead::default(),
+        });
+        Ok(Opened { fh, serve })
+    }
+
+    /// Whether `open_cached` can answer for `ino`: a dataset file whose version seen by the last
+    /// open the cache holds whole. Asks nothing of the source.
+    pub fn has_cached_version(&self, ino: u64) -> bool {
+        self.cached_version(ino).is_some()
+    }
+
+    fn cached_version(&self, ino: u64) -> Option<(Arc<Node>, Arc<CachedFile>)> {
+        let node = self.inodes.get(ino)?;
+        if node.kind != Kind::File || node.view.is_some() {
+            return None;
+        }
+        let identity = (*node.last_identity.lock())?;
+        let cached = self.cache.get(&identity).filter(|c| c.is_complete())?;
+        Some((node, cached))
+    }
+
+    /// Opens `ino` from the cache alone, as the version the last open saw, without asking the
+    /// source: for when the source does not answer an open in time (a hung network filesystem).
+    /// Counted in `source.unanswered_opens`.
+    pub fn open_cached(&self, ino: u64) -> Result<Opened, FsError> {
+        let (node, cached) = self.cached_version(ino).ok_or(FsError::Io)?;
+        self.metrics.unanswered_opens.inc();
+        let source: Arc<dyn SourceFile> = Arc::new(Deferred::new(
+            self.source.clone(),
+            &node.path,
+            cached.identity(),
+        ));
         let serve = if self.options.passthrough && cached.passthrough_fd().is_some() {
             Serve::Passthrough(cached.clone())
         } else {
@@ -779,12 +826,13 @@ impl Fs {
         }
     }
 
-    /// Forgets a file or directory handle.
+    /// Forgets a file or directory handle (and a cache entry it leaves holding nothing).
     pub fn release(&self, fh: u64) -> Result<(), FsError> {
-        self.handles
-            .remove(&fh)
-            .map(|_| ())
-            .ok_or(FsError::BadHandle)
+        let handle = self.handles.remove(&fh).ok_or(FsError::BadHandle)?;
+        if let Handle::File { cached, .. } = &*handle {
+            self.cache.settle(cached);
+        }
+        Ok(())
     }
 
     /// Opens directory `ino`, taking a snapshot of its names.
@@ -862,8 +910,11 @@ impl Fs {
                 },
                 _ => {
                     let (name, kind, fixed) = &dir.names[position - 2];
-                    let ino =
-                        fixed.unwrap_or_else(|| self.inodes.intern(&dir.node, name, *kind).ino);
+                    // A listing creates no node (only a lookup does, which the kernel forgets):
+                    // names not looked up yet show a number of their own, derived from the name.
+                    let ino = fixed
+                        .or_else(|| self.inodes.find(dir.node.ino, name))
+                        .unwrap_or_else(|| inode::listed_only(dir.node.ino, name));
                     DirItem {
                         ino,
                         kind: *kind,

@@ -20,7 +20,13 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 fn options(budget: u64) -> FsOptions {
     FsOptions {
         decoded_caching: Default::default(),
-        cache_budget: budget,
+        // The RAM tier gets `budget`; no staging (prefetch is off), and room for reads in flight
+        // and renders beside it.
+        memory: crate::memory::MemoryPlan {
+            cache: budget,
+            staging: 0,
+            work: 64 << 20,
+        },
         passthrough: true,
         owner: (0, 0),
         views: Vec::new(),
@@ -32,7 +38,6 @@ fn options(budget: u64) -> FsOptions {
             enabled: false,
             threads: 2,
         },
-        prefetch_buffer: 8 << 20,
         order_hint: None,
         scheduler: None,
         source_root: None,
@@ -566,14 +571,18 @@ fn slow_prefetching_fs_sized(
     let (source, plan) =
         FaultySource::new(Arc::new(LocalSource::open(dir.path()).expect("source")));
     plan.read_delay_us.store(2000, Ordering::SeqCst);
+    let base = options(256 << 10);
     let options = FsOptions {
         prefetch: crate::prefetch::PrefetchOptions {
             enabled: true,
             threads: 2,
         },
-        prefetch_buffer: staging,
+        memory: crate::memory::MemoryPlan {
+            staging,
+            ..base.memory
+        },
         order_hint,
-        ..options(256 << 10)
+        ..base
     };
     let fs = Fs::new(Arc::new(source), options);
     (dir, fs, plan)
@@ -784,6 +793,10 @@ fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
             prefetch: crate::prefetch::PrefetchOptions {
                 enabled: true,
                 threads: 2,
+            },
+            memory: crate::memory::MemoryPlan {
+                staging: 8 << 20,
+                ..options(1 << 30).memory
             },
             ..options(1 << 30)
         },

@@ -185,6 +185,7 @@ impl Views {
             }
             out.extend_from_slice(bytes.as_slice());
         }
+        self.cache.settle(&cached);
         Ok(out)
     }
 
@@ -336,7 +337,9 @@ impl Fs {
                 let meta = self.stat_source(&parent.path.join(image))?;
                 if meta.kind == Kind::File {
                     let node = self.inodes.intern_as(parent, name, image, Kind::File);
-                    return self.view_file_attr(&node, &meta);
+                    let attr = self.view_file_attr(&node, &meta)?;
+                    self.inodes.remember(&node);
+                    return Ok(attr);
                 }
             }
             return Err(FsError::NotFound);
@@ -346,6 +349,7 @@ impl Fs {
             return Err(FsError::NotFound);
         }
         let node = self.inodes.intern_as(parent, name, name, Kind::Directory);
+        self.inodes.remember(&node);
         Ok(Self::source_attr(node.ino, &meta))
     }
 
@@ -400,18 +404,11 @@ impl Fs {
         let names = entries
             .into_iter()
             .filter_map(|e| match e.kind {
-                Kind::Directory => {
-                    let child = self
-                        .inodes
-                        .intern_as(&node, &e.name, &e.name, Kind::Directory);
-                    Some((e.name, Kind::Directory, Some(child.ino)))
-                }
+                Kind::Directory => Some((e.name, Kind::Directory, None)),
                 Kind::File if is_image(&e.name) => {
-                    let mut shown = e.name.clone().into_vec();
+                    let mut shown = e.name.into_vec();
                     shown.extend_from_slice(NPY.as_bytes());
-                    let shown = OsString::from_vec(shown);
-                    let child = self.inodes.intern_as(&node, &shown, &e.name, Kind::File);
-                    Some((shown, Kind::File, Some(child.ino)))
+                    Some((OsString::from_vec(shown), Kind::File, None))
                 }
                 _ => None,
             })

@@ -2,9 +2,15 @@
 //!
 //! Owns: translating kernel requests into `fs::Fs` calls and results into replies, the kernel
 //! connection settings (1 MiB requests, direct I/O, mmap on direct-I/O files, passthrough), the
-//! passthrough backing ids, counting requests per op, and moving cache misses onto `WorkerPool`.
-//! Cache hits are answered on the FUSE thread; anything that may wait on the source is not. Must
-//! never hold file-system semantics of its own: every decision is the core's.
+//! passthrough backing ids, counting requests per op, and where each request runs. What cannot
+//! wait on the source is answered on the FUSE thread: the virtual files and directories (stats
+//! always answer), cache hits, listings of an opened directory, releases and forgets. Everything
+//! else (lookups and attributes of dataset entries, opens, directory opens, reads that miss,
+//! statfs, xattrs) runs on the `RequestPool` with a deadline (`--source-timeout`): a hung source
+//! holds up only the requests that touch it, and each is answered EIO at its deadline at the
+//! latest. An open of a file the cache holds whole is answered from the cache if the source does
+//! not answer within `CACHED_OPEN_PATIENCE`. Must never hold file-system semantics of its own
+//! (every decision is the core's) and never call the source from a FUSE thread.
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -20,33 +26,143 @@ use fuser::{
 };
 
 use crate::error::FsError;
-use crate::fs::{Attr, Fs, Intent, Serve};
+use crate::fs::{Attr, Fs, Intent, Opened, Serve};
+use crate::requests::{self, Expiry, Once, RequestPool};
 use crate::source::Kind;
 use crate::stats::Op;
-use crate::workers::WorkerPool;
 
 pub use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 
-/// The `fuser::Filesystem` over one `Fs`.
-pub struct Adapter {
+/// How long an open of a file the cache holds whole waits for the source's answer before it is
+/// served from the cache as the version seen last: long next to a healthy source's stat
+/// (microseconds to milliseconds), short enough that a training job rides out an outage.
+const CACHED_OPEN_PATIENCE: Duration = Duration::from_secs(1);
+
+/// What the requests running off the FUSE threads share.
+struct Shared {
     fs: Arc<Fs>,
-    workers: WorkerPool,
     passthrough: AtomicBool,
 }
 
+/// The `fuser::Filesystem` over one `Fs`.
+pub struct Adapter {
+    shared: Arc<Shared>,
+    requests: RequestPool,
+    /// Longest a request may wait on the source before it is answered EIO.
+    patience: Duration,
+}
+
+/// A reply that can carry an error: every kind the pool's requests answer with.
+trait Answer: Send + 'static {
+    fn fail(self, errno: Errno);
+}
+
+macro_rules! answers {
+    ($($reply:ty),*) => {$(
+        impl Answer for $reply {
+            fn fail(self, errno: Errno) {
+                self.error(errno);
+            }
+        }
+    )*};
+}
+answers!(
+    ReplyEntry,
+    ReplyAttr,
+    ReplyData,
+    ReplyOpen,
+    ReplyStatfs,
+    ReplyXattr,
+    ReplyEmpty
+);
+
+fn errno(e: FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
 impl Adapter {
-    /// Wraps `fs`; cache misses run on `workers`.
-    pub fn new(fs: Arc<Fs>, workers: WorkerPool, passthrough: bool) -> Adapter {
+    /// Wraps `fs`; requests that may wait on the source run on `requests`, each answered within
+    /// `patience`.
+    pub fn new(
+        fs: Arc<Fs>,
+        requests: RequestPool,
+        passthrough: bool,
+        patience: Duration,
+    ) -> Adapter {
         Adapter {
-            fs,
-            workers,
-            passthrough: AtomicBool::new(passthrough),
+            shared: Arc::new(Shared {
+                fs,
+                passthrough: AtomicBool::new(passthrough),
+            }),
+            requests,
+            patience,
         }
     }
 
+    fn fs(&self) -> &Fs {
+        &self.shared.fs
+    }
+
     fn done<T>(&self, op: Op, result: Result<T, FsError>) -> Result<T, Errno> {
-        self.fs.metrics().record(op, result.is_err());
-        result.map_err(|e| Errno::from_i32(e.errno()))
+        self.fs().metrics().record(op, result.is_err());
+        result.map_err(errno)
+    }
+
+    /// Runs `work` on the request pool and answers with `send`, or EIO (counted) if the work
+    /// does not finish within the adapter's patience. `send` gets `None` when the deadline
+    /// answered first (to undo what the work did, such as a lookup's count).
+    fn off_thread<R: Answer, T: Send + 'static>(
+        &self,
+        op: Op,
+        reply: R,
+        work: impl FnOnce(&Fs) -> Result<T, FsError> + Send + 'static,
+        send: impl FnOnce(&Shared, Option<R>, T) + Send + 'static,
+    ) {
+        self.off_thread_or(op, reply, self.patience, work, send, |_, reply| {
+            reply.fail(Errno::EIO)
+        });
+    }
+
+    /// Like `off_thread`, with `patience` and `expired` answering at the deadline.
+    fn off_thread_or<R: Answer, T: Send + 'static>(
+        &self,
+        op: Op,
+        reply: R,
+        patience: Duration,
+        work: impl FnOnce(&Fs) -> Result<T, FsError> + Send + 'static,
+        send: impl FnOnce(&Shared, Option<R>, T) + Send + 'static,
+        expired: impl FnOnce(&Shared, R) + Send + 'static,
+    ) {
+        let reply = Once::new(reply);
+        let (shared, late) = (self.shared.clone(), self.shared.clone());
+        let cell = reply.clone();
+        let run = move || {
+            let result = work(&shared.fs);
+            let reply = reply.take();
+            if reply.is_some() {
+                shared.fs.metrics().record(op, result.is_err());
+            }
+            match result {
+                Ok(value) => send(&shared, reply, value),
+                Err(e) => {
+                    if let Some(reply) = reply {
+                        reply.fail(errno(e));
+                    }
+                }
+            }
+        };
+        let expire = move |why: Expiry| {
+            let Some(reply) = cell.take() else { return };
+            let metrics = late.fs.metrics();
+            match why {
+                Expiry::Deadline => metrics.requests_expired.inc(),
+                Expiry::Refused => metrics.requests_refused.inc(),
+            }
+            metrics.record(op, true);
+            expired(&late, reply);
+        };
+        self.requests
+            .submit(requests::Request::new(patience, run, expire));
     }
 }
 
@@ -93,6 +209,44 @@ fn file_attr(a: &Attr) -> FileAttr {
 /// needs no FLUSH round trip on a read-only file.
 const DAEMON_OPEN: FopenFlags = FopenFlags::FOPEN_DIRECT_IO.union(FopenFlags::FOPEN_NOFLUSH);
 
+/// Answers an open: by kernel passthrough to the cached bytes when the core offers it and the
+/// kernel takes it, else served by the daemon.
+fn send_opened(shared: &Shared, reply: ReplyOpen, opened: Opened) {
+    if let Serve::Passthrough(cached) = &opened.serve
+        && shared.passthrough.load(Ordering::Relaxed)
+    {
+        match cached.passthrough_backing(|fd| reply.open_backing(fd)) {
+            Ok(backing) => {
+                shared.fs.metrics().passthrough_opens.inc();
+                return reply.opened_passthrough(
+                    FileHandle(opened.fh),
+                    FopenFlags::FOPEN_NOFLUSH,
+                    &backing,
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "passthrough refused by the kernel; serving reads from the daemon");
+                shared.passthrough.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+    reply.opened(FileHandle(opened.fh), DAEMON_OPEN);
+}
+
+fn send_entry(shared: &Shared, reply: Option<ReplyEntry>, attr: Attr) {
+    match reply {
+        Some(reply) => reply.entry(&attr.valid_for, &file_attr(&attr), Generation(0)),
+        // The kernel never got this answer: it holds no lookup of the node.
+        None => shared.fs.forget(attr.ino, 1),
+    }
+}
+
+fn send_attr(_: &Shared, reply: Option<ReplyAttr>, attr: Attr) {
+    if let Some(reply) = reply {
+        reply.attr(&attr.valid_for, &file_attr(&attr));
+    }
+}
+
 impl Filesystem for Adapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // mmap (numpy memmap, safetensors) must keep working on direct-I/O files (Linux >= 6.6).
@@ -105,39 +259,62 @@ impl Filesystem for Adapter {
             );
         }
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
-        if self.passthrough.load(Ordering::Relaxed) {
+        if self.shared.passthrough.load(Ordering::Relaxed) {
             let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
                 && config.set_max_stack_depth(1).is_ok();
             if !ok {
                 tracing::info!(
                     "kernel passthrough unavailable; every read is served by the daemon"
                 );
-                self.passthrough.store(false, Ordering::Relaxed);
+                self.shared.passthrough.store(false, Ordering::Relaxed);
             }
         }
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.done(Op::Lookup, self.fs.lookup(parent.0, name)) {
-            Ok(a) => reply.entry(&a.valid_for, &file_attr(&a), Generation(0)),
-            Err(e) => reply.error(e),
+        if self.fs().lookup_is_virtual(parent.0, name) {
+            return match self.done(Op::Lookup, self.fs().lookup(parent.0, name)) {
+                Ok(a) => reply.entry(&a.valid_for, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(e),
+            };
         }
+        let name = name.to_owned();
+        self.off_thread(
+            Op::Lookup,
+            reply,
+            move |fs| fs.lookup(parent.0, &name),
+            send_entry,
+        );
+    }
+
+    // fuser's default `batch_forget` calls this once per inode.
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs().forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.done(Op::Getattr, self.fs.getattr(ino.0)) {
-            Ok(a) => reply.attr(&a.valid_for, &file_attr(&a)),
-            Err(e) => reply.error(e),
+        if self.fs().is_virtual(ino.0) {
+            return match self.done(Op::Getattr, self.fs().getattr(ino.0)) {
+                Ok(a) => reply.attr(&a.valid_for, &file_attr(&a)),
+                Err(e) => reply.error(e),
+            };
         }
+        self.off_thread(Op::Getattr, reply, move |fs| fs.getattr(ino.0), send_attr);
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         use std::os::unix::ffi::OsStrExt;
-        match self.done(Op::Readlink, self.fs.readlink(ino.0)) {
-            Ok(target) => reply.data(target.as_bytes()),
-            Err(e) => reply.error(e),
-        }
+        self.off_thread(
+            Op::Readlink,
+            reply,
+            move |fs| fs.readlink(ino.0),
+            |_, reply, target| {
+                if let Some(reply) = reply {
+                    reply.data(target.as_bytes());
+                }
+            },
+        );
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -148,29 +325,37 @@ impl Filesystem for Adapter {
         } else {
             Intent::Read
         };
-        let opened = match self.done(Op::Open, self.fs.open(ino.0, intent)) {
-            Ok(o) => o,
-            Err(e) => return reply.error(e),
-        };
-        if let Serve::Passthrough(cached) = &opened.serve
-            && self.passthrough.load(Ordering::Relaxed)
-        {
-            match cached.passthrough_backing(|fd| reply.open_backing(fd)) {
-                Ok(backing) => {
-                    self.fs.metrics().passthrough_opens.inc();
-                    return reply.opened_passthrough(
-                        FileHandle(opened.fh),
-                        FopenFlags::FOPEN_NOFLUSH,
-                        &backing,
-                    );
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "passthrough refused by the kernel; serving reads from the daemon");
-                    self.passthrough.store(false, Ordering::Relaxed);
-                }
-            }
+        if intent == Intent::Write || self.fs().is_virtual(ino.0) {
+            return match self.done(Op::Open, self.fs().open(ino.0, intent)) {
+                Ok(opened) => send_opened(&self.shared, reply, opened),
+                Err(e) => reply.error(e),
+            };
         }
-        reply.opened(FileHandle(opened.fh), DAEMON_OPEN);
+        let send = |shared: &Shared, reply: Option<ReplyOpen>, opened: Opened| match reply {
+            Some(reply) => send_opened(shared, reply, opened),
+            None => {
+                let _ = shared.fs.release(opened.fh);
+            }
+        };
+        let work = move |fs: &Fs| fs.open(ino.0, intent);
+        if self.fs().has_cached_version(ino.0) {
+            // The cache holds this file whole: if the source does not answer in time, serve the
+            // version the last open saw rather than hold the reader up.
+            let patience = CACHED_OPEN_PATIENCE.min(self.patience);
+            self.off_thread_or(
+                Op::Open,
+                reply,
+                patience,
+                work,
+                send,
+                move |shared, reply| match shared.fs.open_cached(ino.0) {
+                    Ok(opened) => send_opened(shared, reply, opened),
+                    Err(e) => reply.fail(errno(e)),
+                },
+            );
+        } else {
+            self.off_thread(Op::Open, reply, work, send);
+        }
     }
 
     fn read(
@@ -185,28 +370,31 @@ impl Filesystem for Adapter {
         reply: ReplyData,
     ) {
         let started = Instant::now();
-        let answer = move |fs: &Fs, result: Result<crate::cache::ReadBytes, FsError>| {
+        let count = move |fs: &Fs, bytes: &crate::cache::ReadBytes| {
             let metrics = fs.metrics();
-            metrics.record(Op::Read, result.is_err());
-            match result {
-                Ok(bytes) => {
-                    metrics.bytes_served.add(bytes.as_slice().len() as u64);
-                    reply.data(bytes.as_slice());
-                }
-                Err(e) => reply.error(Errno::from_i32(e.errno())),
-            }
+            metrics.bytes_served.add(bytes.as_slice().len() as u64);
             metrics.read_latency.record(started.elapsed());
         };
-        match self.fs.read_cached(fh.0, offset, size) {
-            Some(result) => answer(&self.fs, result),
-            None => {
-                let fs = self.fs.clone();
-                self.workers.submit(move || {
-                    let result = fs.read(fh.0, offset, size);
-                    answer(&fs, result);
-                });
-            }
+        if let Some(result) = self.fs().read_cached(fh.0, offset, size) {
+            return match self.done(Op::Read, result) {
+                Ok(bytes) => {
+                    count(self.fs(), &bytes);
+                    reply.data(bytes.as_slice());
+                }
+                Err(e) => reply.error(e),
+            };
         }
+        self.off_thread(
+            Op::Read,
+            reply,
+            move |fs| fs.read(fh.0, offset, size),
+            move |shared, reply, bytes| {
+                if let Some(reply) = reply {
+                    count(&shared.fs, &bytes);
+                    reply.data(bytes.as_slice());
+                }
+            },
+        );
     }
 
     fn flush(
@@ -230,22 +418,35 @@ impl Filesystem for Adapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        match self.done(Op::Release, self.fs.release(fh.0)) {
+        match self.done(Op::Release, self.fs().release(fh.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let result = if flags.acc_mode() != OpenAccMode::O_RDONLY {
-            Err(FsError::ReadOnly)
-        } else {
-            self.fs.opendir(ino.0)
-        };
-        match self.done(Op::Opendir, result) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(e),
+        if flags.acc_mode() != OpenAccMode::O_RDONLY || self.fs().is_virtual(ino.0) {
+            let result = if flags.acc_mode() != OpenAccMode::O_RDONLY {
+                Err(FsError::ReadOnly)
+            } else {
+                self.fs().opendir(ino.0)
+            };
+            return match self.done(Op::Opendir, result) {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(e),
+            };
         }
+        self.off_thread(
+            Op::Opendir,
+            reply,
+            move |fs| fs.opendir(ino.0),
+            |shared, reply, fh| match reply {
+                Some(reply) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                None => {
+                    let _ = shared.fs.release(fh);
+                }
+            },
+        );
     }
 
     fn readdir(
@@ -256,7 +457,8 @@ impl Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let result = self.fs.readdir(fh.0, offset, |next, item| {
+        // A snapshot taken at opendir: no source access.
+        let result = self.fs().readdir(fh.0, offset, |next, item| {
             reply.add(INodeNo(item.ino), next, file_type(item.kind), &item.name)
         });
         match self.done(Op::Readdir, result) {
@@ -273,39 +475,51 @@ impl Filesystem for Adapter {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        match self.done(Op::Releasedir, self.fs.release(fh.0)) {
+        match self.done(Op::Releasedir, self.fs().release(fh.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.done(Op::Statfs, self.fs.statfs()) {
-            Ok(s) => reply.statfs(
-                s.blocks,
-                s.blocks_free,
-                s.blocks_available,
-                s.files,
-                s.files_free,
-                s.block_size,
-                s.name_max,
-                s.block_size,
-            ),
-            Err(e) => reply.error(e),
-        }
+        self.off_thread(
+            Op::Statfs,
+            reply,
+            |fs| fs.statfs(),
+            |_, reply, s| {
+                if let Some(reply) = reply {
+                    reply.statfs(
+                        s.blocks,
+                        s.blocks_free,
+                        s.blocks_available,
+                        s.files,
+                        s.files_free,
+                        s.block_size,
+                        s.name_max,
+                        s.block_size,
+                    );
+                }
+            },
+        );
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.done(Op::Xattr, self.fs.xattr(ino.0, name)) {
-            Ok(value) if size == 0 => reply.size(value.len() as u32),
-            Ok(value) if value.len() <= size as usize => reply.data(&value),
-            Ok(_) => reply.error(Errno::from_i32(libc::ERANGE)),
-            Err(e) => reply.error(e),
-        }
+        let name = name.to_owned();
+        self.off_thread(
+            Op::Xattr,
+            reply,
+            move |fs| fs.xattr(ino.0, &name),
+            move |_, reply, value| match reply {
+                Some(reply) if size == 0 => reply.size(value.len() as u32),
+                Some(reply) if value.len() <= size as usize => reply.data(&value),
+                Some(reply) => reply.error(Errno::from_i32(libc::ERANGE)),
+                None => {}
+            },
+        );
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.fs.metrics().record(Op::Xattr, false);
+        self.fs().metrics().record(Op::Xattr, false);
         if size == 0 {
             reply.size(0)
         } else {
@@ -314,15 +528,27 @@ impl Filesystem for Adapter {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        let result = if mask.contains(AccessFlags::W_OK) {
-            Err(FsError::ReadOnly)
-        } else {
-            self.fs.getattr(ino.0).map(|_| ())
-        };
-        match self.done(Op::Getattr, result) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
+        if mask.contains(AccessFlags::W_OK) || self.fs().is_virtual(ino.0) {
+            let result = if mask.contains(AccessFlags::W_OK) {
+                Err(FsError::ReadOnly)
+            } else {
+                self.fs().getattr(ino.0).map(|_| ())
+            };
+            return match self.done(Op::Getattr, result) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            };
         }
+        self.off_thread(
+            Op::Getattr,
+            reply,
+            move |fs| fs.getattr(ino.0),
+            |_, reply, _| {
+                if let Some(reply) = reply {
+                    reply.ok();
+                }
+            },
+        );
     }
 
     // Every modification is refused: the mount is read-only (the kernel usually refuses first,
@@ -466,7 +692,7 @@ impl Filesystem for Adapter {
 
 impl Adapter {
     fn refuse(&self) -> Errno {
-        self.fs.metrics().record(Op::Modify, true);
+        self.fs().metrics().record(Op::Modify, true);
         Errno::from_i32(FsError::ReadOnly.errno())
     }
 }

@@ -1,16 +1,18 @@
 //! The inode table: stable inode numbers for source paths, created lazily on lookup.
 //!
 //! Owns: the mapping inode number <-> (parent, name) <-> relative source path, the reserved
-//! numbers of the virtual control files, and name validation. Nothing is walked at mount: an
-//! inode exists once the kernel (or a readdir) has asked for its name. Numbers are never reused
-//! for the life of the mount. Must never touch the source: it only names things.
+//! numbers of the virtual control files, the kernel's lookup count of each node, and name
+//! validation. Nothing is walked at mount: an inode exists once the kernel has looked its name
+//! up, and it is dropped once the kernel forgets it (`remember`/`forget`), so the table holds
+//! what the kernel's caches hold, not every name ever seen. Numbers are never reused for the
+//! life of the mount. Must never touch the source: it only names things.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -32,7 +34,18 @@ pub const FIRST_VIEW_ROOT: u64 = 16;
 /// Most views one mount can define (their roots fill the numbers up to the first source inode).
 pub const MAX_VIEWS: usize = (FIRST_SOURCE_INODE - FIRST_VIEW_ROOT) as usize;
 /// First inode handed to a source entry; the gap leaves room for more virtual files.
-const FIRST_SOURCE_INODE: u64 = 64;
+pub const FIRST_SOURCE_INODE: u64 = 64;
+/// Bit set in the number a listing shows for a name not looked up yet: never a node's number.
+const LISTED_ONLY: u64 = 1 << 63;
+
+/// The inode number a directory listing shows for `name` in `parent` before any lookup made it a
+/// node: stable for the name, and never the number of a node (nodes count up from
+/// `FIRST_SOURCE_INODE`). `stat` of the name then shows the node's own number.
+pub fn listed_only(parent: u64, name: &OsStr) -> u64 {
+    let mut key = parent.to_le_bytes().to_vec();
+    key.extend_from_slice(name.as_bytes());
+    xxhash_rust::xxh3::xxh3_64(&key) | LISTED_ONLY
+}
 
 /// Name of the control directory in the mount root (reachable, never listed).
 pub const CONTROL_DIR_NAME: &str = ".prepfs";
@@ -95,6 +108,19 @@ pub struct Node {
     pub view: Option<u16>,
     /// Opens so far (view files: the open count seeds each open's augmentation).
     pub opens: AtomicU64,
+    /// Lookups the kernel holds (answered and not yet forgotten).
+    lookups: AtomicU64,
+}
+
+impl Node {
+    /// The name it has in its parent (a view's image `x.jpg` is `x.jpg.npy` there).
+    fn name_in_parent(&self) -> OsString {
+        let mut name = self.path.file_name().unwrap_or_default().to_owned();
+        if self.view.is_some() && self.kind == Kind::File {
+            name.push(".npy");
+        }
+        name
+    }
 }
 
 #[derive(Default)]
@@ -135,6 +161,7 @@ fn new_node(ino: u64, parent: u64, path: PathBuf, kind: Kind, view: Option<u16>)
         last_identity: Mutex::new(None),
         view,
         opens: AtomicU64::new(0),
+        lookups: AtomicU64::new(0),
     })
 }
 
@@ -206,6 +233,64 @@ impl InodeTable {
         node
     }
 
+    /// The inode number `name` has in `parent` now, if the table knows it (creates nothing).
+    pub fn find(&self, parent: u64, name: &OsStr) -> Option<u64> {
+        self.tables
+            .read()
+            .by_name
+            .get(&(parent, name.to_owned()))
+            .copied()
+    }
+
+    /// Counts one lookup of `node` answered to the kernel (which now holds its number until it
+    /// forgets it); puts the node back in the table if a `forget` raced it out.
+    pub fn remember(&self, node: &Arc<Node>) {
+        if node.lookups.fetch_add(1, Ordering::AcqRel) > 0 || node.ino < FIRST_SOURCE_INODE {
+            return;
+        }
+        let mut tables = self.tables.write();
+        tables
+            .by_ino
+            .entry(node.ino)
+            .or_insert_with(|| node.clone());
+        let key = (node.parent, node.name_in_parent());
+        tables.by_name.entry(key).or_insert(node.ino);
+    }
+
+    /// The kernel forgot `nlookup` lookups of `ino`; once none is left the node leaves the table
+    /// (open handles keep their own reference). The root and virtual nodes always stay.
+    pub fn forget(&self, ino: u64, nlookup: u64) {
+        if ino < FIRST_SOURCE_INODE {
+            return;
+        }
+        let Some(node) = self.get(ino) else { return };
+        let left = node
+            .lookups
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(nlookup))
+            })
+            .map_or(0, |n| n.saturating_sub(nlookup));
+        if left > 0 {
+            return;
+        }
+        let mut tables = self.tables.write();
+        // A lookup may have been answered since: it counted under the read of `lookups`.
+        if node.lookups.load(Ordering::Acquire) > 0 {
+            return;
+        }
+        if tables
+            .by_ino
+            .get(&ino)
+            .is_some_and(|n| Arc::ptr_eq(n, &node))
+        {
+            tables.by_ino.remove(&ino);
+        }
+        let key = (node.parent, node.name_in_parent());
+        if tables.by_name.get(&key) == Some(&ino) {
+            tables.by_name.remove(&key);
+        }
+    }
+
     /// Number of source nodes known (the root included).
     pub fn len(&self) -> usize {
         self.tables.read().by_ino.len()
@@ -273,6 +358,42 @@ mod tests {
             Some(a.ino),
             "old number stays valid"
         );
+    }
+
+    #[test]
+    fn forgotten_nodes_leave_the_table_and_numbers_are_never_reused() {
+        let table = InodeTable::with_views(1);
+        let root = table.get(ROOT).expect("root");
+        let a = table.intern(&root, OsStr::new("a"), Kind::File);
+        table.remember(&a);
+        table.remember(&a);
+        table.forget(a.ino, 1);
+        assert!(table.get(a.ino).is_some(), "one lookup still held");
+        table.forget(a.ino, 1);
+        assert!(table.get(a.ino).is_none(), "forgotten");
+        assert_eq!(table.find(ROOT, OsStr::new("a")), None);
+        let again = table.intern(&root, OsStr::new("a"), Kind::File);
+        assert!(again.ino > a.ino, "a new number, never the old one");
+        // A lookup answered after the forget began puts the node back.
+        table.remember(&a);
+        assert!(table.get(a.ino).is_some());
+        let view_root = FIRST_VIEW_ROOT;
+        table.forget(view_root, 5);
+        table.forget(ROOT, 5);
+        assert!(table.get(view_root).is_some() && table.get(ROOT).is_some());
+        let npy = table.intern_as(
+            &table.get(view_root).expect("view root"),
+            OsStr::new("x.jpg.npy"),
+            OsStr::new("x.jpg"),
+            Kind::File,
+        );
+        table.remember(&npy);
+        assert_eq!(
+            table.find(view_root, OsStr::new("x.jpg.npy")),
+            Some(npy.ino)
+        );
+        table.forget(npy.ino, 1);
+        assert_eq!(table.find(view_root, OsStr::new("x.jpg.npy")), None);
     }
 
     #[test]

@@ -847,6 +847,7 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
                 }
             }
             took = started.elapsed().as_secs_f64();
+            shared.cache.settle(&entry);
             if set > 0
                 && !no_room
                 && let Some(decode) = &shared.decode_ahead

@@ -202,6 +202,12 @@ pub struct Metrics {
     pub prefetch_opens_saved: Counter,
     /// View images prefetch decoded into the decoded-pixel cache while the CPU was idle.
     pub prefetch_decoded_ahead: Counter,
+    /// Requests that waited on the source past their deadline and were answered without it.
+    pub requests_expired: Counter,
+    /// Requests refused at once because the queue of requests waiting on the source was full.
+    pub requests_refused: Counter,
+    /// Opens of fully cached files answered from the cache because the source did not answer.
+    pub unanswered_opens: Counter,
 }
 
 impl Default for Metrics {
@@ -252,6 +258,9 @@ impl Default for Metrics {
             prefetch_opened_ahead: Counter::default(),
             prefetch_opens_saved: Counter::default(),
             prefetch_decoded_ahead: Counter::default(),
+            requests_expired: Counter::default(),
+            requests_refused: Counter::default(),
+            unanswered_opens: Counter::default(),
         }
     }
 }
@@ -476,6 +485,27 @@ impl Metrics {
                 C,
                 "Source reads that failed (answered EIO).",
                 self.source_errors.get() as f64,
+            ),
+            (
+                "source.unanswered_opens",
+                "source_unanswered_opens_total",
+                C,
+                "Opens of fully cached files served from the cache because the source did not answer.",
+                self.unanswered_opens.get() as f64,
+            ),
+            (
+                "requests.expired",
+                "requests_expired_total",
+                C,
+                "Requests that waited on the source past --source-timeout; answered EIO.",
+                self.requests_expired.get() as f64,
+            ),
+            (
+                "requests.refused",
+                "requests_refused_total",
+                C,
+                "Requests answered EIO at once: the queue of requests waiting on the source was full.",
+                self.requests_refused.get() as f64,
             ),
         ];
         let ratio = |logical: u64, stored: u64| {

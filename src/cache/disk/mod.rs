@@ -30,12 +30,17 @@ use super::block::Block;
 use super::codec::{self, Codec};
 use super::packer::Packer;
 use super::thread_cpu;
+use crate::memory::{MemoryBudget, Work};
 use crate::shards::ShardedMap;
 use crate::source::Identity;
 use crate::stats::Metrics;
 
-/// Blocks waiting for the writer at most (each up to 1 MiB, usually shared with the RAM tier).
-const WRITE_QUEUE: usize = 64;
+/// Blocks waiting for the writer at most (each up to 1 MiB, charged to the memory budget's work
+/// slice until written: a queue this deep keeps the disk busy without starving renders).
+const WRITE_QUEUE: usize = 16;
+/// Blocks of a file the tier holds at most (its first 64 GiB): removing or counting a file's
+/// entries walks its block numbers, so the walk must stay bounded whatever size a file reports.
+pub const MAX_BLOCKS: usize = 64 << 10;
 /// After running out of space, admission pauses this long before free space is checked again.
 const FULL_PAUSE: Duration = Duration::from_secs(10);
 
@@ -71,6 +76,8 @@ enum Job {
         path: Arc<Path>,
         index: usize,
         block: Arc<Block>,
+        /// The block's charge to the memory budget while it waits.
+        _held: Work,
     },
     /// Remove the entries of a file version the source no longer has.
     Remove { identity: Identity, blocks: usize },
@@ -85,6 +92,7 @@ struct Inner {
     scanned: AtomicBool,
     paused_until: Mutex<Option<Instant>>,
     stop: AtomicBool,
+    budget: Arc<MemoryBudget>,
     metrics: Arc<Metrics>,
     /// Blocks queued for the writer, served from here until written: a block the RAM tier
     /// could not admit would otherwise be fetched from the source again by every read of it
@@ -112,6 +120,12 @@ pub struct DiskTier {
     threads: Vec<JoinHandle<()>>,
 }
 
+/// How many of `identity`'s blocks the tier may hold: its first `MAX_BLOCKS`.
+pub fn blocks_held(identity: &Identity) -> usize {
+    usize::try_from(identity.size.div_ceil(super::BLOCK_SIZE))
+        .map_or(MAX_BLOCKS, |b| b.min(MAX_BLOCKS))
+}
+
 /// The file name of block `index` of `identity`, relative to the cache dir.
 fn entry_name(identity: &Identity, index: usize) -> String {
     let mut key = Vec::with_capacity(48);
@@ -128,12 +142,13 @@ fn entry_name(identity: &Identity, index: usize) -> String {
 impl DiskTier {
     /// Starts the tier over an opened `dir`: the scan of what an earlier mount left (entries
     /// whose source no longer matches per `validate` are removed) and the writer, which packs
-    /// entries with the codec `packer` chooses.
+    /// entries with the codec `packer` chooses; blocks waiting for it are charged to `budget`.
     pub(crate) fn start(
         dir: CacheDir,
         options: DiskOptions,
         validate: Validate,
         packer: Arc<Packer>,
+        budget: Arc<MemoryBudget>,
         metrics: Arc<Metrics>,
     ) -> DiskTier {
         let inner = Arc::new(Inner {
@@ -145,6 +160,7 @@ impl DiskTier {
             scanned: AtomicBool::new(false),
             paused_until: Mutex::new(None),
             stop: AtomicBool::new(false),
+            budget,
             metrics,
             pending: ShardedMap::default(),
         });
@@ -236,15 +252,20 @@ impl DiskTier {
             .is_ok()
     }
 
-    /// Offers a block fetched from the source for admission; never waits (a full queue or no
-    /// room just skips it, counted).
+    /// Offers a block fetched from the source for admission; never waits (a full queue, no
+    /// room on disk or in the memory budget, or a block past `MAX_BLOCKS` just skips it,
+    /// counted).
     pub fn put(&self, identity: Identity, path: Arc<Path>, index: usize, block: Arc<Block>) {
-        if !self.has_room() {
+        if index >= MAX_BLOCKS {
+            return;
+        }
+        let held = self.inner.budget.try_work(block.data.len() as u64);
+        let Some(held) = held.filter(|_| self.has_room()) else {
             if self.inner.scanned.load(Ordering::Acquire) {
                 self.inner.metrics.disk_rejected.inc();
             }
             return;
-        }
+        };
         let Some(sender) = &self.sender else { return };
         let key = (identity, index);
         self.inner.pending.insert(key, block.clone());
@@ -253,6 +274,7 @@ impl DiskTier {
             path,
             index,
             block,
+            _held: held,
         };
         if let Err(e) = sender.try_send(job) {
             self.inner.pending.remove(&key);
@@ -264,7 +286,7 @@ impl DiskTier {
 
     /// Removes the entries of a file version the source no longer has (in the background).
     pub fn forget(&self, identity: Identity) {
-        let blocks = identity.size.div_ceil(super::BLOCK_SIZE) as usize;
+        let blocks = blocks_held(&identity);
         if let Some(sender) = &self.sender {
             let _ = sender.try_send(Job::Remove { identity, blocks });
         }
@@ -381,6 +403,7 @@ impl Inner {
                     path,
                     index,
                     block,
+                    ..
                 } => {
                     self.write(identity, &path, index, &block, packer);
                     self.pending.remove(&(identity, index));

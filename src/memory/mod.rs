@@ -1,0 +1,504 @@
+//! The one hard memory budget (`--cache-mem`): every byte prepfs holds for data is charged here.
+//!
+//! Owns: the budget's split into three slices and what each may hold, the charges against them,
+//! and giving memory back. The **cache** slice holds the never-evict RAM tier (file blocks,
+//! decoded pixels, and each cached file's own bookkeeping); the **staging** slice holds prefetched
+//! blocks the cache had no room for; the **work** slice is for data in motion: reads in flight,
+//! renders being made, and rendered view files waiting to be read. Cache and staging admit only
+//! within their slice (so a full cache never starves prefetch, and neither starves the work in
+//! flight); work may use any free byte under the limit. Reads in flight are always charged and
+//! never wait (there is at most one per I/O, prefetch and render thread); a render that finds no
+//! room first sheds what can be fetched again (registered `Shed`s: staging first, then decoded
+//! pixels nobody is reading), then waits for room within a patience of its own, then fails. Under
+//! memory pressure (see `pressure`) admission to cache and staging stops and everything that can
+//! be shed is shed. Must never hand out more than the limit for anything but reads in flight,
+//! never evict a cached file block to make room, and never block a FUSE thread (only renders
+//! wait, on their own threads).
+
+pub mod limits;
+pub mod pressure;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+/// What a charge pays for; each has its own slice of the budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// The never-evict RAM tier: file blocks, decoded pixels, cached files' bookkeeping.
+    Cache,
+    /// The prefetch staging buffer.
+    Staging,
+    /// Data in motion: reads in flight, renders, rendered files waiting to be read.
+    Work,
+}
+
+impl Use {
+    /// Every use, in the order of `MemoryBudget::used`.
+    pub const ALL: [Use; 3] = [Use::Cache, Use::Staging, Use::Work];
+
+    /// Its name in the stats files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Use::Cache => "cache",
+            Use::Staging => "staging",
+            Use::Work => "work",
+        }
+    }
+}
+
+/// Share of the budget the staging slice may take at most: prefetch hides the misses of what the
+/// cache cannot hold, so the cache keeps most of a small budget.
+const STAGING_SHARE_MAX: f64 = 0.25;
+/// Share of the budget the work slice may take at most.
+const WORK_SHARE_MAX: f64 = 0.25;
+/// Work slice per thread that may hold a read in flight (a block is 1 MiB).
+const WORK_PER_READER: u64 = 1 << 20;
+/// Work slice per render thread: a typical photo's decode, one resize and its output tensor
+/// (a 500x375 JPEG to a 224x224 float32 view is about 2.5 MB); larger images wait for room.
+const WORK_PER_RENDER: u64 = 8 << 20;
+
+/// How one budget is split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// The cache slice.
+    pub cache: u64,
+    /// The staging slice (0: prefetch only into the cache).
+    pub staging: u64,
+    /// The work slice (what cache and staging never take).
+    pub work: u64,
+}
+
+impl MemoryPlan {
+    /// The split of a `limit`-byte budget for a mount that wants `staging` bytes of prefetch
+    /// staging and runs `readers` threads that may hold a read in flight and `renders` render
+    /// threads: staging and work get what they want within a quarter of the budget each, the
+    /// cache the rest.
+    pub fn split(limit: u64, staging: u64, readers: usize, renders: usize) -> MemoryPlan {
+        let share = |s: f64| (limit as f64 * s) as u64;
+        let work = (readers as u64 * WORK_PER_READER + renders as u64 * WORK_PER_RENDER)
+            .min(share(WORK_SHARE_MAX));
+        let staging = staging.min(share(STAGING_SHARE_MAX));
+        MemoryPlan {
+            cache: limit - work - staging,
+            staging,
+            work,
+        }
+    }
+
+    /// The whole budget.
+    pub fn limit(&self) -> u64 {
+        self.cache + self.staging + self.work
+    }
+}
+
+/// Something holding memory that can be fetched or computed again, given back under pressure.
+pub trait Shed: Send + Sync {
+    /// Drops what it can of what nobody is using now; the bytes it released.
+    fn shed(&self) -> u64;
+}
+
+/// A render's (or any work's) share of the work slice, released when dropped.
+#[derive(Debug)]
+pub struct Work {
+    budget: Arc<MemoryBudget>,
+    bytes: u64,
+}
+
+impl Work {
+    /// Bytes it holds.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Gives back all but `bytes` (what the work keeps, e.g. a finished render's file).
+    pub fn shrink_to(&mut self, bytes: u64) {
+        if bytes < self.bytes {
+            self.budget.release(Use::Work, self.bytes - bytes);
+            self.bytes = bytes;
+        }
+    }
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        self.budget.release(Use::Work, self.bytes);
+    }
+}
+
+/// Why work could not have memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NoMemory {
+    /// It needs more than the whole budget.
+    #[error("needs {0} bytes, more than the whole memory budget")]
+    TooLarge(u64),
+    /// Nothing freed enough room within its patience.
+    #[error("no room for {0} bytes in the memory budget in time")]
+    Timeout(u64),
+}
+
+/// Figures for the stats files.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryGauges {
+    /// The whole budget (`--cache-mem`).
+    pub limit: u64,
+    /// Each slice's size: cache, staging, work.
+    pub slices: [u64; 3],
+    /// Bytes charged now: cache, staging, work.
+    pub used: [u64; 3],
+    /// Whether memory pressure holds admission now.
+    pub pressure: bool,
+    /// Times memory pressure began.
+    pub pressure_events: u64,
+    /// Bytes given back by shedding.
+    pub shed_bytes: u64,
+    /// Renders that waited for room.
+    pub waits: u64,
+    /// Renders refused memory (too large, or no room in time).
+    pub refused: u64,
+}
+
+/// The budget of one mount.
+pub struct MemoryBudget {
+    plan: MemoryPlan,
+    used: [AtomicU64; 3],
+    total: AtomicU64,
+    pressure: AtomicBool,
+    pressure_events: AtomicU64,
+    shed_bytes: AtomicU64,
+    waits: AtomicU64,
+    refused: AtomicU64,
+    /// Renders waiting for room; released bytes wake them.
+    room: Mutex<usize>,
+    freed: Condvar,
+    /// What can give memory back, in the order it is asked.
+    shedders: Mutex<Vec<Weak<dyn Shed>>>,
+}
+
+impl std::fmt::Debug for MemoryBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBudget")
+            .field("plan", &self.plan)
+            .field("total", &self.total.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl MemoryBudget {
+    /// An empty budget split as `plan` says.
+    pub fn new(plan: MemoryPlan) -> Arc<MemoryBudget> {
+        Arc::new(MemoryBudget {
+            plan,
+            used: Default::default(),
+            total: AtomicU64::new(0),
+            pressure: AtomicBool::new(false),
+            pressure_events: AtomicU64::new(0),
+            shed_bytes: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            room: Mutex::new(0),
+            freed: Condvar::new(),
+            shedders: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// How it is split.
+    pub fn plan(&self) -> MemoryPlan {
+        self.plan
+    }
+
+    /// The size of `use_`'s slice.
+    pub fn slice(&self, use_: Use) -> u64 {
+        match use_ {
+            Use::Cache => self.plan.cache,
+            Use::Staging => self.plan.staging,
+            Use::Work => self.plan.work,
+        }
+    }
+
+    /// Bytes charged to `use_` now.
+    pub fn used(&self, use_: Use) -> u64 {
+        self.used[use_ as usize].load(Ordering::Relaxed)
+    }
+
+    /// Whether `bytes` more for `use_` would be admitted now (a hint: another admission may take
+    /// the room first).
+    pub fn has_room(&self, use_: Use, bytes: u64) -> bool {
+        !self.pressure.load(Ordering::Relaxed)
+            && self.used(use_).saturating_add(bytes) <= self.slice(use_)
+            && self.total.load(Ordering::Relaxed).saturating_add(bytes) <= self.plan.limit()
+    }
+
+    /// Charges `bytes` to the cache or staging slice if they fit it and the budget now (and no
+    /// memory pressure holds admission); false, and nothing charged, otherwise. Never waits.
+    pub fn admit(&self, use_: Use, bytes: u64) -> bool {
+        if self.pressure.load(Ordering::Relaxed) {
+            return false;
+        }
+        let slice = &self.used[use_ as usize];
+        let cap = self.slice(use_);
+        if slice
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(bytes).filter(|&t| t <= cap)
+            })
+            .is_err()
+        {
+            return false;
+        }
+        let limit = self.plan.limit();
+        if self
+            .total
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                t.checked_add(bytes).filter(|&t| t <= limit)
+            })
+            .is_err()
+        {
+            slice.fetch_sub(bytes, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// Charges `bytes` to `use_` whatever the room: for what is bounded by a count prepfs chose
+    /// (a read in flight per thread, a cached file's bookkeeping). Pair with `release`.
+    pub fn charge(&self, use_: Use, bytes: u64) {
+        self.used[use_ as usize].fetch_add(bytes, Ordering::AcqRel);
+        self.total.fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    /// Gives back `bytes` charged to `use_`.
+    pub fn release(&self, use_: Use, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        self.used[use_ as usize].fetch_sub(bytes, Ordering::AcqRel);
+        self.total.fetch_sub(bytes, Ordering::AcqRel);
+        if *self.room.lock() > 0 {
+            self.freed.notify_all();
+        }
+    }
+
+    /// A read in flight: charged to the work slice at once, whatever the room (there is at most
+    /// one per thread that reads), released when dropped.
+    pub fn in_flight(self: &Arc<Self>, bytes: u64) -> Work {
+        self.charge(Use::Work, bytes);
+        Work {
+            budget: self.clone(),
+            bytes,
+        }
+    }
+
+    /// `bytes` of work memory if the budget has them free now; never waits, never sheds.
+    pub fn try_work(self: &Arc<Self>, bytes: u64) -> Option<Work> {
+        let limit = self.plan.limit();
+        self.total
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                t.checked_add(bytes).filter(|&t| t <= limit)
+            })
+            .ok()?;
+        self.used[Use::Work as usize].fetch_add(bytes, Ordering::AcqRel);
+        Some(Work {
+            budget: self.clone(),
+            bytes,
+        })
+    }
+
+    /// `bytes` of work memory (a render): at once if free, else after shedding what can be
+    /// fetched again, else once other work gives memory back, waiting at most `patience`.
+    pub fn work(self: &Arc<Self>, bytes: u64, patience: Duration) -> Result<Work, NoMemory> {
+        if bytes > self.plan.limit() {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(NoMemory::TooLarge(bytes));
+        }
+        if let Some(work) = self.try_work(bytes) {
+            return Ok(work);
+        }
+        self.shed_all();
+        if let Some(work) = self.try_work(bytes) {
+            return Ok(work);
+        }
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + patience;
+        let mut waiting = self.room.lock();
+        *waiting += 1;
+        let granted = loop {
+            if let Some(work) = self.try_work(bytes) {
+                break Some(work);
+            }
+            if self.freed.wait_until(&mut waiting, deadline).timed_out() {
+                break self.try_work(bytes);
+            }
+        };
+        *waiting -= 1;
+        drop(waiting);
+        granted.ok_or_else(|| {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            NoMemory::Timeout(bytes)
+        })
+    }
+
+    /// Registers something that can give memory back; asked in registration order.
+    pub fn add_shed(&self, shed: Weak<dyn Shed>) {
+        self.shedders.lock().push(shed);
+    }
+
+    /// Asks every registered `Shed` to give back what it can; the bytes released.
+    pub fn shed_all(&self) -> u64 {
+        let shedders: Vec<Arc<dyn Shed>> = {
+            let mut list = self.shedders.lock();
+            list.retain(|s| s.strong_count() > 0);
+            list.iter().filter_map(Weak::upgrade).collect()
+        };
+        let freed: u64 = shedders.iter().map(|s| s.shed()).sum();
+        self.shed_bytes.fetch_add(freed, Ordering::Relaxed);
+        freed
+    }
+
+    /// Memory pressure began (`true`) or ended: while it holds, cache and staging admit nothing;
+    /// as it begins, everything that can be shed is.
+    pub fn set_pressure(&self, on: bool) {
+        let was = self.pressure.swap(on, Ordering::AcqRel);
+        if on && !was {
+            self.pressure_events.fetch_add(1, Ordering::Relaxed);
+            let freed = self.shed_all();
+            tracing::warn!(
+                shed_bytes = freed,
+                "memory pressure: admission paused, refetchable data given back"
+            );
+        } else if !on && was {
+            tracing::info!("memory pressure over: admission resumes");
+        }
+    }
+
+    /// Current figures.
+    pub fn gauges(&self) -> MemoryGauges {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        MemoryGauges {
+            limit: self.plan.limit(),
+            slices: Use::ALL.map(|u| self.slice(u)),
+            used: Use::ALL.map(|u| self.used(u)),
+            pressure: self.pressure.load(Ordering::Relaxed),
+            pressure_events: load(&self.pressure_events),
+            shed_bytes: load(&self.shed_bytes),
+            waits: load(&self.waits),
+            refused: load(&self.refused),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn budget(cache: u64, staging: u64, work: u64) -> Arc<MemoryBudget> {
+        MemoryBudget::new(MemoryPlan {
+            cache,
+            staging,
+            work,
+        })
+    }
+
+    #[test]
+    fn the_split_gives_staging_and_work_what_they_want_within_a_quarter_each() {
+        let plan = MemoryPlan::split(1 << 30, 64 * MIB, 20, 2);
+        assert_eq!((plan.staging, plan.work), (64 * MIB, 36 * MIB));
+        assert_eq!(plan.limit(), 1 << 30);
+        let small = MemoryPlan::split(100 * MIB, 64 * MIB, 20, 2);
+        assert_eq!((small.staging, small.work), (25 * MIB, 25 * MIB));
+        assert_eq!(small.cache, 50 * MIB);
+    }
+
+    #[test]
+    fn cache_and_staging_admit_only_within_their_slices() {
+        let b = budget(4 * MIB, 2 * MIB, 2 * MIB);
+        assert!(b.admit(Use::Cache, 3 * MIB));
+        assert!(!b.admit(Use::Cache, 2 * MIB), "past the cache slice");
+        assert!(b.admit(Use::Staging, 2 * MIB));
+        assert!(!b.admit(Use::Staging, 1), "past the staging slice");
+        assert_eq!(b.used(Use::Cache), 3 * MIB, "a refusal charges nothing");
+        b.release(Use::Cache, 3 * MIB);
+        assert!(b.admit(Use::Cache, 4 * MIB));
+    }
+
+    #[test]
+    fn work_takes_any_free_byte_under_the_limit_and_waits_for_room_otherwise() {
+        let b = budget(4 * MIB, 0, MIB);
+        let first = b.work(3 * MIB, Duration::ZERO).expect("free room");
+        assert_eq!(b.used(Use::Work), 3 * MIB);
+        assert!(
+            !b.admit(Use::Cache, 3 * MIB),
+            "work took the cache's free room"
+        );
+        let waiter = {
+            let b = b.clone();
+            std::thread::spawn(move || b.work(2 * MIB, Duration::from_secs(10)).map(|w| w.bytes()))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        drop(first);
+        assert_eq!(waiter.join().expect("joins"), Ok(2 * MIB));
+        assert_eq!(
+            b.work(6 * MIB, Duration::ZERO).map(|w| w.bytes()),
+            Err(NoMemory::TooLarge(6 * MIB))
+        );
+        let _held = b.work(5 * MIB, Duration::ZERO).expect("all of it");
+        assert_eq!(
+            b.work(1, Duration::from_millis(20)).map(|w| w.bytes()),
+            Err(NoMemory::Timeout(1))
+        );
+        assert_eq!(b.gauges().refused, 2);
+    }
+
+    #[test]
+    fn reads_in_flight_are_charged_whatever_the_room_and_released_on_drop() {
+        let b = budget(MIB, 0, 0);
+        let read = b.in_flight(2 * MIB);
+        assert_eq!(b.used(Use::Work), 2 * MIB);
+        assert!(
+            !b.has_room(Use::Cache, 1),
+            "over the limit: nothing admitted"
+        );
+        drop(read);
+        assert_eq!(b.used(Use::Work), 0);
+        assert!(b.admit(Use::Cache, MIB));
+    }
+
+    struct Held(Mutex<u64>);
+    impl Shed for Held {
+        fn shed(&self) -> u64 {
+            std::mem::take(&mut *self.0.lock())
+        }
+    }
+
+    #[test]
+    fn a_render_without_room_sheds_first_and_pressure_stops_admission() {
+        let b = budget(2 * MIB, 2 * MIB, 0);
+        assert!(b.admit(Use::Staging, 2 * MIB));
+        assert!(b.admit(Use::Cache, 2 * MIB));
+        let staged: Arc<dyn Shed> = Arc::new(Held(Mutex::new(2 * MIB)));
+        let staging = b.clone();
+        struct Release(Arc<MemoryBudget>, Arc<dyn Shed>);
+        impl Shed for Release {
+            fn shed(&self) -> u64 {
+                let n = self.1.shed();
+                self.0.release(Use::Staging, n);
+                n
+            }
+        }
+        let shed: Arc<dyn Shed> = Arc::new(Release(staging, staged));
+        b.add_shed(Arc::downgrade(&shed));
+        let work = b
+            .work(2 * MIB, Duration::ZERO)
+            .expect("staging was shed for it");
+        assert_eq!(b.gauges().shed_bytes, 2 * MIB);
+        drop(work);
+        b.set_pressure(true);
+        assert!(!b.admit(Use::Staging, 1), "pressure holds admission");
+        assert_eq!(b.gauges().pressure_events, 1);
+        b.set_pressure(false);
+        assert!(b.admit(Use::Staging, 1));
+    }
+}

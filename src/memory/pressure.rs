@@ -1,0 +1,101 @@
+//! The pressure watch: notices memory running short before the kernel's OOM killer does, and
+//! makes the budget give back what can be fetched again.
+//!
+//! Owns: one thread (`prepfs-memory`) that every `EVERY` reads the daemon's cgroup (its memory
+//! that the kernel cannot reclaim, against its limit) or, outside a limited cgroup, the host's
+//! available memory, and turns the budget's pressure on when little is left and off once there is
+//! room again (with hysteresis, so it does not flap). Must never block anything but itself, and
+//! never take memory back from a reader: shedding is the budget's, and it only drops what
+//! nobody is using.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::MemoryBudget;
+use super::limits::{self, Cgroup, HEADROOM};
+
+/// How often memory is read: a 1 MiB read in flight per thread cannot outrun 100 ms by much.
+const EVERY: Duration = Duration::from_millis(100);
+/// Pressure begins when less than this is left (half the headroom under a cgroup's limit) ...
+const ON_LEFT: u64 = HEADROOM / 2;
+/// ... and ends once twice as much is free again.
+const OFF_LEFT: u64 = HEADROOM;
+
+/// The running watch; stops when dropped.
+pub struct PressureWatch {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// How much memory is left before the daemon would be killed: under a cgroup limit, the limit
+/// less what the group cannot reclaim; else the host's available memory.
+fn left(cgroup: Option<&Cgroup>) -> Option<u64> {
+    match cgroup {
+        Some(g) => g.usage().map(|u| g.limit.saturating_sub(u.unreclaimable)),
+        None => limits::host().map(|h| h.available),
+    }
+}
+
+/// Whether pressure holds, given what is `left` and whether it held before.
+fn pressing(left: u64, before: bool) -> bool {
+    if before {
+        left < OFF_LEFT
+    } else {
+        left < ON_LEFT
+    }
+}
+
+impl PressureWatch {
+    /// Starts watching for `budget`, in the cgroup the process is in now.
+    pub fn start(budget: Arc<MemoryBudget>) -> PressureWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let cgroup = limits::cgroup();
+        let thread = std::thread::Builder::new()
+            .name("prepfs-memory".into())
+            .spawn(move || {
+                let mut before = false;
+                while !flag.load(Ordering::Relaxed) {
+                    if let Some(left) = left(cgroup.as_ref()) {
+                        let now = pressing(left, before);
+                        if now != before {
+                            budget.set_pressure(now);
+                            before = now;
+                        }
+                    }
+                    std::thread::sleep(EVERY);
+                }
+            })
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot start the memory pressure watch"))
+            .ok();
+        PressureWatch { stop, thread }
+    }
+}
+
+impl Drop for PressureWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pressure_turns_on_near_the_limit_and_off_with_room_again() {
+        assert!(!pressing(OFF_LEFT, false));
+        assert!(pressing(ON_LEFT - 1, false));
+        assert!(
+            pressing(ON_LEFT + 1, true),
+            "hysteresis: still on until OFF_LEFT"
+        );
+        assert!(!pressing(OFF_LEFT, true));
+        assert!(left(None).is_some(), "the host's memory is readable");
+    }
+}
