@@ -1,5 +1,6 @@
 //! Tensor views through real mounts of the binary: the tree, exact sizes, .npy headers, fresh
-//! augmentation per open, bad images failing alone, bad specs refused at mount.
+//! augmentation per open, bad images failing alone (also those a render could not hold in bounded
+//! memory), bad specs refused at mount.
 
 mod common;
 
@@ -220,4 +221,127 @@ fn decoded_pixels_cached_serve_later_epochs_without_fetching_or_decoding() {
     assert_eq!(decoded["policy"]["mode"], "on");
     assert_eq!(decoded["policy"]["reason"], "on");
     assert_eq!(stats["views"]["train"]["errors"], 0);
+}
+
+/// The `ls -l` size column of each entry of `dir` that `ls` could stat, by name.
+fn ls_sizes(dir: &std::path::Path) -> std::collections::BTreeMap<String, u64> {
+    let out = std::process::Command::new("ls")
+        .arg("-l")
+        .arg(dir)
+        .env("LC_ALL", "C")
+        .output()
+        .expect("run ls");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let size = fields.get(4)?.parse().ok()?;
+            Some((fields.last()?.to_string(), size))
+        })
+        .collect()
+}
+
+/// Whether the daemon of `t` is still running.
+fn daemon_alive(t: &mut TestMount) -> bool {
+    t.child
+        .as_mut()
+        .is_some_and(|c| c.try_wait().expect("wait").is_none())
+}
+
+#[test]
+fn a_sparse_terabyte_image_fails_alone_and_is_never_read() {
+    let mut t = TestMount::new();
+    dataset(&t);
+    // 1 TiB of holes named like a JPEG: nothing a decode could use, nothing to read whole.
+    fs::File::create(t.s("cat/x.jpg"))
+        .and_then(|f| f.set_len(1 << 40))
+        .expect("sparse file");
+    const FREE: &str = "free=decode,resize(48),uint8(hwc)";
+    let group = common::MemoryCgroup::new(256 << 20);
+    t.mount_confined(
+        &["--view", TRAIN, "--view", FREE, "--cache-mem", "64M"],
+        &group,
+    );
+    let npy_len = 128 + 3 * 64 * 64 * 4;
+    // A fixed-size view announces every size without reading; the size of an image-sized
+    // view comes from the header, which the sparse file does not have.
+    let train = ls_sizes(&t.m(".prepfs/views/train/cat"));
+    for name in ["img0.jpg.npy", "img1.jpg.npy", "x.jpg.npy"] {
+        assert_eq!(train.get(name), Some(&npy_len), "train {name}: {train:?}");
+    }
+    let free = ls_sizes(&t.m(".prepfs/views/free/cat"));
+    for name in ["img0.jpg.npy", "img1.jpg.npy"] {
+        let real = fs::read(t.m(&format!(".prepfs/views/free/cat/{name}"))).expect("render");
+        assert_eq!(
+            free.get(name),
+            Some(&(real.len() as u64)),
+            "free {name}: {free:?}"
+        );
+    }
+    assert_eq!(free.get("x.jpg.npy"), None, "{free:?}");
+    let err = fs::metadata(t.m(".prepfs/views/free/cat/x.jpg.npy")).expect_err("no header");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    let err = fs::read(t.m(".prepfs/views/train/cat/x.jpg.npy")).expect_err("not rendered");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    // The daemon is up, within its memory, and serves the other files.
+    for view in ["train", "free"] {
+        for class in ["cat", "dog"] {
+            let path = t.m(&format!(".prepfs/views/{view}/{class}/img1.jpg.npy"));
+            assert!(
+                fs::read(&path).is_ok_and(|b| b.len() > 128),
+                "{view}/{class}"
+            );
+        }
+    }
+    assert!(daemon_alive(&mut t), "the daemon exited");
+    assert_eq!(group.oom_kills(), 0, "OOM kills in a 256 MiB cgroup");
+    let stats = t.stats();
+    let failed = &stats["views"]["train"]["failed_files"]["cat/x.jpg"];
+    assert!(
+        failed["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("image too large") && e.contains("1099511627776")),
+        "{stats}"
+    );
+    assert!(
+        stats["source"]["bytes_read"].as_u64() < Some(64 << 20),
+        "{stats}"
+    );
+}
+
+#[test]
+fn an_image_whose_resize_would_pass_the_pixel_limits_fails_alone_in_bounded_memory() {
+    use image::codecs::png::{CompressionType, FilterType, PngEncoder};
+    let mut t = TestMount::new();
+    dataset(&t);
+    // A black 1x16384 PNG of a few hundred bytes: the README's val pipeline resizes it to
+    // 256 x 4194304 (3 GiB of pixels) before its center crop.
+    let mut png = Vec::new();
+    image::RgbImage::new(1, 16384)
+        .write_with_encoder(PngEncoder::new_with_quality(
+            &mut png,
+            CompressionType::Best,
+            FilterType::NoFilter,
+        ))
+        .expect("encode");
+    fs::write(t.s("cat/tall.png"), &png).expect("write");
+    const README_VAL: &str = "val=decode,resize(256),center_crop(224),normalize(imagenet)";
+    let group = common::MemoryCgroup::new(512 << 20);
+    t.mount_confined(&["--view", README_VAL, "--cache-mem", "64M"], &group);
+    let tall = t.m(".prepfs/views/val/cat/tall.png.npy");
+    let err = fs::read(&tall).expect_err("over the pixel limits");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(daemon_alive(&mut t), "the daemon exited");
+    assert_eq!(group.oom_kills(), 0, "OOM kills in a 512 MiB cgroup");
+    let good = fs::read(t.m(".prepfs/views/val/dog/img0.jpg.npy")).expect("the mount answers");
+    assert_eq!(good.len(), 128 + 3 * 224 * 224 * 4);
+    let stats = t.stats();
+    let val = &stats["views"]["val"];
+    assert_eq!(val["errors"], 1, "{val}");
+    assert!(
+        val["failed_files"]["cat/tall.png"]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("image too large") && e.contains("256x4194304")),
+        "{val}"
+    );
 }

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use prepfs::view::npy::{self, Dtype};
-use prepfs::view::{Output, ViewSpec, render};
+use prepfs::view::{Output, ViewSpec, plan, render};
 
 const PIPELINES: [&str; 6] = [
     "a=decode,random_resized_crop(224),hflip,normalize(imagenet)",
@@ -38,13 +38,13 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let spec = &specs()[usize::from(pick) % PIPELINES.len()];
-    let announced = render::dimensions(image).ok().map(|(w, h)| {
-        let (h, w) = spec.output_size(w, h);
+    let announced = render::dimensions(image).ok().and_then(|(w, h)| {
+        let (h, w) = plan::output_size(spec, w, h).ok()?;
         let dtype = match spec.output {
             Output::Float32Chw => Dtype::F32,
             Output::Uint8Chw | Output::Uint8Hwc => Dtype::U8,
         };
-        npy::file_size(dtype, &spec.shape(h, w))
+        Some(npy::file_size(dtype, &spec.shape(h, w)))
     });
     if let Ok(rendered) = render::render(spec, image, u64::from_le_bytes(*seed)) {
         assert_eq!(

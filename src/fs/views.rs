@@ -2,12 +2,14 @@
 //! `x.jpg` as `x.jpg.npy`, rendered by the view's pipeline when an open is first read.
 //!
 //! Owns view lookups, listings, attributes (sizes known without decoding: from the spec when it
-//! fixes the shape, else from the image header), the per-open seed, and scheduling renders: each
-//! open queues its render on the render pool (sized to the cores) at once, so decoding overlaps
-//! the loader's open-to-read gap, and reads wait for it off the FUSE threads. Raw image bytes
-//! come through the never-evict cache like any source read; the decoded pixels are offered to it
-//! too, and a render that finds them cached runs only the ops after the decode. Must never serve
-//! part of a render: a render that fails answers EIO for that open, counted by path and logged.
+//! fixes the shape, else from the image header in a bounded prefix of the file), the per-open
+//! seed, and scheduling renders: each open queues its render on the render pool (sized to the
+//! cores) at once, so decoding overlaps the loader's open-to-read gap, and reads wait for it off
+//! the FUSE threads. Raw image bytes come through the never-evict cache like any source read;
+//! the decoded pixels are offered to it too, and a render that finds them cached runs only the
+//! ops after the decode. Must never serve part of a render: a render that fails answers EIO for
+//! that open, counted by path and logged. Must never read more of a source file than a decode
+//! can use: a file over `MAX_ENCODED_BYTES` is refused unread.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -23,14 +25,20 @@ use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
 use crate::source::{Identity, Kind, Meta, Source, SourceFile};
 use crate::stats::ViewMetrics;
 use crate::view::npy::{self, Dtype};
-use crate::view::{Executor, Output, Rgb, ViewSpec, render};
+use crate::view::render::MAX_ENCODED_BYTES;
+use crate::view::{Executor, Output, RenderError, Rgb, ViewSpec, plan, render};
 
 /// Suffix of view files.
 const NPY: &str = ".npy";
 /// Extensions shown in views: what the decoder reads (case-insensitive).
 const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
-/// Bytes read to find an image's dimensions (JPEG SOF after EXIF usually fits).
-const HEADER_PROBE: usize = 64 << 10;
+/// Bytes read first to find an image's dimensions (a JPEG's frame header after its EXIF
+/// segment, at most 64 KiB, usually fits).
+const HEADER_PROBE: u64 = 64 << 10;
+/// Bytes read at most to find them, when the header goes on past `HEADER_PROBE` (XMP, ICC
+/// profiles, Photoshop resources before a JPEG's frame header; text chunks before a PNG's
+/// pixels): beyond it, getattr answers EIO rather than read more of a file it cannot size.
+const HEADER_PROBE_MAX: u64 = 4 << 20;
 /// st_blksize of view files. Python's `open()` buffers st_blksize bytes, and `np.load` reads the
 /// file again through a second descriptor after checking the magic, so a 1 MiB block made every
 /// load transfer the whole render twice; one page makes the first, buffered read a small one.
@@ -137,45 +145,65 @@ impl Views {
     }
 
     /// The .npy size of `node` under `spec`: from the spec alone when it fixes the shape, else
-    /// from the image header (the first `HEADER_PROBE` bytes, the whole file if needed).
+    /// from the image header (`probe_size`).
     fn file_size(&self, spec: &ViewSpec, node: &Node) -> Result<u64, FsError> {
         let (height, width) = match spec.fixed_size() {
             Some(size) => size,
-            None => {
-                let encoded = self.read_source(node, Some(HEADER_PROBE))?;
-                let (w, h) = match render::dimensions(&encoded) {
-                    Ok(d) => d,
-                    Err(_) => render::dimensions(&self.read_source(node, None)?).map_err(|e| {
-                        tracing::warn!(path = %node.path.display(), error = %e, "view: cannot read the image header; EIO");
-                        FsError::Io
-                    })?,
-                };
-                spec.output_size(w, h)
-            }
+            None => self.probe_size(spec, node)?,
         };
         Ok(npy_size(spec, height, width))
     }
 
-    /// The source file of `node` (the first `limit` bytes, or all), through the cache.
-    fn read_source(&self, node: &Node, limit: Option<usize>) -> Result<Vec<u8>, FsError> {
+    /// The output (height, width) of `spec` over `node`'s image, from its header: read from the
+    /// first `HEADER_PROBE` bytes, or the first `HEADER_PROBE_MAX` when the header goes on past
+    /// them. `EIO` (and a warning) when that prefix holds no usable header or a step of the
+    /// render would pass the pixel limits.
+    fn probe_size(&self, spec: &ViewSpec, node: &Node) -> Result<(u32, u32), FsError> {
         let source = self
             .source
             .open(&node.path)
             .map_err(|e| FsError::from_source(&e))?;
-        self.read_through(source.as_ref(), &node.path, limit)
+        let mut header = Err(RenderError::NotAnImage("empty file".into()));
+        for probe in [HEADER_PROBE, HEADER_PROBE_MAX] {
+            let prefix = self.read_through(source.as_ref(), &node.path, probe)?;
+            header = render::dimensions(&prefix);
+            // Only a known format whose header the probe cut short is worth a longer one.
+            if !matches!(header, Err(RenderError::Corrupt(_))) || (prefix.len() as u64) < probe {
+                break;
+            }
+        }
+        header
+            .and_then(|(w, h)| plan::output_size(spec, w, h))
+            .map_err(|e| {
+                tracing::warn!(path = %node.path.display(), error = %e, "view: cannot size the image from its header; EIO");
+                FsError::Io
+            })
     }
 
-    /// The first `limit` bytes (or all) of `source`, the open file at `path`, through the cache.
+    /// The whole encoded image `source` at `path`, through the cache; refused unread when it is
+    /// larger than any image a decode could use (`MAX_ENCODED_BYTES`).
+    fn read_image(&self, source: &dyn SourceFile, path: &Path) -> Result<Vec<u8>, String> {
+        let size = source.identity().size;
+        if size > MAX_ENCODED_BYTES {
+            return Err(RenderError::TooLarge(format!(
+                "the file has {size} bytes, over the {MAX_ENCODED_BYTES} an encoded image may have"
+            ))
+            .to_string());
+        }
+        self.read_through(source, path, MAX_ENCODED_BYTES)
+            .map_err(|e| format!("cannot read the image: {e}"))
+    }
+
+    /// The first `limit` bytes of `source`, the open file at `path`, through the cache.
     fn read_through(
         &self,
         source: &dyn SourceFile,
         path: &Path,
-        limit: Option<usize>,
+        limit: u64,
     ) -> Result<Vec<u8>, FsError> {
         let cached = self.cache.file(source.identity(), path);
-        let size = source.identity().size;
         let unpacked = Unpacked::default();
-        let end = limit.map_or(size, |l| size.min(l as u64));
+        let end = source.identity().size.min(limit);
         let mut out = Vec::with_capacity(end as usize);
         while (out.len() as u64) < end {
             let want = (end - out.len() as u64).min(BLOCK_SIZE) as u32;
@@ -213,9 +241,7 @@ impl Views {
                 }
             }
         }
-        let encoded = self
-            .read_through(source.as_ref(), &node.path, None)
-            .map_err(|e| format!("cannot read the image: {e}"))?;
+        let encoded = self.read_image(source.as_ref(), &node.path)?;
         let (image, decode, _) = self.decode_and_offer(&encoded, identity, &node.path)?;
         Ok((image, Some(decode)))
     }
@@ -249,8 +275,7 @@ impl Views {
         if self.cache.has_decoded(&identity) || !self.cache.decoded_choice().1.keeps() {
             return false;
         }
-        self.read_through(source, path, None)
-            .map_err(|e| e.to_string())
+        self.read_image(source, path)
             .and_then(|encoded| self.decode_and_offer(&encoded, identity, path))
             .is_ok_and(|(_, _, kept)| kept)
     }
@@ -264,7 +289,7 @@ impl Views {
                 Some((h, w)) => npy_size(&view.spec, h, w),
                 None => {
                     let (w, h) = image.size();
-                    let (h, w) = view.spec.output_size(w, h);
+                    let (h, w) = plan::output_size(&view.spec, w, h).map_err(|e| e.to_string())?;
                     npy_size(&view.spec, h, w)
                 }
             };

@@ -475,7 +475,7 @@ mod tests {
     /// Renders `spec` over `image` through the fused form and the mirror, as a batch of one.
     fn mirrored(spec: &ViewSpec, image: &Rgb, seed: u64) -> Option<Vec<u8>> {
         let (w, h) = image.size();
-        let fused = Fused::new(&draw(spec, w, h, seed), w, h, spec.output)?;
+        let fused = Fused::new(&draw(spec, w, h, seed).expect("draws"), w, h, spec.output)?;
         let mut launch = Launch::default();
         let mut src = Vec::new();
         copy_region(image, &fused, &mut src);
@@ -581,11 +581,11 @@ mod tests {
             "b=decode,center_crop(900),resize(64)",
         ] {
             let spec = ViewSpec::parse(text).expect("parses");
-            let d = draw(&spec, 500, 375, 1);
+            let d = draw(&spec, 500, 375, 1).expect("within the limits");
             assert_eq!(Fused::new(&d, 500, 375, spec.output), None, "{text}");
         }
         let ok = ViewSpec::parse("c=decode,center_crop(100),resize(64)").expect("parses");
-        assert!(Fused::new(&draw(&ok, 500, 375, 1), 500, 375, ok.output).is_some());
+        assert!(Fused::new(&draw(&ok, 500, 375, 1).expect("draws"), 500, 375, ok.output).is_some());
     }
 
     #[test]
@@ -604,7 +604,13 @@ mod tests {
         let mut fused = Vec::new();
         for (i, image) in images.iter().enumerate() {
             let (w, h) = image.size();
-            let f = Fused::new(&draw(&spec, w, h, i as u64), w, h, spec.output).expect("fuses");
+            let f = Fused::new(
+                &draw(&spec, w, h, i as u64).expect("draws"),
+                w,
+                h,
+                spec.output,
+            )
+            .expect("fuses");
             copy_region(image, &f, &mut src);
             launch.push(&f, f.region.2, f.region.3, 0, 0);
             fused.push(f);

@@ -2,9 +2,13 @@
 //! (crop boxes, flips) made from the render's seed, and the concrete steps they imply.
 //!
 //! Owns the order and the arithmetic of the draws, so every executor (the CPU renderer, the GPU
-//! kernel, its CPU mirror) sees the same crops and flips for the same (spec, image size, seed).
-//! Must never read pixels, and never draw a random number anywhere but here.
+//! kernel, its CPU mirror) sees the same crops and flips for the same (spec, image size, seed),
+//! and the refusal of a render whose any step would make an image over the pixel limits of a
+//! decode (`render::within_limits`): every executor and the announced size go through `draw`, so
+//! none allocates such an image. Must never read pixels, and never draw a random number anywhere
+//! but here.
 
+use super::render::{self, RenderError};
 use super::spec::{Op, Size, ViewSpec, short_side};
 
 /// One pixel step of a render, with its random draws resolved.
@@ -41,11 +45,13 @@ pub struct Draws {
     pub flip: bool,
     /// Per-channel (mean, std) of a normalize op, if any.
     pub norm: Option<([f32; 3], [f32; 3])>,
+    /// (width, height) of the output.
+    pub size: (u32, u32),
 }
 
 /// The draws of `spec` over an image of `width` x `height`, random numbers from `seed`, in the
-/// order the ops consume them.
-pub fn draw(spec: &ViewSpec, width: u32, height: u32, seed: u64) -> Draws {
+/// order the ops consume them; `TooLarge` when a step's output would pass the pixel limits.
+pub fn draw(spec: &ViewSpec, width: u32, height: u32, seed: u64) -> Result<Draws, RenderError> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let (mut w, mut h) = (width, height);
     let mut out = Draws {
@@ -53,8 +59,9 @@ pub fn draw(spec: &ViewSpec, width: u32, height: u32, seed: u64) -> Draws {
         crops: Vec::new(),
         flip: false,
         norm: None,
+        size: (width, height),
     };
-    for op in &spec.ops {
+    for (n, op) in spec.ops.iter().enumerate() {
         match *op {
             Op::Resize(size) => {
                 let (rh, rw) = match size {
@@ -95,8 +102,20 @@ pub fn draw(spec: &ViewSpec, width: u32, height: u32, seed: u64) -> Draws {
             }
             Op::Normalize { mean, std } => out.norm = Some((mean, std)),
         }
+        if !render::within_limits(w, h) {
+            let what = format!("op {} ({}) would make", n + 1, op.name());
+            return Err(render::too_large(&what, w, h));
+        }
     }
-    out
+    out.size = (w, h);
+    Ok(out)
+}
+
+/// The output (height, width) of `spec` over an image of `width` x `height`, as every render
+/// of it has (sizes never depend on the seed); `TooLarge` as `draw`. Allocates no pixels.
+pub fn output_size(spec: &ViewSpec, width: u32, height: u32) -> Result<(u32, u32), RenderError> {
+    let (w, h) = draw(spec, width, height, 0)?.size;
+    Ok((h, w))
 }
 
 /// Offset of a `crop`-long center crop in a `size`-long side, as torchvision computes it:
@@ -158,8 +177,12 @@ mod tests {
     fn draws_follow_the_ops_and_the_seed() {
         let spec = ViewSpec::parse("t=decode,resize(100),random_resized_crop(32),hflip(1)")
             .expect("parses");
-        let d = draw(&spec, 500, 375, 7);
-        assert_eq!(d, draw(&spec, 500, 375, 7), "a pure function of the seed");
+        let d = draw(&spec, 500, 375, 7).expect("within the limits");
+        assert_eq!(
+            Ok(&d),
+            draw(&spec, 500, 375, 7).as_ref(),
+            "a pure function of the seed"
+        );
         assert!(d.flip);
         assert_eq!(d.crops.len(), 1);
         let [top, left, h, w] = d.crops[0];
@@ -181,6 +204,40 @@ mod tests {
         assert!(
             top + h <= 100 && left + w <= 133,
             "inside the resized image"
+        );
+    }
+
+    #[test]
+    fn a_step_over_the_pixel_limits_is_refused_before_any_pixel() {
+        // The README's val pipeline over a 1x16384 image: resize(256) would make 256 x 4194304.
+        let val = ViewSpec::parse("v=decode,resize(256),center_crop(224),normalize(imagenet)")
+            .expect("parses");
+        for (w, h) in [(1, 16384), (16384, 1)] {
+            let refused = draw(&val, w, h, 3).expect_err("over the side limit");
+            assert!(
+                matches!(&refused, RenderError::TooLarge(why) if why.contains("op 1 (resize)") && why.contains("4194304")),
+                "{refused}"
+            );
+            assert_eq!(
+                output_size(&val, w, h),
+                Err(refused),
+                "getattr refuses alike"
+            );
+        }
+        // Sides within the limit, bytes not: 8000 x 8000 x 3 is over 128 MiB.
+        let up = ViewSpec::parse("u=decode,resize(8000),center_crop(64)").expect("parses");
+        assert!(matches!(
+            draw(&up, 6000, 6000, 0),
+            Err(RenderError::TooLarge(_))
+        ));
+        // The same pipelines over ordinary images draw, and announce the size they render.
+        assert_eq!(output_size(&val, 500, 375), Ok((224, 224)));
+        let free = ViewSpec::parse("f=decode,resize(100),hflip").expect("parses");
+        assert_eq!(output_size(&free, 500, 375), Ok(free.output_size(500, 375)));
+        assert_eq!(
+            draw(&free, 500, 375, 1).map(|d| d.size),
+            Ok((133, 100)),
+            "(width, height)"
         );
     }
 

@@ -3,9 +3,11 @@
 //! one write of the output).
 //!
 //! Owns the pixel work and the random draws of one render (all from one seed, so a render is a
-//! pure function of (spec, encoded bytes, seed)). Decoding is bounded: dimensions and allocation
-//! are capped before pixels are decoded. Must never panic on any input bytes, and never return a
-//! partial image: an error is the only alternative to a complete file.
+//! pure function of (spec, encoded bytes, seed)), and the pixel limits every image a render holds
+//! must respect: the decoded image (checked from its header, before its pixels are decoded) and
+//! the output of every op after it (checked by `plan::draw` before any pixel is touched), so no
+//! allocation follows a size the image reports. Must never panic on any input bytes, and never
+//! return a partial image: an error is the only alternative to a complete file.
 
 use std::borrow::Cow;
 use std::io::Cursor;
@@ -13,15 +15,24 @@ use std::time::{Duration, Instant};
 
 use fast_image_resize::images::{CroppedImage, Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use image::ImageDecoder;
 
 use super::npy::{self, Dtype};
 use super::plan::{self, Step};
 use super::spec::{Output, ViewSpec};
 
-/// Largest width or height decoded: larger images are refused before their pixels are.
+/// Largest width or height of any image a render holds: larger ones are refused before their
+/// pixels are allocated.
 pub const MAX_SIDE: u32 = 16_384;
-/// Largest decode buffer: 64 Mpixel of RGB, refused beyond (decompression bombs).
-pub const MAX_DECODE_BYTES: u64 = 64 << 20 << 1;
+/// Largest buffer of pixels a render holds, decoded or produced by an op: 128 MiB (about 44
+/// Mpixel of RGB), refused beyond (decompression bombs, resizes of extreme aspect ratios).
+pub const MAX_DECODE_BYTES: u64 = 128 << 20;
+/// Largest encoded image a render reads: twice `MAX_DECODE_BYTES`. Compressed pixel data that
+/// decodes within the limits is at most about as large as those pixels (a PNG's stored deflate
+/// blocks add 5 bytes per 64 KiB and a filter byte per row; a JPEG's entropy coding of noise at
+/// the highest quality can pass its pixels somewhat), and metadata (EXIF, ICC, thumbnails) comes
+/// on top: the factor of 2 holds both, and a larger file is refused unread.
+pub const MAX_ENCODED_BYTES: u64 = 2 * MAX_DECODE_BYTES;
 
 /// Why a file could not be rendered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -65,7 +76,7 @@ impl Rgb {
     /// An image of `width` x `height` from RGB rows; an error if the length does not match or
     /// the dimensions are out of bounds (the same limits as a decode).
     pub fn from_raw(width: u32, height: u32, data: Vec<u8>) -> Result<Rgb, RenderError> {
-        check_side(width, height)?;
+        check_size(width, height)?;
         if width as usize * height as usize * 3 != data.len() {
             return Err(RenderError::Corrupt("pixels of a wrong length".into()));
         }
@@ -104,7 +115,7 @@ impl Rgb {
             u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
         };
         let (width, height) = (word(pixels), word(pixels + 4));
-        check_side(width, height)?;
+        check_size(width, height)?;
         if width as usize * height as usize * 3 != pixels {
             return Err(corrupt());
         }
@@ -122,7 +133,7 @@ pub fn dimensions(encoded: &[u8]) -> Result<(u32, u32), RenderError> {
     let (w, h) = reader
         .into_dimensions()
         .map_err(|e| RenderError::Corrupt(e.to_string()))?;
-    check_side(w, h)?;
+    check_size(w, h)?;
     Ok((w, h))
 }
 
@@ -141,11 +152,31 @@ fn reader(encoded: &[u8]) -> Result<image::ImageReader<Cursor<&[u8]>>, RenderErr
     Ok(reader)
 }
 
-fn check_side(w: u32, h: u32) -> Result<(), RenderError> {
-    if w == 0 || h == 0 || w > MAX_SIDE || h > MAX_SIDE {
-        return Err(RenderError::TooLarge(format!(
-            "{w}x{h} pixels (limit {MAX_SIDE} per side)"
+/// Whether an RGB image of `width` x `height` is within the pixel limits: every side at most
+/// `MAX_SIDE`, its pixels at most `MAX_DECODE_BYTES`.
+pub fn within_limits(width: u32, height: u32) -> bool {
+    width <= MAX_SIDE
+        && height <= MAX_SIDE
+        && u64::from(width) * u64::from(height) * 3 <= MAX_DECODE_BYTES
+}
+
+/// The refusal of an image of `width` x `height` pixels that `within_limits` refuses, as `what`.
+pub fn too_large(what: &str, width: u32, height: u32) -> RenderError {
+    RenderError::TooLarge(format!(
+        "{what} {width}x{height} pixels (limits: {MAX_SIDE} per side, {} MiB of RGB)",
+        MAX_DECODE_BYTES >> 20
+    ))
+}
+
+/// Checks an image of `width` x `height` pixels: not empty, within the pixel limits.
+fn check_size(width: u32, height: u32) -> Result<(), RenderError> {
+    if width == 0 || height == 0 {
+        return Err(RenderError::Corrupt(format!(
+            "an empty image of {width}x{height} pixels"
         )));
+    }
+    if !within_limits(width, height) {
+        return Err(too_large("an image of", width, height));
     }
     Ok(())
 }
@@ -165,7 +196,9 @@ pub fn is_complete_jpeg(encoded: &[u8]) -> bool {
     encoded.starts_with(&[0xFF, 0xD8, 0xFF]) && jpeg_is_complete(encoded)
 }
 
-/// Decodes `encoded` (JPEG, PNG) to RGB, within the pixel limits; a truncated JPEG is an error.
+/// Decodes `encoded` (JPEG, PNG) to RGB, within the pixel limits (checked on the header, before
+/// any pixel is decoded, for the decoder's buffer and for the RGB image); a truncated JPEG is an
+/// error.
 pub fn decode(encoded: &[u8]) -> Result<Rgb, RenderError> {
     let reader = reader(encoded)?;
     if reader.format() == Some(image::ImageFormat::Jpeg) && !jpeg_is_complete(encoded) {
@@ -173,12 +206,21 @@ pub fn decode(encoded: &[u8]) -> Result<Rgb, RenderError> {
             "JPEG data ends before its end-of-image marker (truncated)".into(),
         ));
     }
-    let image = reader.decode().map_err(|e| match e {
+    let refused = |e: image::ImageError| match e {
         image::ImageError::Limits(l) => RenderError::TooLarge(l.to_string()),
         image::ImageError::Unsupported(u) => RenderError::NotAnImage(u.to_string()),
         other => RenderError::Corrupt(other.to_string()),
-    })?;
-    check_side(image.width(), image.height())?;
+    };
+    let decoder = reader.into_decoder().map_err(refused)?;
+    let (width, height) = decoder.dimensions();
+    check_size(width, height)?;
+    if decoder.total_bytes() > MAX_DECODE_BYTES {
+        return Err(RenderError::TooLarge(format!(
+            "decoding {width}x{height} pixels needs {} bytes (limit {MAX_DECODE_BYTES})",
+            decoder.total_bytes()
+        )));
+    }
+    let image = image::DynamicImage::from_decoder(decoder).map_err(refused)?;
     let rgb = image.into_rgb8();
     Ok(Rgb {
         width: rgb.width(),
@@ -214,10 +256,11 @@ pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, Re
 }
 
 /// The complete .npy file of `spec` applied to the decoded `image`, with random draws from
-/// `seed`: everything after the decode (`decode` is left zero).
+/// `seed`: everything after the decode (`decode` is left zero). A step whose output would pass
+/// the pixel limits is refused (`TooLarge`) before any pixel is allocated.
 pub fn transform(spec: &ViewSpec, decoded: &Rgb, seed: u64) -> Result<Rendered, RenderError> {
     let started = Instant::now();
-    let draws = plan::draw(spec, decoded.width, decoded.height, seed);
+    let draws = plan::draw(spec, decoded.width, decoded.height, seed)?;
     let mut image = Cow::Borrowed(decoded);
     let mut resizer = Resizer::new();
     for step in &draws.steps {
@@ -487,6 +530,43 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A black PNG of `width` x `height`, compressed hard (a few hundred bytes however tall).
+    fn black_png(width: u32, height: u32) -> Vec<u8> {
+        use image::codecs::png::{CompressionType, FilterType, PngEncoder};
+        let mut png = Vec::new();
+        image::RgbImage::new(width, height)
+            .write_with_encoder(PngEncoder::new_with_quality(
+                &mut png,
+                CompressionType::Best,
+                FilterType::NoFilter,
+            ))
+            .expect("encodes");
+        png
+    }
+
+    #[test]
+    fn an_op_whose_output_passes_the_pixel_limits_is_refused_not_allocated() {
+        // 1x16384 decodes to 48 KiB, but resize(256) would make 256 x 4194304 (3 GiB) before
+        // center_crop(224): refused from the plan, before the resizer allocates its output.
+        let png = black_png(1, 16384);
+        assert!(png.len() < 1024, "{} bytes", png.len());
+        let image = decode(&png).expect("the image itself is within the limits");
+        assert_eq!(image.size(), (1, 16384));
+        let val = spec("v=decode,resize(256),center_crop(224),normalize(imagenet)");
+        for refused in [
+            transform(&val, &image, 0).expect_err("too large"),
+            render(&val, &png, 0).expect_err("too large"),
+        ] {
+            assert!(
+                matches!(&refused, RenderError::TooLarge(why) if why.contains("256x4194304")),
+                "{refused}"
+            );
+        }
+        // A pipeline that keeps every step within the limits renders the same image.
+        let small = spec("s=decode,center_crop(224),resize(64),uint8(hwc)");
+        assert!(render(&small, &png, 0).is_ok());
     }
 
     #[test]

@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+use super::render::{self, MAX_DECODE_BYTES, MAX_SIDE};
+
 /// ImageNet channel means and standard deviations (torchvision's constants).
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 /// See [`IMAGENET_MEAN`].
@@ -31,6 +33,19 @@ pub enum Op {
     HorizontalFlip { p: f64 },
     /// (x / 255 - mean) / std per channel; float32 output only.
     Normalize { mean: [f32; 3], std: [f32; 3] },
+}
+
+impl Op {
+    /// The op's name in the pipeline language.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Resize(_) => "resize",
+            Op::CenterCrop { .. } => "center_crop",
+            Op::RandomResizedCrop { .. } => "random_resized_crop",
+            Op::HorizontalFlip { .. } => "hflip",
+            Op::Normalize { .. } => "normalize",
+        }
+    }
 }
 
 /// The target of a resize.
@@ -129,10 +144,10 @@ impl ViewSpec {
                 "resize" => Op::Resize(
                     match positional_ints(&args).map_err(|w| err(&word, w))?[..] {
                         [short] => Size::Short(positive(short).map_err(|w| err(&word, w))?),
-                        [h, w] => Size::Exact(
-                            positive(h).map_err(|e| err(&word, e))?,
-                            positive(w).map_err(|e| err(&word, e))?,
-                        ),
+                        [h, w] => {
+                            let (h, w) = image_size(h, w).map_err(|e| err(&word, e))?;
+                            Size::Exact(h, w)
+                        }
                         _ => return Err(err(&word, "takes a size or a height and a width".into())),
                     },
                 ),
@@ -273,18 +288,16 @@ impl ViewSpec {
 }
 
 /// (height, width) after scaling the shorter side of (h, w) to `short`, as torchvision does
-/// (the longer side truncated after scaling).
+/// (the longer side truncated after scaling; saturated at `u32::MAX`, far past any pixel limit).
 pub fn short_side(h: u32, w: u32, short: u32) -> (u32, u32) {
+    let long = |long: u32, short_in: u32| {
+        u32::try_from(u64::from(short) * u64::from(long) / u64::from(short_in.max(1)))
+            .unwrap_or(u32::MAX)
+    };
     if h <= w {
-        (
-            short,
-            ((u64::from(short) * u64::from(w)) / u64::from(h.max(1))) as u32,
-        )
+        (short, long(w, h))
     } else {
-        (
-            ((u64::from(short) * u64::from(h)) / u64::from(w.max(1))) as u32,
-            short,
-        )
+        (long(h, w), short)
     }
 }
 
@@ -367,8 +380,21 @@ fn number(text: &str) -> Result<f64, String> {
 fn positive(value: u64) -> Result<u32, String> {
     u32::try_from(value)
         .ok()
-        .filter(|v| (1..=16_384).contains(v))
-        .ok_or_else(|| format!("size {value} is outside 1..16384"))
+        .filter(|v| (1..=MAX_SIDE).contains(v))
+        .ok_or_else(|| format!("size {value} is outside 1..{MAX_SIDE}"))
+}
+
+/// (height, width) of an image an op makes: each side `positive`, and within the pixel limits
+/// of a render (a larger one would fail every file).
+fn image_size(height: u64, width: u64) -> Result<(u32, u32), String> {
+    let (h, w) = (positive(height)?, positive(width)?);
+    if !render::within_limits(w, h) {
+        return Err(format!(
+            "{h}x{w} pixels are over the {} MiB of RGB an image may have",
+            MAX_DECODE_BYTES >> 20
+        ));
+    }
+    Ok((h, w))
 }
 
 fn positional_ints(args: &[Arg]) -> Result<Vec<u64>, String> {
@@ -385,8 +411,8 @@ fn positional_ints(args: &[Arg]) -> Result<Vec<u64>, String> {
 
 fn size_args(args: &[Arg]) -> Result<(u32, u32), String> {
     match positional_ints(args)?[..] {
-        [s] => Ok((positive(s)?, positive(s)?)),
-        [h, w] => Ok((positive(h)?, positive(w)?)),
+        [s] => image_size(s, s),
+        [h, w] => image_size(h, w),
         _ => Err("takes a size or a height and a width".into()),
     }
 }
@@ -489,6 +515,19 @@ mod tests {
         assert_eq!(r.fixed_size(), None, "shape follows the image");
         assert_eq!(r.output_size(500, 375), (100, 133));
         assert_eq!(r.output_size(375, 500), (133, 100));
+        let big = ViewSpec::parse("b=decode,center_crop(8192, 5461)").expect("128 MiB fits");
+        assert_eq!(big.fixed_size(), Some((8192, 5461)));
+    }
+
+    #[test]
+    fn a_short_side_resize_of_an_extreme_aspect_ratio_saturates_instead_of_wrapping() {
+        assert_eq!(short_side(1, 16384, 256), (256, 4_194_304));
+        assert_eq!(short_side(16384, 1, 256), (4_194_304, 256));
+        assert_eq!(
+            short_side(1, 4_194_304 << 8, 16384),
+            (16384, u32::MAX),
+            "2^44 does not fit"
+        );
     }
 
     #[test]
@@ -510,6 +549,16 @@ mod tests {
             ("t=decode,uint8,hflip", "nothing may follow"),
             ("t=decode,center_crop(2", "unbalanced"),
             ("t=decode,,hflip", "empty op"),
+            ("t=decode,resize(16385)", "outside 1..16384"),
+            (
+                "t=decode,center_crop(16384)",
+                "`center_crop(16384)`: 16384x16384 pixels are over",
+            ),
+            (
+                "t=decode,resize(8000, 6000)",
+                "`resize(8000, 6000)`: 8000x6000 pixels are over",
+            ),
+            ("t=decode,random_resized_crop(7000)", "over the 128 MiB"),
         ] {
             let e = ViewSpec::parse(spec).expect_err(spec).0;
             assert!(e.contains(needle), "{spec}: {e}");

@@ -28,7 +28,7 @@ use super::libs::{self, Candidate, Lib};
 use super::nvjpeg::{self, Nvjpeg};
 use super::{GpuCounters, GpuOptions, GpuReport};
 use crate::view::fused::{self, Fused, Item, Launch};
-use crate::view::render::{self, MAX_DECODE_BYTES, MAX_SIDE};
+use crate::view::render;
 use crate::view::{Executor, RenderError, Rendered, Rgb, ViewSpec, plan};
 
 /// The fused kernel's CUDA source.
@@ -459,7 +459,7 @@ impl Decoder {
             let info = self.nvjpeg.info(&job.encoded);
             let slot = info.and_then(|info| {
                 let bytes = u64::from(info.width) * u64::from(info.height) * 3;
-                if info.width > MAX_SIDE || info.height > MAX_SIDE || bytes > MAX_DECODE_BYTES {
+                if !render::within_limits(info.width, info.height) {
                     return Err("over the pixel limits".to_owned());
                 }
                 if used + bytes as usize > capacity {
@@ -741,7 +741,7 @@ impl Executor for GpuExecutor {
     fn transform(&self, spec: &ViewSpec, image: &Rgb, seed: u64) -> Result<Rendered, RenderError> {
         let started = Instant::now();
         let (w, h) = image.size();
-        let draws = plan::draw(spec, w, h, seed);
+        let draws = plan::draw(spec, w, h, seed)?;
         if let Some(fused) = Fused::new(&draws, w, h, spec.output) {
             let mut region = Vec::with_capacity(fused::region_bytes(&fused) as usize);
             fused::copy_region(image, &fused, &mut region);
