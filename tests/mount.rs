@@ -580,6 +580,150 @@ fn bad_input_gets_one_line_and_nothing_mounted() {
     );
 }
 
+/// A mount point detached (`umount -l`) when the test ends, however it ends.
+struct Detached(std::path::PathBuf);
+
+impl Detached {
+    /// Runs `mount ARGS... SOURCE TARGET`; TARGET is detached on drop.
+    fn mount(args: &[&str], source: &Path, target: &Path) -> Detached {
+        common::run_checked(
+            std::process::Command::new("mount")
+                .args(args)
+                .arg(source)
+                .arg(target),
+        );
+        Detached(target.to_owned())
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .output();
+    }
+}
+
+/// Runs `prepfs mount SRC MNT --foreground`, which is expected to refuse, and returns its
+/// stderr. Should it mount instead, it is killed and the mount detached before the test fails:
+/// a mount inside its own source hangs whoever touches it, so it must never outlive the test.
+fn refused_mount(src: &Path, mnt: &Path) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = dir.path().join("stderr");
+    let mut child = common::prepfs()
+        .arg("mount")
+        .arg(src)
+        .arg(mnt)
+        .args(["--foreground", "--cache-mem", "16M"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(fs::File::create(&err).expect("stderr file"))
+        .spawn()
+        .expect("spawn prepfs");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if is_mounted(mnt) || Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(mnt)
+                .output();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = fs::read_to_string(&err).expect("read stderr");
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(1),
+        "mount on {} was not refused: {stderr}",
+        mnt.display()
+    );
+    stderr
+}
+
+#[test]
+fn a_mountpoint_the_source_reaches_is_refused_before_anything_is_mounted() {
+    let t = TestMount::new();
+    fs::create_dir_all(t.s("sub/mnt")).expect("mkdir");
+    fs::write(t.s("sub/f"), b"x").expect("write");
+    let link = t.dir.path().join("link");
+    std::os::unix::fs::symlink(&t.src, &link).expect("symlink");
+    // The same directories again, through a bind mount of one of the source's directories.
+    let alias = t.dir.path().join("alias");
+    fs::create_dir(&alias).expect("mkdir");
+    let _bind = Detached::mount(&["--bind"], &t.s("sub"), &alias);
+    let empty = t.dir.path().join("empty");
+    fs::create_dir(&empty).expect("mkdir");
+    for (what, src, mnt, needle) in [
+        (
+            "the source itself",
+            empty.clone(),
+            empty.clone(),
+            "is the source",
+        ),
+        (
+            "a directory in the source",
+            t.src.clone(),
+            t.s("sub/mnt"),
+            "inside the source",
+        ),
+        (
+            "the source through a symlink",
+            t.src.clone(),
+            link.join("sub/mnt"),
+            "inside the source",
+        ),
+        (
+            "a bind mount of a source directory",
+            t.src.clone(),
+            alias.join("mnt"),
+            "inside the source",
+        ),
+    ] {
+        let stderr = refused_mount(&src, &mnt);
+        assert_eq!(
+            stderr.trim_end().lines().count(),
+            1,
+            "{what}: one line: {stderr:?}"
+        );
+        assert!(
+            stderr.starts_with("prepfs: mountpoint ") && stderr.contains(needle),
+            "{what}: {stderr:?}"
+        );
+        assert!(!is_mounted(&mnt), "{what}: nothing mounted");
+    }
+}
+
+#[test]
+fn a_dead_mount_gets_the_umount_hint_and_umount_clears_it() {
+    let mut t = TestMount::new();
+    fs::write(t.s("f"), b"x").expect("write");
+    t.mount(&["--cache-mem", "16M"]);
+    let mut child = t.child.take().expect("daemon");
+    let _dead = Detached(t.mnt.clone());
+    child.kill().expect("SIGKILL the daemon");
+    child.wait().expect("wait");
+    assert!(is_mounted(&t.mnt), "the dead mount stays attached");
+    let out = common::run(&["mount".as_ref(), t.src.as_os_str(), t.mnt.as_os_str()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr:?}");
+    assert!(
+        stderr.contains("dead FUSE mount") && stderr.contains("prepfs umount"),
+        "{stderr:?}"
+    );
+    common::run_checked(common::prepfs().arg("umount").arg(&t.mnt));
+    assert!(!is_mounted(&t.mnt));
+    t.mount(&["--cache-mem", "16M"]);
+    assert_eq!(fs::read(t.m("f")).expect("the next mount serves"), b"x");
+}
+
 #[test]
 fn normal_user_without_fusermount_gets_a_clear_error() {
     let t = TestMount::new();
