@@ -874,3 +874,79 @@ fn a_replayed_order_is_prefetched_through_a_real_mount() {
     );
     assert_eq!(t.unmount().map(|s| s.success()), Some(true));
 }
+
+#[test]
+fn filesystems_mounted_inside_the_source_are_served_and_keep_their_own_identity() {
+    let mut t = TestMount::new();
+    // Two copies of one ext4 image: `x` has the same inode, size and times in both, and only
+    // the device tells them apart; the copy's bytes of `x` are inverted in place. Source access
+    // crosses mounts (see source::local), and the device is part of a file's identity.
+    let content = t.dir.path().join("content");
+    fs::create_dir(&content).expect("mkdir");
+    let original = pattern(300_000, 7);
+    let inverted: Vec<u8> = original.iter().map(|b| !b).collect();
+    fs::write(content.join("x"), &original).expect("write");
+    let first = t.dir.path().join("first.img");
+    fs::File::create(&first)
+        .and_then(|f| f.set_len(8 << 20))
+        .expect("image file");
+    common::run_checked(
+        std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-d"])
+            .arg(&content)
+            .arg(&first),
+    );
+    let mut image = fs::read(&first).expect("read image");
+    let at = image
+        .windows(4096)
+        .position(|w| w == &original[..4096])
+        .expect("x's data lies in the image");
+    image[at..at + original.len()].copy_from_slice(&inverted);
+    let second = t.dir.path().join("second.img");
+    fs::write(&second, &image).expect("write image");
+    for dir in ["a", "b", "again"] {
+        fs::create_dir(t.s(dir)).expect("mkdir");
+    }
+    let _a = Detached::mount(&["-o", "ro,noload,loop"], &first, &t.s("a"));
+    let _b = Detached::mount(&["-o", "ro,noload,loop"], &second, &t.s("b"));
+    let _again = Detached::mount(&["--bind"], &t.s("a"), &t.s("again"));
+    let (a, b) = (
+        fs::metadata(t.s("a/x")).expect("stat"),
+        fs::metadata(t.s("b/x")).expect("stat"),
+    );
+    let identity = |m: &fs::Metadata| {
+        (
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+        )
+    };
+    assert_eq!(identity(&a), identity(&b), "the same but for the device");
+    assert_ne!(a.dev(), b.dev());
+
+    t.mount(&["--cache-mem", "64M", "--codec", "none"]);
+    assert_eq!(fs::read(t.m("a/x")).expect("read a/x"), original);
+    let cached = |rel: &str| {
+        let mut value = [0u8; 96];
+        let len =
+            rustix::fs::getxattr(t.m(rel), "user.prepfs.cached", &mut value[..]).expect("getxattr");
+        String::from_utf8_lossy(&value[..len]).into_owned()
+    };
+    assert_eq!(cached("a/x"), "ram=1 disk=0 blocks=1", "a/x is cached");
+    assert_eq!(
+        cached("again/x"),
+        "ram=1 disk=0 blocks=1",
+        "a bind mount shows the same file: the same cached bytes"
+    );
+    assert_eq!(
+        cached("b/x"),
+        "ram=0 disk=0 blocks=1",
+        "b/x is another file: a/x's cached bytes are not its"
+    );
+    assert_eq!(fs::read(t.m("b/x")).expect("read b/x"), inverted);
+    assert_eq!(fs::read(t.m("a/x")).expect("read a/x again"), original);
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+}
