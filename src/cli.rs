@@ -498,9 +498,10 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 None => limits::default_budget(host, cgroup.as_ref()),
             };
             config::check_fuse_device()?;
+            let source = config::check_source(&source)?;
             let cfg = MountConfig {
-                source: config::check_source(&source)?,
-                mountpoint: config::check_mountpoint(&mountpoint)?,
+                mountpoint: config::check_mountpoint(&mountpoint, &source)?,
+                source,
                 cache_mem,
                 foreground,
                 passthrough: !no_passthrough && rustix::process::geteuid().is_root(),

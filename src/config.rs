@@ -1,11 +1,12 @@
 //! Typed mount configuration, its defaults, and validation of user input.
 //!
 //! Owns: `MountConfig`, size parsing, and every check that turns bad input into one readable
-//! line before anything is mounted (source, mountpoint, /dev/fuse, sizes). Must never mount,
-//! spawn or change anything: it only reads and decides.
+//! line before anything is mounted (source, mountpoint and whether the source reaches it,
+//! /dev/fuse, sizes). Must never mount, spawn or change anything: it only reads and decides.
 
 use crate::cache::codec::{Codec, MAX_ZSTD_LEVEL};
 use crate::cache::policy::DecodedCaching;
+use crate::mountinfo::Mount;
 use crate::prefetch::PrefetchOptions;
 use crate::scheduler::runtime::SchedulerOptions;
 use crate::scheduler::state::RewardWeights;
@@ -311,32 +312,92 @@ pub fn check_source(path: &Path) -> Result<PathBuf, ConfigError> {
     path.canonicalize().map_err(|e| fail(e.to_string()))
 }
 
-/// Canonical mountpoint, or why it cannot be used: it must be an empty directory that is not
-/// already a mount point.
-pub fn check_mountpoint(path: &Path) -> Result<PathBuf, ConfigError> {
+/// Canonical mountpoint, or why it cannot be used: an empty directory that is not already a
+/// mount point and that the source (`source`, canonical) does not reach.
+pub fn check_mountpoint(path: &Path, source: &Path) -> Result<PathBuf, ConfigError> {
     let fail = |why: String| ConfigError::Mountpoint {
         path: path.to_owned(),
         why,
     };
-    let meta = std::fs::metadata(path).map_err(|e| {
-        if e.raw_os_error() == Some(libc::ENOTCONN) {
-            fail("a dead FUSE mount is still attached here; run `prepfs umount` on it first".into())
-        } else {
-            fail(e.to_string())
-        }
-    })?;
+    let dead =
+        || fail("a dead FUSE mount is still attached here; run `prepfs umount` on it first".into());
+    let io = |e: std::io::Error| match e.raw_os_error() {
+        Some(libc::ENOTCONN) => dead(),
+        _ => fail(e.to_string()),
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
     if !meta.is_dir() {
         return Err(fail("not a directory".into()));
     }
-    let canonical = path.canonicalize().map_err(|e| fail(e.to_string()))?;
-    if is_mount_point(&canonical) {
+    let canonical = path.canonicalize().map_err(io)?;
+    let mounts = crate::mountinfo::mounts();
+    if canonical == source {
+        return Err(fail("is the source directory; mount elsewhere".into()));
+    }
+    if within_source(&canonical, source, &mounts) {
+        return Err(fail(format!(
+            "is inside the source {} (the daemon would read its own mount and hang); mount outside it",
+            source.display()
+        )));
+    }
+    if mounts.iter().any(|m| m.point == canonical) {
+        // A dead FUSE mount's root can still stat from attributes the kernel cached; statfs
+        // always asks the daemon.
+        if rustix::fs::statfs(&canonical).is_err_and(|e| e == rustix::io::Errno::NOTCONN) {
+            return Err(dead());
+        }
         return Err(fail("already a mount point".into()));
     }
-    let mut entries = std::fs::read_dir(&canonical).map_err(|e| fail(e.to_string()))?;
+    let mut entries = std::fs::read_dir(&canonical).map_err(io)?;
     if entries.next().is_some() {
         return Err(fail("not empty".into()));
     }
     Ok(canonical)
+}
+
+/// Where a directory lives: its filesystem's device and its path from that filesystem's root.
+#[derive(Debug, PartialEq)]
+struct Place<'a> {
+    device: &'a str,
+    path: PathBuf,
+}
+
+/// The place of `path` (canonical): below the topmost of the mounts nearest to it.
+fn place<'a>(path: &Path, mounts: &'a [Mount]) -> Option<Place<'a>> {
+    let holder = mounts
+        .iter()
+        .filter(|m| path.starts_with(&m.point))
+        .max_by_key(|m| m.point.components().count())?;
+    let below = path.strip_prefix(&holder.point).ok()?;
+    Some(Place {
+        device: &holder.device,
+        path: holder.root.join(below),
+    })
+}
+
+/// Whether `mountpoint` lies in the tree the source serves: beneath the source by path, or the
+/// same directories reached another way (a bind mount of the source or of a directory in it,
+/// or a filesystem mounted inside the source, which source access crosses). A FUSE mount there
+/// would make the daemon's own source reads come back to the mount: a thread waiting on itself
+/// hangs every reader for good.
+fn within_source(mountpoint: &Path, source: &Path, mounts: &[Mount]) -> bool {
+    if mountpoint.starts_with(source) {
+        return true;
+    }
+    let Some(target) = place(mountpoint, mounts) else {
+        return false;
+    };
+    let inner = mounts
+        .iter()
+        .filter(|m| m.point.starts_with(source))
+        .map(|m| Place {
+            device: &m.device,
+            path: m.root.clone(),
+        });
+    place(source, mounts)
+        .into_iter()
+        .chain(inner)
+        .any(|reached| reached.device == target.device && target.path.starts_with(&reached.path))
 }
 
 /// Checks that the FUSE device exists and that this user can use it (directly or via
@@ -366,11 +427,6 @@ pub fn check_fuse_device() -> Result<(), ConfigError> {
         return Err(ConfigError::Fuse("/dev/fuse is not accessible to this user: give it mode 0666 as the fuse3 udev rule does (chmod 0666 /dev/fuse), or run as root".into()));
     }
     Ok(())
-}
-
-/// Whether `path` (canonical) is a mount point, according to /proc/self/mountinfo.
-pub fn is_mount_point(path: &Path) -> bool {
-    crate::mountinfo::mounts().iter().any(|m| m.point == path)
 }
 
 #[cfg(test)]
@@ -428,5 +484,44 @@ mod tests {
         for bad in ["", "G", "12X", "-1G", "1..2G", "8 GB extra"] {
             assert!(parse_size(bad).is_err(), "{bad:?} should be rejected");
         }
+    }
+
+    /// `/` on 8:1 holds /data (the source); /alias shows /data/sub again (a bind mount);
+    /// /disk2 is another disk, shown inside the source at /data/shards too; /scratch is a third.
+    const MOUNTINFO: &str = "\
+27 1 8:1 / / rw - ext4 /dev/sda1 rw
+40 27 8:1 /data/sub /alias rw - ext4 /dev/sda1 rw
+41 27 8:17 / /disk2 rw - ext4 /dev/sdb1 rw
+42 27 8:17 /shards /data/shards rw - ext4 /dev/sdb1 rw
+43 27 0:50 / /scratch rw - tmpfs tmpfs rw
+44 27 0:51 / /data/with\\040space rw - tmpfs tmpfs rw
+";
+
+    #[test]
+    fn a_mountpoint_the_source_reaches_by_any_way_is_inside_it() {
+        let mounts = crate::mountinfo::parse(MOUNTINFO);
+        let source = Path::new("/data");
+        for (mountpoint, inside) in [
+            ("/data", true),
+            ("/data/sub/mnt", true),
+            ("/data/with space/mnt", true),
+            ("/alias/mnt", true),
+            ("/alias", true),
+            ("/disk2/shards/x/mnt", true),
+            ("/disk2/other/mnt", false),
+            ("/scratch/mnt", false),
+            ("/database/mnt", false),
+            ("/mnt", false),
+        ] {
+            assert_eq!(
+                within_source(Path::new(mountpoint), source, &mounts),
+                inside,
+                "{mountpoint}"
+            );
+        }
+        assert!(
+            within_source(Path::new("/anything"), Path::new("/"), &mounts),
+            "a source at / reaches everything"
+        );
     }
 }

@@ -51,9 +51,10 @@ pub fn run(files: usize) -> Result<(), String> {
         .sum();
 
     config::check_fuse_device().map_err(|e| e.to_string())?;
+    let canonical = config::check_source(&source).map_err(|e| e.to_string())?;
     let cfg = MountConfig {
-        source: config::check_source(&source).map_err(|e| e.to_string())?,
-        mountpoint: config::check_mountpoint(&mountpoint).map_err(|e| e.to_string())?,
+        mountpoint: config::check_mountpoint(&mountpoint, &canonical).map_err(|e| e.to_string())?,
+        source: canonical,
         cache_mem: DEMO_CACHE_BYTES,
         foreground: true,
         passthrough: rustix::process::geteuid().is_root(),

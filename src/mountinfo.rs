@@ -9,6 +9,8 @@ use std::path::PathBuf;
 /// One mount.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {
+    /// The filesystem's device (`major:minor`).
+    pub device: String,
     /// The directory of the mounted filesystem that appears at `point` (`/` unless a bind or a
     /// namespace shows part of it).
     pub root: PathBuf,
@@ -20,7 +22,8 @@ pub struct Mount {
     pub options: String,
 }
 
-/// The mounts in `text` (the file's content).
+/// The mounts in `text` (the file's content), in its order (a later mount on the same point is
+/// on top).
 pub fn parse(text: &str) -> Vec<Mount> {
     text.lines()
         .filter_map(|line| {
@@ -30,8 +33,9 @@ pub fn parse(text: &str) -> Vec<Mount> {
             let fstype = r.next()?.to_owned();
             let options = r.nth(1).unwrap_or("").to_owned();
             Some(Mount {
-                root: PathBuf::from(unescape(l.get(3)?)),
-                point: PathBuf::from(unescape(l.get(4)?)),
+                device: (*l.get(2)?).to_owned(),
+                root: unescape(l.get(3)?),
+                point: unescape(l.get(4)?),
                 fstype,
                 options,
             })
@@ -44,8 +48,10 @@ pub fn mounts() -> Vec<Mount> {
     std::fs::read_to_string("/proc/self/mountinfo").map_or_else(|_| Vec::new(), |t| parse(&t))
 }
 
-/// A field with mountinfo's `\ooo` escapes (space, tab, newline, backslash) decoded.
-fn unescape(field: &str) -> String {
+/// A path field with mountinfo's `\ooo` escapes (space, tab, newline, backslash) decoded, its
+/// bytes kept as they are.
+fn unescape(field: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -65,7 +71,7 @@ fn unescape(field: &str) -> String {
             i += 1;
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
 #[cfg(test)]
@@ -74,8 +80,11 @@ mod tests {
 
     #[test]
     fn lines_parse_with_escapes_decoded() {
-        assert_eq!(unescape("/mnt/with\\040space"), "/mnt/with space");
-        assert_eq!(unescape("/plain"), "/plain");
+        assert_eq!(
+            unescape("/mnt/with\\040space"),
+            PathBuf::from("/mnt/with space")
+        );
+        assert_eq!(unescape("/plain"), PathBuf::from("/plain"));
         let mounts = parse(
             "36 25 0:32 / /mnt/with\\040space rw,nosuid shared:1 - fuse.prepfs prepfs:/d ro,user_id=0\n\
              30 25 0:27 /jobs /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
@@ -85,6 +94,7 @@ mod tests {
         assert_eq!(mounts[0].point, PathBuf::from("/mnt/with space"));
         assert_eq!(mounts[0].fstype, "fuse.prepfs");
         assert_eq!(mounts[1].root, PathBuf::from("/jobs"));
+        assert_eq!(mounts[1].device, "0:27");
         assert_eq!(mounts[1].options, "rw,memory");
     }
 }

@@ -580,6 +580,150 @@ fn bad_input_gets_one_line_and_nothing_mounted() {
     );
 }
 
+/// A mount point detached (`umount -l`) when the test ends, however it ends.
+struct Detached(std::path::PathBuf);
+
+impl Detached {
+    /// Runs `mount ARGS... SOURCE TARGET`; TARGET is detached on drop.
+    fn mount(args: &[&str], source: &Path, target: &Path) -> Detached {
+        common::run_checked(
+            std::process::Command::new("mount")
+                .args(args)
+                .arg(source)
+                .arg(target),
+        );
+        Detached(target.to_owned())
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .output();
+    }
+}
+
+/// Runs `prepfs mount SRC MNT --foreground`, which is expected to refuse, and returns its
+/// stderr. Should it mount instead, it is killed and the mount detached before the test fails:
+/// a mount inside its own source hangs whoever touches it, so it must never outlive the test.
+fn refused_mount(src: &Path, mnt: &Path) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = dir.path().join("stderr");
+    let mut child = common::prepfs()
+        .arg("mount")
+        .arg(src)
+        .arg(mnt)
+        .args(["--foreground", "--cache-mem", "16M"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(fs::File::create(&err).expect("stderr file"))
+        .spawn()
+        .expect("spawn prepfs");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if is_mounted(mnt) || Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(mnt)
+                .output();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = fs::read_to_string(&err).expect("read stderr");
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(1),
+        "mount on {} was not refused: {stderr}",
+        mnt.display()
+    );
+    stderr
+}
+
+#[test]
+fn a_mountpoint_the_source_reaches_is_refused_before_anything_is_mounted() {
+    let t = TestMount::new();
+    fs::create_dir_all(t.s("sub/mnt")).expect("mkdir");
+    fs::write(t.s("sub/f"), b"x").expect("write");
+    let link = t.dir.path().join("link");
+    std::os::unix::fs::symlink(&t.src, &link).expect("symlink");
+    // The same directories again, through a bind mount of one of the source's directories.
+    let alias = t.dir.path().join("alias");
+    fs::create_dir(&alias).expect("mkdir");
+    let _bind = Detached::mount(&["--bind"], &t.s("sub"), &alias);
+    let empty = t.dir.path().join("empty");
+    fs::create_dir(&empty).expect("mkdir");
+    for (what, src, mnt, needle) in [
+        (
+            "the source itself",
+            empty.clone(),
+            empty.clone(),
+            "is the source",
+        ),
+        (
+            "a directory in the source",
+            t.src.clone(),
+            t.s("sub/mnt"),
+            "inside the source",
+        ),
+        (
+            "the source through a symlink",
+            t.src.clone(),
+            link.join("sub/mnt"),
+            "inside the source",
+        ),
+        (
+            "a bind mount of a source directory",
+            t.src.clone(),
+            alias.join("mnt"),
+            "inside the source",
+        ),
+    ] {
+        let stderr = refused_mount(&src, &mnt);
+        assert_eq!(
+            stderr.trim_end().lines().count(),
+            1,
+            "{what}: one line: {stderr:?}"
+        );
+        assert!(
+            stderr.starts_with("prepfs: mountpoint ") && stderr.contains(needle),
+            "{what}: {stderr:?}"
+        );
+        assert!(!is_mounted(&mnt), "{what}: nothing mounted");
+    }
+}
+
+#[test]
+fn a_dead_mount_gets_the_umount_hint_and_umount_clears_it() {
+    let mut t = TestMount::new();
+    fs::write(t.s("f"), b"x").expect("write");
+    t.mount(&["--cache-mem", "16M"]);
+    let mut child = t.child.take().expect("daemon");
+    let _dead = Detached(t.mnt.clone());
+    child.kill().expect("SIGKILL the daemon");
+    child.wait().expect("wait");
+    assert!(is_mounted(&t.mnt), "the dead mount stays attached");
+    let out = common::run(&["mount".as_ref(), t.src.as_os_str(), t.mnt.as_os_str()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr:?}");
+    assert!(
+        stderr.contains("dead FUSE mount") && stderr.contains("prepfs umount"),
+        "{stderr:?}"
+    );
+    common::run_checked(common::prepfs().arg("umount").arg(&t.mnt));
+    assert!(!is_mounted(&t.mnt));
+    t.mount(&["--cache-mem", "16M"]);
+    assert_eq!(fs::read(t.m("f")).expect("the next mount serves"), b"x");
+}
+
 #[test]
 fn normal_user_without_fusermount_gets_a_clear_error() {
     let t = TestMount::new();
@@ -728,5 +872,81 @@ fn a_replayed_order_is_prefetched_through_a_real_mount() {
         stats["prefetch"]["staged"]["reads"].as_u64() > Some(0),
         "{stats}"
     );
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+}
+
+#[test]
+fn filesystems_mounted_inside_the_source_are_served_and_keep_their_own_identity() {
+    let mut t = TestMount::new();
+    // Two copies of one ext4 image: `x` has the same inode, size and times in both, and only
+    // the device tells them apart; the copy's bytes of `x` are inverted in place. Source access
+    // crosses mounts (see source::local), and the device is part of a file's identity.
+    let content = t.dir.path().join("content");
+    fs::create_dir(&content).expect("mkdir");
+    let original = pattern(300_000, 7);
+    let inverted: Vec<u8> = original.iter().map(|b| !b).collect();
+    fs::write(content.join("x"), &original).expect("write");
+    let first = t.dir.path().join("first.img");
+    fs::File::create(&first)
+        .and_then(|f| f.set_len(8 << 20))
+        .expect("image file");
+    common::run_checked(
+        std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-d"])
+            .arg(&content)
+            .arg(&first),
+    );
+    let mut image = fs::read(&first).expect("read image");
+    let at = image
+        .windows(4096)
+        .position(|w| w == &original[..4096])
+        .expect("x's data lies in the image");
+    image[at..at + original.len()].copy_from_slice(&inverted);
+    let second = t.dir.path().join("second.img");
+    fs::write(&second, &image).expect("write image");
+    for dir in ["a", "b", "again"] {
+        fs::create_dir(t.s(dir)).expect("mkdir");
+    }
+    let _a = Detached::mount(&["-o", "ro,noload,loop"], &first, &t.s("a"));
+    let _b = Detached::mount(&["-o", "ro,noload,loop"], &second, &t.s("b"));
+    let _again = Detached::mount(&["--bind"], &t.s("a"), &t.s("again"));
+    let (a, b) = (
+        fs::metadata(t.s("a/x")).expect("stat"),
+        fs::metadata(t.s("b/x")).expect("stat"),
+    );
+    let identity = |m: &fs::Metadata| {
+        (
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+        )
+    };
+    assert_eq!(identity(&a), identity(&b), "the same but for the device");
+    assert_ne!(a.dev(), b.dev());
+
+    t.mount(&["--cache-mem", "64M", "--codec", "none"]);
+    assert_eq!(fs::read(t.m("a/x")).expect("read a/x"), original);
+    let cached = |rel: &str| {
+        let mut value = [0u8; 96];
+        let len =
+            rustix::fs::getxattr(t.m(rel), "user.prepfs.cached", &mut value[..]).expect("getxattr");
+        String::from_utf8_lossy(&value[..len]).into_owned()
+    };
+    assert_eq!(cached("a/x"), "ram=1 disk=0 blocks=1", "a/x is cached");
+    assert_eq!(
+        cached("again/x"),
+        "ram=1 disk=0 blocks=1",
+        "a bind mount shows the same file: the same cached bytes"
+    );
+    assert_eq!(
+        cached("b/x"),
+        "ram=0 disk=0 blocks=1",
+        "b/x is another file: a/x's cached bytes are not its"
+    );
+    assert_eq!(fs::read(t.m("b/x")).expect("read b/x"), inverted);
+    assert_eq!(fs::read(t.m("a/x")).expect("read a/x again"), original);
     assert_eq!(t.unmount().map(|s| s.success()), Some(true));
 }

@@ -138,6 +138,80 @@ fn broken_images_fail_alone_with_eio() {
 }
 
 #[test]
+fn view_files_carry_their_images_owner_and_read_bits_so_others_are_kept_out_alike() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mut t = TestMount::new();
+    // Another user must reach the mount: the test's directory is private to root.
+    fs::set_permissions(t.dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    fs::create_dir(t.s("private")).expect("mkdir");
+    // name -> (owner uid/gid, source mode)
+    let images = [
+        ("secret.jpg", 0, 0o600),
+        ("open.jpg", 0, 0o644),
+        ("theirs.jpg", 4242, 0o640),
+        ("odd.jpg", 0, 0o4775),
+        ("private/hidden.jpg", 0, 0o644),
+    ];
+    for (i, (name, owner, mode)) in images.iter().enumerate() {
+        let path = t.s(name);
+        fs::write(&path, prepfs::synthetic::photo(i as u64).expect("jpeg")).expect("write");
+        std::os::unix::fs::chown(&path, Some(*owner), Some(*owner)).expect("chown");
+        fs::set_permissions(&path, fs::Permissions::from_mode(*mode)).expect("chmod");
+    }
+    fs::set_permissions(t.s("private"), fs::Permissions::from_mode(0o750)).expect("chmod");
+    t.mount(&["--allow-other", "--view", VAL]);
+    let view = |name: &str| t.m(&format!(".prepfs/views/val/{name}.npy"));
+    for (name, owner, mode) in images {
+        let meta = fs::metadata(view(name)).expect("stat as root");
+        assert_eq!(
+            (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+            (owner, owner, mode & 0o444),
+            "{name}: the image's owner and read bits, nothing else"
+        );
+    }
+    let dir = fs::metadata(t.m(".prepfs/views/val/private")).expect("stat");
+    assert_eq!(
+        dir.mode() & 0o7777,
+        0o750,
+        "a view directory is its source's"
+    );
+    let as_nobody = |path: &std::path::Path| {
+        std::process::Command::new("/usr/bin/setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg("/bin/cat")
+            .arg(path)
+            .output()
+            .expect("setpriv")
+    };
+    for (path, readable) in [
+        (view("open.jpg"), true),
+        (t.m("open.jpg"), true),
+        (view("secret.jpg"), false),
+        (t.m("secret.jpg"), false),
+        (view("theirs.jpg"), false),
+        (view("private/hidden.jpg"), false),
+    ] {
+        let out = as_nobody(&path);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if readable {
+            assert!(out.status.success(), "{}: {stderr}", path.display());
+            assert_eq!(
+                out.stdout,
+                fs::read(&path).expect("root reads"),
+                "{}",
+                path.display()
+            );
+        } else {
+            assert!(
+                !out.status.success() && stderr.contains("Permission denied"),
+                "{}: another user must get EACCES: {stderr}",
+                path.display()
+            );
+        }
+    }
+}
+
+#[test]
 fn bad_view_specs_are_refused_at_mount_with_one_line() {
     let t = TestMount::new();
     for (spec, needle) in [

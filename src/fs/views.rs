@@ -391,13 +391,16 @@ impl Fs {
         }
     }
 
+    /// A view file's attributes: its image's owner, group and read bits (no write, execute or
+    /// special bits), so `default_permissions` lets in whoever may read the image, and nobody
+    /// else.
     fn view_file_attr(&self, node: &Arc<Node>, meta: &Meta) -> Result<Attr, FsError> {
         let view = self.views.get(node.view.ok_or(FsError::NotFound)?)?;
         let size = self.views.file_size(&view.spec, node)?;
         Ok(Attr {
             size,
             blocks: size.div_ceil(512),
-            perm: 0o444,
+            perm: meta.perm & 0o444,
             nlink: 1,
             io_block: VIEW_IO_BLOCK,
             valid_for: SOURCE_TTL,

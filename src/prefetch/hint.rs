@@ -1,16 +1,21 @@
 //! `Hint`: the order a sampler publishes in an order file (`--order-file`), as a predictor.
 //!
 //! Owns: polling the order file for changes (on the planner thread, at most every `POLL`),
-//! turning its lines into the names the planner keys files by, and predicting from that list as
-//! `Replay` does from the last pass. The mount itself is read-only, so the file lives outside it
-//! (e.g. in `/dev/shm`); a sampler that knows its order (NoPFS-style clairvoyance) writes the
-//! upcoming paths there, one per line. Must never trust the file: lines naming nothing under the
-//! mount, or with `..`, are ignored, it is read up to `MAX_BYTES`, and a file that cannot be read
-//! keeps the last order. Must never do I/O except that poll.
+//! reading each version of it once (a version that fails to read too: its stamp is recorded, so
+//! a bad file is read and logged once, not at every poll), turning its lines into the names the
+//! planner keys files by, held compactly in one buffer, and predicting from that list as `Replay`
+//! does from the last pass. The mount itself is read-only, so the file lives outside it (e.g. in
+//! `/dev/shm`); a sampler that knows its order (NoPFS-style clairvoyance) writes the upcoming
+//! paths there, one per line. Must never trust the file: lines are bytes in any encoding; a line
+//! naming nothing under the mount, with `..`, a NUL or over `MAX_LINE` bytes is skipped, not the
+//! file; it is read up to `MAX_BYTES`; a file that cannot be read keeps the last order. Must
+//! never do I/O except that poll.
 
-use std::collections::HashMap;
-use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::ffi::OsStr;
+use std::fs::{File, Metadata};
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,59 +28,191 @@ use crate::inode::dataset_path;
 
 /// How often the planner checks the order file for a change.
 pub const POLL: Duration = Duration::from_millis(10);
-/// Bytes of the order file read at most (about a million paths).
+/// Bytes of the order file read at most: an ImageNet-1k epoch's 1.28 million paths fit even as
+/// absolute paths (~50 bytes each); past it the order is cut. Parsed, the order holds at most
+/// these bytes plus 8 per path (about 1.2x for such paths; under 3x for any file, as a path
+/// takes at least its own bytes and a newline of the file).
 const MAX_BYTES: u64 = 64 << 20;
+/// Longest line taken as a path (Linux's PATH_MAX): no open names a longer one.
+const MAX_LINE: usize = 4096;
+/// Bytes read from the file per system call.
+const READ_CHUNK: usize = 64 << 10;
 
-/// A published order: the paths, and where each first appears.
+// Positions in `Order::names` are u32.
+const _: () = assert!(MAX_BYTES <= u32::MAX as u64);
+
+/// A published order: the paths, one after another in one buffer, and where each first appears.
 #[derive(Default)]
 pub struct Order {
-    paths: Vec<FileKey>,
-    first: HashMap<FileKey, usize>,
+    /// Every path's bytes, in the published order.
+    names: Vec<u8>,
+    /// Where each path ends in `names`.
+    ends: Vec<u32>,
+    /// Position of each distinct path's first appearance, sorted by path (binary searched).
+    first: Vec<u32>,
 }
 
 impl Order {
-    /// The order in `text` (one path per line), for a mount at `mountpoint`.
-    fn parse(text: &str, mountpoint: &Path) -> Order {
-        let mut order = Order::default();
-        for line in text.lines() {
-            let Some(key) = key_of(line.trim_end_matches('\r'), mountpoint) else {
-                continue;
-            };
-            order.first.entry(key.clone()).or_insert(order.paths.len());
-            order.paths.push(key);
-        }
-        order
-    }
-
     /// Paths in the order.
     pub fn len(&self) -> usize {
-        self.paths.len()
+        self.ends.len()
+    }
+
+    /// The path at position `i`.
+    fn path(&self, i: usize) -> &Path {
+        let start = i.checked_sub(1).map_or(0, |p| self.ends[p] as usize);
+        Path::new(OsStr::from_bytes(&self.names[start..self.ends[i] as usize]))
+    }
+
+    /// Where `path` first appears.
+    fn first(&self, path: &Path) -> Option<usize> {
+        let wanted = path.as_os_str().as_bytes();
+        self.first
+            .binary_search_by(|&i| self.path(i as usize).as_os_str().as_bytes().cmp(wanted))
+            .ok()
+            .map(|at| self.first[at] as usize)
+    }
+
+    /// Appends `path`.
+    fn push(&mut self, path: &Path) {
+        self.names.extend_from_slice(path.as_os_str().as_bytes());
+        self.ends.push(self.names.len() as u32);
+    }
+
+    /// Indexes the paths pushed and gives back the room growing left over.
+    fn finish(mut self) -> Order {
+        let mut first: Vec<u32> = (0..self.ends.len() as u32).collect();
+        let bytes = |i: u32| self.path(i as usize).as_os_str().as_bytes();
+        first.sort_unstable_by(|&a, &b| bytes(a).cmp(bytes(b)).then(a.cmp(&b)));
+        first.dedup_by(|a, b| bytes(*a) == bytes(*b));
+        first.shrink_to_fit();
+        self.first = first;
+        self.names.shrink_to_fit();
+        self.ends.shrink_to_fit();
+        self
     }
 }
 
-/// The planner's key for a line of the order file (see `inode::dataset_path`); `None` for blank
-/// lines, comments (`#`) and anything naming no dataset file.
-fn key_of(line: &str, mountpoint: &Path) -> Option<FileKey> {
-    if line.is_empty() || line.starts_with('#') {
+/// The planner's key for the path a line of the order file names (see `inode::dataset_path`);
+/// `None` when it names no dataset file.
+fn key_of(line: &[u8], mountpoint: &Path) -> Option<PathBuf> {
+    if line.contains(&0) {
         return None;
     }
-    let path = dataset_path(Path::new(line), mountpoint)?;
-    if path.as_os_str().is_empty() {
-        return None;
+    let path = dataset_path(Path::new(OsStr::from_bytes(line)), mountpoint)?;
+    (!path.as_os_str().is_empty()).then_some(path)
+}
+
+/// What reading one version of the order file gave.
+struct Parsed {
+    order: Order,
+    /// Lines that named no dataset file (not counting blank lines and comments).
+    skipped: usize,
+}
+
+/// Reads the order from `reader`, line by line, holding at most `MAX_LINE` bytes of a line;
+/// `cut`: the reader stops short of the file's end, so its last, unterminated line is partial.
+fn parse(mut reader: impl BufRead, mountpoint: &Path, cut: bool) -> io::Result<Parsed> {
+    let mut order = Order::default();
+    let mut skipped = 0;
+    let mut line = Vec::new();
+    let mut long = false;
+    let mut take = |line: &[u8], long: bool, order: &mut Order| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() || line.starts_with(b"#") {
+            return;
+        }
+        match (!long).then(|| key_of(line, mountpoint)).flatten() {
+            Some(key) => order.push(&key),
+            None => skipped += 1,
+        }
+    };
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            break;
+        }
+        let end = buf.iter().position(|&b| b == b'\n');
+        let chunk = &buf[..end.unwrap_or(buf.len())];
+        if line.len() + chunk.len() <= MAX_LINE {
+            line.extend_from_slice(chunk);
+        } else {
+            long = true;
+        }
+        let used = end.map_or(buf.len(), |i| i + 1);
+        reader.consume(used);
+        if end.is_some() {
+            take(&line, long, &mut order);
+            line.clear();
+            long = false;
+        }
     }
-    Some(Arc::from(path.as_path()))
+    if !cut {
+        take(&line, long, &mut order);
+    }
+    Ok(Parsed {
+        order: order.finish(),
+        skipped,
+    })
+}
+
+/// Why a version of the order file gave no order.
+#[derive(Debug, thiserror::Error)]
+enum OrderFileError {
+    /// Opening or reading it failed.
+    #[error("{0}")]
+    Read(#[from] io::Error),
+    /// It is a directory, a FIFO, a device...
+    #[error("not a regular file")]
+    NotAFile,
+}
+
+/// A version of the order file: inode, size, and modification and change times (a `chmod` that
+/// makes an unreadable file readable changes the ctime).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &Metadata) -> Stamp {
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+/// What a poll of the order file found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Polled {
+    /// Nothing to do: not due yet, no file, or a version already read (or tried).
+    Unchanged,
+    /// A new version was read and its order published.
+    Published,
+    /// A new version could not be read; the last order stays (logged once per version).
+    Unusable,
 }
 
 /// The latest order, shared by every set's `Hint`.
 pub type OrderSlot = Arc<Mutex<Arc<Order>>>;
 
-/// The order file of a mount, re-read when it changes.
+/// The order file of a mount, read once per version.
 pub struct OrderFile {
     path: PathBuf,
     mountpoint: PathBuf,
-    /// (inode, size, mtime seconds, mtime nanoseconds) when last read.
-    seen: Option<(u64, u64, i64, i64)>,
+    /// The version last read, or tried.
+    seen: Option<Stamp>,
     polled: Option<Instant>,
+    /// Bytes read at most (`MAX_BYTES`).
+    max_bytes: u64,
     slot: OrderSlot,
 }
 
@@ -87,6 +224,7 @@ impl OrderFile {
             mountpoint,
             seen: None,
             polled: None,
+            max_bytes: MAX_BYTES,
             slot: OrderSlot::default(),
         }
     }
@@ -96,32 +234,56 @@ impl OrderFile {
         self.slot.clone()
     }
 
-    /// Reads the file again if `POLL` has passed and it changed; true when a new order was
-    /// published.
-    pub fn poll(&mut self) -> bool {
+    /// Reads the file if `POLL` has passed and it is a version not read (or tried) before.
+    pub fn poll(&mut self) -> Polled {
         if self.polled.is_some_and(|t| t.elapsed() < POLL) {
-            return false;
+            return Polled::Unchanged;
         }
         self.polled = Some(Instant::now());
         let Ok(meta) = std::fs::metadata(&self.path) else {
-            return false;
+            return Polled::Unchanged;
         };
-        let stamp = (meta.ino(), meta.size(), meta.mtime(), meta.mtime_nsec());
-        if self.seen == Some(stamp) || !meta.is_file() {
-            return false;
-        }
-        let mut text = String::new();
-        let read = std::fs::File::open(&self.path)
-            .and_then(|f| f.take(MAX_BYTES).read_to_string(&mut text));
-        if let Err(e) = read {
-            tracing::warn!(path = %self.path.display(), error = %e, "cannot read the order file; keeping the last order");
-            return false;
+        let stamp = Stamp::of(&meta);
+        if self.seen == Some(stamp) {
+            return Polled::Unchanged;
         }
         self.seen = Some(stamp);
-        let order = Order::parse(&text, &self.mountpoint);
-        tracing::debug!(paths = order.len(), "order file read");
-        *self.slot.lock() = Arc::new(order);
-        true
+        match self.read(&meta) {
+            Ok(parsed) => {
+                if parsed.skipped > 0 {
+                    tracing::warn!(path = %self.path.display(), skipped = parsed.skipped, "order file lines name no file under the mount (outside it, `..`, a NUL, or longer than PATH_MAX); skipped");
+                }
+                tracing::debug!(paths = parsed.order.len(), "order file read");
+                *self.slot.lock() = Arc::new(parsed.order);
+                Polled::Published
+            }
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot read the order file; keeping the last order until it changes");
+                Polled::Unusable
+            }
+        }
+    }
+
+    /// Reads the file, which `meta` says is there, up to `max_bytes`; anything but a regular
+    /// file is refused, also one swapped in after `meta` (opened without blocking to find out).
+    fn read(&self, meta: &Metadata) -> Result<Parsed, OrderFileError> {
+        if !meta.is_file() {
+            return Err(OrderFileError::NotAFile);
+        }
+        let file = File::options()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(&self.path)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(OrderFileError::NotAFile);
+        }
+        let cut = meta.size() > self.max_bytes;
+        if cut {
+            tracing::warn!(path = %self.path.display(), size = meta.size(), limit = self.max_bytes, "order file larger than its limit; only its start is read");
+        }
+        let reader = BufReader::with_capacity(READ_CHUNK, file.take(self.max_bytes));
+        Ok(parse(reader, &self.mountpoint, cut)?)
     }
 }
 
@@ -153,17 +315,15 @@ impl Predictor for Hint {
         out: &mut Vec<FileKey>,
     ) {
         let order = self.slot.lock().clone();
-        let paths = &order.paths;
-        let near = paths[self.cursor.min(paths.len())..]
-            .iter()
+        let start = self.cursor.min(order.len());
+        let near = (start..order.len())
             .take(n * SCAN_PER_PREDICTION)
-            .position(|p| &**p == last)
-            .map(|i| self.cursor + i);
-        let Some(at) = near.or_else(|| order.first.get(last).copied()) else {
+            .find(|&i| order.path(i) == last);
+        let Some(at) = near.or_else(|| order.first(last)) else {
             return;
         };
         self.cursor = at + 1;
-        take_unskipped(&paths[at + 1..], n, skip, out);
+        take_unskipped((at + 1..order.len()).map(|i| order.path(i)), n, skip, out);
     }
 }
 
@@ -171,37 +331,47 @@ impl Predictor for Hint {
 mod tests {
     use super::*;
 
-    fn keys(order: &Order) -> Vec<&str> {
-        order
-            .paths
-            .iter()
-            .map(|p| p.to_str().expect("utf-8"))
+    fn order(text: &[u8]) -> Order {
+        parse(text, Path::new("/mnt/d"), false)
+            .expect("parse")
+            .order
+    }
+
+    fn keys(order: &Order) -> Vec<&[u8]> {
+        (0..order.len())
+            .map(|i| order.path(i).as_os_str().as_bytes())
             .collect()
+    }
+
+    /// Polls `file` now, whatever `POLL` says.
+    fn poll_now(file: &mut OrderFile) -> Polled {
+        file.polled = None;
+        file.poll()
     }
 
     #[test]
     fn lines_become_the_names_the_planner_keys_files_by() {
-        let text = "train/a.jpg\n/mnt/d/train/b.jpg\r\n./train/c.jpg\n\n# a comment\n\
+        let text = b"train/a.jpg\n/mnt/d/train/b.jpg\r\n./train/c.jpg\n\n# a comment\n\
                     /elsewhere/x.jpg\ntrain/../../etc/passwd\n.prepfs/stats.json\n\
-                    /mnt/d/.prepfs/views/v/train/d.jpg.npy\n.prepfs/views/v/e.png.npy\n";
-        let order = Order::parse(text, Path::new("/mnt/d"));
+                    /mnt/d/.prepfs/views/v/train/d.jpg.npy\n.prepfs/views/v/e.png.npy";
+        let parsed = parse(&text[..], Path::new("/mnt/d"), false).expect("parse");
         assert_eq!(
-            keys(&order),
+            keys(&parsed.order),
             [
-                "train/a.jpg",
-                "train/b.jpg",
-                "train/c.jpg",
-                "train/d.jpg",
-                "e.png"
+                &b"train/a.jpg"[..],
+                b"train/b.jpg",
+                b"train/c.jpg",
+                b"train/d.jpg",
+                b"e.png"
             ]
         );
+        assert_eq!(parsed.skipped, 3, "outside, `..`, the stats file");
     }
 
     #[test]
     fn the_hint_predicts_what_follows_the_last_open_also_in_a_later_epoch() {
         let slot = OrderSlot::default();
-        let text = "c\nb\na\nd\nc\nd\na\nb\n";
-        *slot.lock() = Arc::new(Order::parse(text, Path::new("/m")));
+        *slot.lock() = Arc::new(order(b"c\nb\na\nd\nc\nd\na\nb\n"));
         let mut hint = Hint::new(slot);
         let tracker = EpochTracker::default();
         let mut out = Vec::new();
@@ -217,6 +387,18 @@ mod tests {
         out.clear();
         hint.predict(&tracker, Path::new("zz"), 2, &never, &mut out);
         assert!(out.is_empty(), "a file not in the order predicts nothing");
+        // Far from the cursor, a path is found where it first appears.
+        let mut fresh = Hint::new(hint.slot.clone());
+        out.clear();
+        fresh.predict(&tracker, Path::new("d"), 3, &never, &mut out);
+        assert_eq!(
+            out,
+            [
+                Arc::from(Path::new("c")),
+                Arc::from(Path::new("d")),
+                Arc::from(Path::new("a"))
+            ]
+        );
     }
 
     #[test]
@@ -224,16 +406,92 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("order");
         let mut file = OrderFile::new(path.clone(), PathBuf::from("/m"));
-        assert!(!file.poll(), "no file yet");
+        assert_eq!(poll_now(&mut file), Polled::Unchanged, "no file yet");
         std::fs::write(&path, "a\nb\n").expect("write");
-        file.polled = None;
-        assert!(file.poll());
+        assert_eq!(poll_now(&mut file), Polled::Published);
         assert_eq!(file.slot().lock().len(), 2);
-        file.polled = None;
-        assert!(!file.poll(), "unchanged");
+        assert_eq!(poll_now(&mut file), Polled::Unchanged);
         std::fs::write(&path, "a\nb\nc\n").expect("write");
-        file.polled = None;
-        assert!(file.poll());
+        assert_eq!(poll_now(&mut file), Polled::Published);
         assert_eq!(file.slot().lock().len(), 3);
+    }
+
+    #[test]
+    fn lines_that_are_not_utf8_are_names_and_only_bad_lines_are_skipped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("order");
+        let mut text = b"a.jpg\ncaf\xe9.jpg\n\xff\xfe/x.jpg\nwith\0nul\n".to_vec();
+        text.extend(std::iter::repeat_n(b'l', MAX_LINE + 1));
+        text.extend(b"\nb.jpg\n");
+        std::fs::write(&path, &text).expect("write");
+        let mut file = OrderFile::new(path, PathBuf::from("/m"));
+        assert_eq!(poll_now(&mut file), Polled::Published);
+        assert_eq!(
+            keys(&file.slot().lock()),
+            [&b"a.jpg"[..], b"caf\xe9.jpg", b"\xff\xfe/x.jpg", b"b.jpg"],
+            "Linux names are bytes: a line in Latin-1 names a file as much as UTF-8 does"
+        );
+    }
+
+    #[test]
+    fn a_version_that_cannot_be_read_is_not_read_again_until_the_file_changes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("order");
+        let mut file = OrderFile::new(path.clone(), PathBuf::from("/m"));
+        std::fs::write(&path, "a\nb\n").expect("write");
+        assert_eq!(poll_now(&mut file), Polled::Published);
+        // A regular file whose every read fails (EIO), and a directory.
+        std::fs::remove_file(&path).expect("rm");
+        std::os::unix::fs::symlink("/proc/self/mem", &path).expect("symlink");
+        assert_eq!(poll_now(&mut file), Polled::Unusable);
+        assert_eq!(poll_now(&mut file), Polled::Unchanged, "not tried again");
+        std::fs::remove_file(&path).expect("rm");
+        std::fs::create_dir(&path).expect("mkdir");
+        assert_eq!(poll_now(&mut file), Polled::Unusable);
+        assert_eq!(poll_now(&mut file), Polled::Unchanged, "not tried again");
+        assert_eq!(file.slot().lock().len(), 2, "the last order stays");
+        std::fs::remove_dir(&path).expect("rmdir");
+        std::fs::write(&path, "c\n").expect("write");
+        assert_eq!(
+            poll_now(&mut file),
+            Polled::Published,
+            "a new version is read"
+        );
+        assert_eq!(keys(&file.slot().lock()), [&b"c"[..]]);
+    }
+
+    #[test]
+    fn an_oversized_file_is_cut_at_the_bound_without_its_partial_last_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("order");
+        let text: String = (0..30).map(|i| format!("f{i:04}\n")).collect();
+        std::fs::write(&path, &text).expect("write");
+        let mut file = OrderFile::new(path, PathBuf::from("/m"));
+        // Sixteen 6-byte lines, then "f001" of "f0016".
+        file.max_bytes = 100;
+        assert_eq!(poll_now(&mut file), Polled::Published);
+        let order = file.slot().lock().clone();
+        assert_eq!(order.len(), 16);
+        assert_eq!(order.path(15), Path::new("f0015"));
+        assert_eq!(order.first(Path::new("f0016")), None);
+    }
+
+    #[test]
+    fn the_parsed_order_holds_a_small_multiple_of_the_bytes_read() {
+        // The costliest lines per byte: short and distinct, so every path is also indexed.
+        let mut text = Vec::new();
+        for i in 0..200_000u32 {
+            let digit = |place: u32| b'a' + (i / 26u32.pow(place) % 26) as u8;
+            text.extend([digit(3), digit(2), digit(1), digit(0), b'\n']);
+        }
+        let order = order(&text);
+        assert_eq!(order.first.len(), 200_000, "all distinct");
+        let held = order.names.capacity() + 4 * (order.ends.capacity() + order.first.capacity());
+        assert_eq!(order.len(), 200_000);
+        assert!(
+            held <= 3 * text.len(),
+            "{held} bytes held for {} read",
+            text.len()
+        );
     }
 }

@@ -39,7 +39,7 @@ use crate::source::{Identity, Source, SourceFile};
 use crate::stats::Metrics;
 use crate::stats::diagnosis::{Capacity, PassFigures, diagnose};
 use epoch::{EpochTracker, FileKey, Opened};
-use hint::{Hint, OrderFile, OrderSlot};
+use hint::{Hint, OrderFile, OrderSlot, Polled};
 use parked::Parked;
 use predict::{HORIZON, Predictor, Replay, Score, Tree};
 
@@ -719,7 +719,7 @@ fn plan(
     let mut dirty = true;
     loop {
         if let Some(file) = &mut order_file {
-            dirty |= file.poll();
+            dirty |= file.poll() == Polled::Published;
         }
         match events.recv_timeout(STATUS_EVERY) {
             Ok(event) => {

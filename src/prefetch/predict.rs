@@ -74,21 +74,39 @@ impl Predictor for Replay {
     }
 }
 
+/// A file a list predictor offers: a path that becomes a key only once it is predicted.
+pub trait Candidate: AsRef<Path> {
+    /// The planner's key for it.
+    fn key(self) -> FileKey;
+}
+
+impl Candidate for &FileKey {
+    fn key(self) -> FileKey {
+        self.clone()
+    }
+}
+
+impl Candidate for &Path {
+    fn key(self) -> FileKey {
+        Arc::from(self)
+    }
+}
+
 /// Appends the first `n` of `candidates` that `skip` does not exclude, looking at no more than
 /// `n * SCAN_PER_PREDICTION` of them (predictors that follow a list of files).
-pub fn take_unskipped(
-    candidates: &[FileKey],
+pub fn take_unskipped<C: Candidate>(
+    candidates: impl IntoIterator<Item = C>,
     n: usize,
     skip: &dyn Fn(&Path) -> bool,
     out: &mut Vec<FileKey>,
 ) {
     let wanted = out.len() + n;
-    for f in candidates.iter().take(n * SCAN_PER_PREDICTION) {
+    for f in candidates.into_iter().take(n * SCAN_PER_PREDICTION) {
         if out.len() == wanted {
             break;
         }
-        if !skip(f) {
-            out.push(f.clone());
+        if !skip(f.as_ref()) {
+            out.push(f.key());
         }
     }
 }

@@ -3,7 +3,13 @@
 //! Owns: the root directory handle and the syscalls that reach the dataset. Every path is resolved
 //! with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS), so neither `..`,
 //! an absolute symlink, nor a directory swapped for a link mid-flight can lead outside the root.
-//! Must never use `std::fs` on a user-influenced path and never follow a symlink.
+//! Mounts inside the root are crossed (no RESOLVE_NO_XDEV), on purpose: a dataset often spans
+//! filesystems (shards on another disk, a tmpfs of hot files, a network share), and a mount
+//! there, bind mounts included, is placed by someone allowed to mount, who could as well mount
+//! over the root itself; the tree served is the one the source path shows. A file's identity
+//! carries its device, so equal inode numbers on two filesystems never share cached bytes, and
+//! `config` refuses a mountpoint the root reaches through such a mount. Must never use `std::fs`
+//! on a user-influenced path and never follow a symlink.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -18,7 +24,8 @@ use rustix::fs::{Advice, Dir, FileType, Mode, OFlags, ResolveFlags, Stat};
 
 use super::{DirEntry, Identity, Kind, Meta, Source, SourceFile, SpaceStats};
 
-/// openat2 resolution rules for every source path: stay beneath the root, follow no link.
+/// openat2 resolution rules for every source path: stay beneath the root, follow no link (mounts
+/// inside the root are crossed: see the module doc).
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
