@@ -1,9 +1,8 @@
 //! `WorkerPool`: a fixed pool of named threads fed by a bounded queue.
 //!
-//! Owns: running work away from the FUSE threads, so cached answers keep flowing while it runs:
-//! the I/O pool waits on the source (cache misses), the render pool decodes views. The queue is
-//! bounded: when it is full,
-//! `submit` blocks the submitter, which pushes back on the kernel instead of growing memory.
+//! Owns: running CPU work away from the request threads (the render pool decodes views). The
+//! queue is bounded, and `try_submit` never waits: a caller with a full queue does the work
+//! itself later (a view's first read renders it), so neither memory nor waiting grows with it.
 //! A pool may be sized live (`Active`): workers beyond the active count finish their job and
 //! wait, so the scheduler can give cores back to the trainer or overlap more waits.
 //! Must never run unbounded work or outlive its owner (dropping it joins every thread).
@@ -73,22 +72,23 @@ impl WorkerPool {
         self.queued.clone()
     }
 
-    /// Queues `job`, waiting for room if the queue is full. Runs it inline if the pool is gone.
-    pub fn submit(&self, job: impl FnOnce() + Send + 'static) {
+    /// Queues `job` unless the queue is full (or the pool is gone); never waits. True when
+    /// queued.
+    pub fn try_submit(&self, job: impl FnOnce() + Send + 'static) -> bool {
+        let Some(tx) = &self.queue else {
+            return false;
+        };
         let queued = self.queued.clone();
         queued.fetch_add(1, Ordering::Relaxed);
         let job: Job = Box::new(move || {
             queued.fetch_sub(1, Ordering::Relaxed);
             job();
         });
-        match &self.queue {
-            Some(tx) => {
-                if let Err(returned) = tx.send(job) {
-                    (returned.0)();
-                }
-            }
-            None => job(),
+        if tx.try_send(job).is_err() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            return false;
         }
+        true
     }
 }
 
@@ -131,17 +131,27 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn every_submitted_job_runs_before_drop_returns() {
+    fn every_queued_job_runs_before_drop_returns_and_a_full_queue_refuses() {
         let done = Arc::new(AtomicUsize::new(0));
         let pool = WorkerPool::new("test", 3, 2).expect("threads start");
+        let gate = Arc::new(Mutex::new(()));
+        let held = gate.lock();
+        let mut queued = 0;
         for _ in 0..100 {
-            let done = done.clone();
-            pool.submit(move || {
+            let (done, gate) = (done.clone(), gate.clone());
+            queued += usize::from(pool.try_submit(move || {
+                let _open = gate.lock();
                 done.fetch_add(1, Ordering::SeqCst);
-            });
+            }));
         }
+        // Three workers hold a job each (waiting at the gate), two wait in the queue.
+        assert!(
+            queued <= 5,
+            "a full queue refuses instead of waiting: {queued}"
+        );
+        drop(held);
         drop(pool);
-        assert_eq!(done.load(Ordering::SeqCst), 100);
+        assert_eq!(done.load(Ordering::SeqCst), queued);
     }
 
     #[test]
@@ -156,12 +166,12 @@ mod tests {
             most.store(0, Ordering::SeqCst);
             for _ in 0..16 {
                 let (running, most) = (running.clone(), most.clone());
-                pool.submit(move || {
+                assert!(pool.try_submit(move || {
                     let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
                     std::thread::sleep(Duration::from_millis(15));
                     running.fetch_sub(1, Ordering::SeqCst);
-                });
+                }));
             }
             while running.load(Ordering::SeqCst) > 0 || most.load(Ordering::SeqCst) == 0 {
                 std::thread::sleep(Duration::from_millis(5));

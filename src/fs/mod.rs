@@ -816,7 +816,7 @@ impl Fs {
             Handle::Snapshot(content) => Ok(snapshot_range(content, offset, size)),
             Handle::View(open) => {
                 let waited = Instant::now();
-                let rendered = open.wait();
+                let rendered = self.views.rendered(open);
                 self.metrics
                     .prep_stall_ns
                     .add(waited.elapsed().as_nanos() as u64);

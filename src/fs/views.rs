@@ -22,11 +22,11 @@ use super::{Attr, DirSnapshot, Fs, Handle, Intent, SOURCE_TTL};
 use crate::cache::{BLOCK_SIZE, NeverEvictCache, Unpacked};
 use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
+use crate::memory::Work;
 use crate::source::{Identity, Kind, Meta, Source, SourceFile};
 use crate::stats::ViewMetrics;
-use crate::view::npy::{self, Dtype};
 use crate::view::render::MAX_ENCODED_BYTES;
-use crate::view::{Executor, Output, RenderError, Rgb, ViewSpec, plan, render};
+use crate::view::{Executor, RenderError, Rgb, ViewSpec, plan, render};
 
 /// Suffix of view files.
 const NPY: &str = ".npy";
@@ -39,6 +39,9 @@ const HEADER_PROBE: u64 = 64 << 10;
 /// profiles, Photoshop resources before a JPEG's frame header; text chunks before a PNG's
 /// pixels): beyond it, getattr answers EIO rather than read more of a file it cannot size.
 const HEADER_PROBE_MAX: u64 = 4 << 20;
+/// How long a render waits for room in the memory budget (other renders finishing, view files
+/// being closed) before it fails with EIO.
+const RENDER_PATIENCE: Duration = Duration::from_secs(10);
 /// st_blksize of view files. Python's `open()` buffers st_blksize bytes, and `np.load` reads the
 /// file again through a second descriptor after checking the magic, so a 1 MiB block made every
 /// load transfer the whole render twice; one page makes the first, buffered read a small one.
@@ -60,23 +63,27 @@ pub(super) struct Views {
     cache: Arc<NeverEvictCache>,
 }
 
-/// A view file opened for reading: rendered once, by the render pool.
+/// A view file opened for reading: rendered once, by the render pool or by its first read.
 pub struct ViewOpen {
     view: u16,
     node: Arc<Node>,
     seed: u64,
-    rendered: OnceLock<Result<Arc<Vec<u8>>, FsError>>,
+    rendered: OnceLock<Result<Rendered, FsError>>,
+}
+
+/// A finished render and its charge to the memory budget, held until the file is closed.
+#[derive(Clone)]
+struct Rendered {
+    npy: Arc<Vec<u8>>,
+    _held: Arc<Work>,
 }
 
 impl ViewOpen {
     /// The rendered bytes if the render already ran.
     pub(super) fn ready(&self) -> Option<Result<Arc<Vec<u8>>, FsError>> {
-        self.rendered.get().cloned()
-    }
-
-    /// The rendered bytes, waiting for the render queued at open. May block.
-    pub(super) fn wait(&self) -> Result<Arc<Vec<u8>>, FsError> {
-        self.rendered.wait().clone()
+        self.rendered
+            .get()
+            .map(|r| r.as_ref().map(|r| r.npy.clone()).map_err(|e| *e))
     }
 }
 
@@ -87,18 +94,6 @@ fn is_image(name: &OsStr) -> bool {
             && name[name.len() - ext.len() - 1] == b'.'
             && name[name.len() - ext.len()..].eq_ignore_ascii_case(ext.as_bytes())
     })
-}
-
-/// The .npy file size of `spec`'s output at `height` x `width`.
-fn npy_size(spec: &ViewSpec, height: u32, width: u32) -> u64 {
-    npy::file_size(dtype(spec.output), &spec.shape(height, width))
-}
-
-fn dtype(output: Output) -> Dtype {
-    match output {
-        Output::Float32Chw => Dtype::F32,
-        Output::Uint8Chw | Output::Uint8Hwc => Dtype::U8,
-    }
 }
 
 impl Views {
@@ -151,7 +146,7 @@ impl Views {
             Some(size) => size,
             None => self.probe_size(spec, node)?,
         };
-        Ok(npy_size(spec, height, width))
+        Ok(spec.npy_size(height, width))
     }
 
     /// The output (height, width) of `spec` over `node`'s image, from its header: read from the
@@ -224,26 +219,57 @@ impl Views {
         }
     }
 
-    /// The decoded pixels of `node`'s image, and the decode time when it was decoded now: from
-    /// the cache's decoded pixels, else fetched (through the cache), decoded, and offered to the
-    /// cache.
-    fn pixels(&self, node: &Node) -> Result<(Rgb, Option<Duration>), String> {
+    /// The rendered bytes of `open`: rendered now on this thread unless the render pool has
+    /// done it or is doing it (then this waits for it). May block: never on a FUSE thread.
+    pub(super) fn rendered(&self, open: &ViewOpen) -> Result<Arc<Vec<u8>>, FsError> {
+        match open.rendered.get_or_init(|| self.render(open)) {
+            Ok(r) => Ok(r.npy.clone()),
+            Err(e) => Err(*e),
+        }
+    }
+
+    /// Room in the memory budget for `bytes` of a render's data, waiting for it within
+    /// `RENDER_PATIENCE`.
+    fn room(&self, bytes: u64) -> Result<Work, String> {
+        self.cache
+            .budget()
+            .work(bytes, RENDER_PATIENCE)
+            .map_err(|e| format!("no memory for the render: {e}"))
+    }
+
+    /// The decoded pixels of `node`'s image, the decode time when it was decoded now, and the
+    /// render's charge to the memory budget (everything `plan::render_memory` says it holds):
+    /// from the cache's decoded pixels, else fetched (through the cache), decoded, and offered
+    /// to the cache.
+    fn pixels(
+        &self,
+        node: &Node,
+        spec: &ViewSpec,
+    ) -> Result<(Rgb, Option<Duration>, Work), String> {
         let source = self
             .source
             .open(&node.path)
             .map_err(|e| format!("cannot read the image: {}", FsError::from_source(&e)))?;
         let identity = source.identity();
+        let memory = |(w, h): (u32, u32)| {
+            plan::render_memory(spec, w, h)
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| self.room(bytes))
+        };
         if let Some(bytes) = self.cache.decoded(&identity, &Unpacked::default()) {
+            let work = memory(Rgb::size_of_bytes(bytes.as_slice()).map_err(|e| e.to_string())?)?;
             match Rgb::from_bytes(bytes.as_slice()) {
-                Ok(image) => return Ok((image, None)),
+                Ok(image) => return Ok((image, None, work)),
                 Err(e) => {
                     tracing::warn!(path = %node.path.display(), error = %e, "cached decoded pixels unusable; decoding again")
                 }
             }
         }
+        let _encoded_room = self.room(identity.size.min(MAX_ENCODED_BYTES))?;
         let encoded = self.read_image(source.as_ref(), &node.path)?;
+        let work = memory(render::dimensions(&encoded).map_err(|e| e.to_string())?)?;
         let (image, decode, _) = self.decode_and_offer(&encoded, identity, &node.path)?;
-        Ok((image, Some(decode)))
+        Ok((image, Some(decode), work))
     }
 
     /// Decodes `encoded`, image `identity` at `path`, and offers the pixels to the cache; the
@@ -275,41 +301,55 @@ impl Views {
         if self.cache.has_decoded(&identity) || !self.cache.decoded_choice().1.keeps() {
             return false;
         }
+        // Only with memory nobody else wants now: the encoded file, the pixels and their copy.
+        let budget = self.cache.budget();
+        let Some(_encoded_room) = budget.try_work(identity.size.min(MAX_ENCODED_BYTES)) else {
+            return false;
+        };
         self.read_image(source, path)
-            .and_then(|encoded| self.decode_and_offer(&encoded, identity, path))
+            .and_then(|encoded| {
+                let (w, h) = render::dimensions(&encoded).map_err(|e| e.to_string())?;
+                let _room = budget
+                    .try_work(2 * u64::from(w) * u64::from(h) * 3)
+                    .ok_or("no memory to spare")?;
+                self.decode_and_offer(&encoded, identity, path)
+            })
             .is_ok_and(|(_, _, kept)| kept)
     }
 
-    fn render(&self, open: &ViewOpen) -> Result<Arc<Vec<u8>>, FsError> {
+    fn render(&self, open: &ViewOpen) -> Result<Rendered, FsError> {
         let view = self.get(open.view)?;
         let started = Instant::now();
-        let result = self.pixels(&open.node).and_then(|(image, decode)| {
-            // The size getattr announced, from the pixels in hand (no second source read).
-            let expected = match view.spec.fixed_size() {
-                Some((h, w)) => npy_size(&view.spec, h, w),
-                None => {
-                    let (w, h) = image.size();
-                    let (h, w) = plan::output_size(&view.spec, w, h).map_err(|e| e.to_string())?;
-                    npy_size(&view.spec, h, w)
+        let result = self
+            .pixels(&open.node, &view.spec)
+            .and_then(|(image, decode, work)| {
+                // The size getattr announced, from the pixels in hand (no second source read).
+                let expected = match view.spec.fixed_size() {
+                    Some((h, w)) => view.spec.npy_size(h, w),
+                    None => {
+                        let (w, h) = image.size();
+                        let (h, w) =
+                            plan::output_size(&view.spec, w, h).map_err(|e| e.to_string())?;
+                        view.spec.npy_size(h, w)
+                    }
+                };
+                let mut rendered = self
+                    .executor
+                    .transform(&view.spec, &image, open.seed)
+                    .map_err(|e| e.to_string())?;
+                rendered.decode = decode.unwrap_or_default();
+                if rendered.npy.len() as u64 != expected {
+                    return Err(format!(
+                        "rendered {} bytes where {expected} were announced",
+                        rendered.npy.len()
+                    ));
                 }
-            };
-            let mut rendered = self
-                .executor
-                .transform(&view.spec, &image, open.seed)
-                .map_err(|e| e.to_string())?;
-            rendered.decode = decode.unwrap_or_default();
-            if rendered.npy.len() as u64 != expected {
-                return Err(format!(
-                    "rendered {} bytes where {expected} were announced",
-                    rendered.npy.len()
-                ));
-            }
-            Ok(rendered)
-        });
+                Ok((rendered, work))
+            });
         let m = &view.metrics;
         m.render_latency.record(started.elapsed());
         match result {
-            Ok(rendered) => {
+            Ok((rendered, mut work)) => {
                 tracing::debug!(view = %view.spec.name, path = %open.node.path.display(), seed = open.seed, crops = ?rendered.crops, flipped = rendered.flipped, "view rendered");
                 if rendered.decode > Duration::ZERO {
                     m.decode_latency.record(rendered.decode);
@@ -318,7 +358,13 @@ impl Views {
                 m.renders.inc();
                 m.render_rate.tick();
                 m.bytes_out.add(rendered.npy.len() as u64);
-                Ok(Arc::new(rendered.npy))
+                // The file stays charged until it is closed; the rest of the render's memory
+                // is free now.
+                work.shrink_to(rendered.npy.len() as u64);
+                Ok(Rendered {
+                    npy: Arc::new(rendered.npy),
+                    _held: Arc::new(work),
+                })
             }
             Err(why) => {
                 m.errors.inc();
@@ -472,10 +518,11 @@ impl Fs {
             seed: xxhash_rust::xxh3::xxh3_64(&key),
             rendered: OnceLock::new(),
         });
-        let (views, job) = (self.views.clone(), open.clone());
-        match &self.render_pool {
-            Some(pool) => pool.submit(move || views.render_once(&job)),
-            None => views.render_once(&job),
+        // Queued at once, so decoding overlaps the loader's open-to-read gap; with the queue full
+        // (or no pool) the first read renders it, on its own thread.
+        if let Some(pool) = &self.render_pool {
+            let (views, job) = (self.views.clone(), open.clone());
+            pool.try_submit(move || views.render_once(&job));
         }
         Ok(Handle::View(open))
     }

@@ -118,6 +118,27 @@ pub fn output_size(spec: &ViewSpec, width: u32, height: u32) -> Result<(u32, u32
     Ok((h, w))
 }
 
+/// Bytes a render of `spec` over a `width` x `height` image holds at its peak, beside the encoded
+/// file: the decoded pixels and the copy of them offered to the cache, the two largest images its
+/// steps hold at once, and the output file. The same for every seed (a random crop's output size
+/// is fixed); refused like `draw` when a step passes the pixel limits.
+pub fn render_memory(spec: &ViewSpec, width: u32, height: u32) -> Result<u64, RenderError> {
+    let draws = draw(spec, width, height, 0)?;
+    let pixels = |w: u32, h: u32| u64::from(w) * u64::from(h) * 3;
+    let largest = draws
+        .steps
+        .iter()
+        .map(|step| match *step {
+            Step::Resize { width, height, .. } | Step::CenterCrop { width, height } => {
+                pixels(width, height)
+            }
+        })
+        .max()
+        .unwrap_or(0);
+    let (w, h) = draws.size;
+    Ok(2 * pixels(width, height) + 2 * largest + spec.npy_size(h, w))
+}
+
 /// Offset of a `crop`-long center crop in a `size`-long side, as torchvision computes it:
 /// rounded half to even (Python's round) when the crop fits; when it is larger, -(padding
 /// before), where torchvision pads (crop - size) // 2 before and the odd pixel after.

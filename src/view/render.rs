@@ -106,9 +106,9 @@ impl Rgb {
         bytes
     }
 
-    /// The image `to_bytes` made; an error if the length does not match the dimensions or
-    /// they are out of bounds (the same limits as a decode).
-    pub fn from_bytes(bytes: &[u8]) -> Result<Rgb, RenderError> {
+    /// The (width, height) of the image `to_bytes` made, read from its trailer (no copy); an
+    /// error where `from_bytes` would refuse it.
+    pub fn size_of_bytes(bytes: &[u8]) -> Result<(u32, u32), RenderError> {
         let corrupt = || RenderError::Corrupt("decoded image of a wrong length".into());
         let pixels = bytes.len().checked_sub(TRAILER).ok_or_else(corrupt)?;
         let word = |at: usize| {
@@ -119,10 +119,17 @@ impl Rgb {
         if width as usize * height as usize * 3 != pixels {
             return Err(corrupt());
         }
+        Ok((width, height))
+    }
+
+    /// The image `to_bytes` made; an error if the length does not match the dimensions or
+    /// they are out of bounds (the same limits as a decode).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Rgb, RenderError> {
+        let (width, height) = Rgb::size_of_bytes(bytes)?;
         Ok(Rgb {
             width,
             height,
-            data: bytes[..pixels].to_vec(),
+            data: bytes[..bytes.len() - TRAILER].to_vec(),
         })
     }
 }

@@ -76,6 +76,14 @@ impl Output {
             Output::Uint8Chw | Output::Uint8Hwc => 1,
         }
     }
+
+    /// The .npy element type.
+    pub fn dtype(self) -> super::npy::Dtype {
+        match self {
+            Output::Float32Chw => super::npy::Dtype::F32,
+            Output::Uint8Chw | Output::Uint8Hwc => super::npy::Dtype::U8,
+        }
+    }
 }
 
 /// A parsed, validated view.
@@ -284,6 +292,11 @@ impl ViewSpec {
             Output::Float32Chw | Output::Uint8Chw => [3, h, w],
             Output::Uint8Hwc => [h, w, 3],
         }
+    }
+
+    /// Bytes of the .npy file of this view's output at `height` x `width`.
+    pub fn npy_size(&self, height: u32, width: u32) -> u64 {
+        super::npy::file_size(self.output.dtype(), &self.shape(height, width))
     }
 }
 
