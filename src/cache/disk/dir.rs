@@ -104,7 +104,7 @@ pub struct CacheDir {
 }
 
 /// The file that makes a directory a prepfs cache (`marker_line()`, mode 0600).
-pub const MARKER: &str = "PREPFS-CACHE";
+const MARKER: &str = "PREPFS-CACHE";
 /// Version of the directory's layout (marker, lock, `blocks/<2 hex>/<32 hex>`, `tmp/<16 hex>`): a
 /// marker of another layout is refused, so no prepfs removes what another layout keeps.
 const LAYOUT: u32 = 1;
