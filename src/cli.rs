@@ -219,7 +219,8 @@ struct MountArgs {
     /// (relative to the mount or absolute under it); prefetch follows it while it is right.
     #[arg(long, value_name = "FILE")]
     order_file: Option<PathBuf>,
-    /// Directory of the persistent disk tier (created 0700; one mount at a time).
+    /// Directory of the persistent disk tier: a new or empty one (prepfs marks it as its own)
+    /// or one prepfs made; anything else is refused untouched. One mount at a time.
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
     /// Disk tier budget, e.g. 100G (default: half of the free space in --cache-dir).

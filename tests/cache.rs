@@ -1,10 +1,13 @@
 //! Compression and the disk tier through real mounts: packed blocks serve intact bytes, a disk
 //! cache survives a clean unmount and a SIGKILL, damaged entries become misses, a full cache
-//! filesystem never fails a read, and the cache directory's permissions and lock are enforced.
+//! filesystem never fails a read, the cache directory's permissions and lock are enforced, and
+//! prepfs uses only a cache directory it made (or an empty one it adopts), never changing,
+//! following, blocking on or deleting what it did not create there.
 
 mod common;
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::collections::BTreeMap;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -360,9 +363,11 @@ fn a_full_cache_filesystem_stops_admission_and_never_fails_a_read() {
     assert_eq!(t.unmount().map(|s| s.success()), Some(true));
 }
 
-/// Runs `prepfs mount` in the foreground expecting it to fail; returns its stderr.
+/// Runs `prepfs mount` in the foreground expecting it to fail; returns its stderr. A mount that
+/// starts instead is unmounted after 30 s and fails the test (rather than hanging it).
 fn mount_fails(t: &TestMount, cache: &Path) -> String {
-    let out = prepfs()
+    let err_path = t.dir.path().join("mount-fails.err");
+    let mut child = prepfs()
         .arg("mount")
         .arg(&t.src)
         .arg(&t.mnt)
@@ -370,13 +375,222 @@ fn mount_fails(t: &TestMount, cache: &Path) -> String {
         .arg("--cache-dir")
         .arg(cache)
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).expect("create stderr file"))
+        .spawn()
         .expect("run prepfs");
-    assert!(!out.status.success(), "mount should have been refused");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for prepfs") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = prepfs().arg("umount").arg(&t.mnt).output();
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the mount should have been refused, and it started");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let err = std::fs::read_to_string(&err_path).expect("read stderr");
+    assert!(!status.success(), "mount should have been refused: {err}");
     assert!(!is_mounted(&t.mnt));
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
     err
+}
+
+/// Every path under `root` (not following symlinks) with its mode and, for files and symlinks,
+/// its bytes or target: what must stay as it was.
+fn tree(root: &Path) -> BTreeMap<PathBuf, (u32, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(path) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&path).expect("lstat");
+        let content = if meta.is_dir() {
+            for entry in std::fs::read_dir(&path).expect("list") {
+                todo.push(entry.expect("entry").path());
+            }
+            Vec::new()
+        } else if meta.file_type().is_symlink() {
+            use std::os::unix::ffi::OsStrExt;
+            let target = std::fs::read_link(&path).expect("readlink");
+            target.as_os_str().as_bytes().to_vec()
+        } else if meta.is_file() {
+            std::fs::read(&path).expect("read")
+        } else {
+            Vec::new()
+        };
+        out.insert(path, (meta.mode(), content));
+    }
+    out
+}
+
+#[test]
+fn an_existing_directory_prepfs_did_not_create_is_refused_and_left_untouched() {
+    let t = TestMount::new();
+    fill(&t, &[("a", vec![1, 2, 3])]);
+    // Like `cache_dir = "/etc"`: this user's, 0755, full of files, some named as prepfs's are.
+    let theirs = t.dir.path().join("theirs");
+    for (name, bytes) in [
+        ("passwd", b"root:x:0:0::/root:/bin/sh\n".to_vec()),
+        ("tmp/x", b"x".to_vec()),
+        ("tmp/0123456789abcdef", b"a temporary-looking name".to_vec()),
+        ("blocks/ab/y", b"y".to_vec()),
+        (
+            "blocks/ab/ab0000000000000000000000000000cd",
+            pattern(1000, 1),
+        ),
+        ("lock", b"not a lock".to_vec()),
+    ] {
+        let path = theirs.join(name);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&path, bytes).expect("write");
+    }
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let before = tree(&theirs);
+
+    let err = mount_fails(&t, &theirs);
+    assert!(err.contains(&theirs.display().to_string()), "{err}");
+    assert!(err.contains("no PREPFS-CACHE marker"), "{err}");
+    assert_eq!(
+        std::fs::metadata(&theirs).expect("dir").mode() & 0o7777,
+        0o755,
+        "mode unchanged"
+    );
+    assert_eq!(
+        tree(&theirs),
+        before,
+        "nothing in it changed, added or removed"
+    );
+}
+
+#[test]
+fn an_empty_directory_is_adopted_as_it_is_and_serves_the_next_mount_from_disk() {
+    let mut t = TestMount::new();
+    let files = vec![("f.bin", compressible(2 << 20, 5))];
+    fill(&t, &files);
+    let dir = t.dir.path().join("empty");
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).expect("chmod");
+    let dir_arg = dir.to_str().expect("utf-8 path");
+    let args = ["--cache-dir", dir_arg, "--cache-disk", "1G"];
+    t.mount(&args);
+    let marker = std::fs::symlink_metadata(dir.join("PREPFS-CACHE")).expect("marker written");
+    assert!(marker.is_file());
+    assert_eq!(marker.mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&dir).expect("dir").mode() & 0o7777,
+        0o750,
+        "its mode is the user's"
+    );
+    read_all_and_compare(&t, &files);
+    wait_for(&t, "both blocks on disk", |s| {
+        stat(s, "disk.entries") == 2.0
+    });
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+
+    t.mount(&args);
+    read_all_and_compare(&t, &files);
+    let stats = t.stats();
+    assert!(stat(&stats, "disk.hits") >= 2.0, "{stats:#}");
+    assert_eq!(stat(&stats, "source.bytes_read"), 0.0, "{stats:#}");
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+}
+
+#[test]
+fn a_symlinked_blocks_or_tmp_dir_is_refused_and_its_target_left_untouched() {
+    let mut t = TestMount::new();
+    let files = vec![("f.bin", compressible(300_000, 6))];
+    fill(&t, &files);
+    for sub in ["blocks", "tmp"] {
+        let dir = t.dir.path().join(format!("cache-{sub}"));
+        t.mount(&["--cache-dir", dir.to_str().expect("utf-8")]);
+        read_all_and_compare(&t, &files);
+        assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+
+        // Somewhere else, with names prepfs would read, write or remove there.
+        let elsewhere = t.dir.path().join(format!("elsewhere-{sub}"));
+        for name in ["ab/ab0000000000000000000000000000cd", "0123456789abcdef"] {
+            let path = elsewhere.join(name);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&path, b"not prepfs's").expect("write");
+        }
+        std::fs::remove_dir_all(dir.join(sub)).expect("rm");
+        std::os::unix::fs::symlink(&elsewhere, dir.join(sub)).expect("symlink");
+        let before = tree(&elsewhere);
+
+        let err = mount_fails(&t, &dir);
+        assert!(err.contains(&format!("{sub}/ is a symlink")), "{err}");
+        assert_eq!(
+            tree(&elsewhere),
+            before,
+            "{sub}: the link's target untouched"
+        );
+    }
+}
+
+#[test]
+fn a_fifo_in_the_cache_dir_is_a_miss_and_blocks_neither_the_scan_nor_a_read() {
+    let mut t = TestMount::new();
+    let files = vec![("f.bin", compressible(300_000, 8))];
+    fill(&t, &files);
+    let dir = cache_dir(&t);
+    let dir_arg = dir.to_str().expect("utf-8 path");
+    let args = ["--cache-dir", dir_arg, "--cache-disk", "1G"];
+    t.mount(&args);
+    read_all_and_compare(&t, &files);
+    wait_for(&t, "the block on disk", |s| stat(s, "disk.entries") == 1.0);
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+
+    // FIFOs at the entry the next read looks up, at another valid-looking entry name, and at a
+    // temporary file's name.
+    let written = entries(&dir);
+    assert_eq!(written.len(), 1, "{written:?}");
+    let entry = written[0].clone();
+    std::fs::remove_file(&entry).expect("rm entry");
+    let other = dir.join("blocks/ab/ab0000000000000000000000000000cd");
+    std::fs::create_dir_all(other.parent().expect("shard")).expect("mkdir shard");
+    let fifos = [entry, other, dir.join("tmp/0123456789abcdef")];
+    for fifo in &fifos {
+        let made = Command::new("mkfifo").arg(fifo).status().expect("mkfifo");
+        assert!(made.success());
+    }
+
+    t.mount(&args);
+    // A reader whose request the daemon has taken cannot be killed until the daemon answers:
+    // a regression that hangs is turned into a failure by killing the daemon.
+    let out = t.dir.path().join("read.out");
+    let mut cat = Command::new("cat")
+        .arg(t.m("f.bin"))
+        .stdout(std::fs::File::create(&out).expect("create read.out"))
+        .spawn()
+        .expect("run cat");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cat.try_wait().expect("wait for cat").is_none() {
+        if Instant::now() > deadline {
+            if let Some(mut daemon) = t.child.take() {
+                let _ = daemon.kill();
+                let _ = daemon.wait();
+            }
+            let _ = cat.wait();
+            let _ = Command::new("umount").arg("-l").arg(&t.mnt).output();
+            panic!("the read hung (FIFO opened as a cache entry)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        std::fs::read(&out).expect("read.out") == files[0].1,
+        "bytes differ from the source"
+    );
+    let stats = wait_for(&t, "the scan", |s| stat(s, "disk.scanned") == 1.0);
+    assert_eq!(stat(&stats, "ops.read.errors"), 0.0);
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+    for fifo in &fifos {
+        let kind = std::fs::symlink_metadata(fifo)
+            .expect("still there")
+            .file_type();
+        assert!(kind.is_fifo(), "{} left in place", fifo.display());
+    }
 }
 
 #[test]
@@ -400,8 +614,8 @@ fn the_cache_dir_must_be_private_and_used_by_one_mount_at_a_time() {
     t.mount(&["--cache-dir", loose.to_str().expect("utf-8")]);
     assert_eq!(
         std::fs::metadata(&loose).expect("dir").mode() & 0o777,
-        0o700,
-        "tightened"
+        0o755,
+        "an empty directory is adopted as it is: prepfs never chmods what it did not create"
     );
     assert_eq!(
         std::fs::metadata(loose.join("lock")).expect("lock").mode() & 0o777,

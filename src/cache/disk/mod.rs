@@ -1,18 +1,20 @@
 //! The disk tier: cached blocks as files in a cache directory, kept across mounts.
 //!
-//! Owns: where entries live (`blocks/<2 hex>/<hash of identity and block>`, never a user path),
-//! the disk budget and free-space floor, the writer thread (entries are compressed per the codec
-//! policy, written to `tmp/` and renamed into place, so only complete entries are ever visible),
-//! and the scan of an old cache in the background (entries of changed or deleted files are
-//! removed and the rest counted against the budget). Admission waits for that scan; lookups do
-//! not, so the mount is ready at once. A missing, truncated or corrupt entry is a miss and a
-//! counter. Must never fail a read: no room, ENOSPC or an I/O error only stop admission.
+//! Owns: the disk budget and free-space floor, the writer thread (entries are compressed per
+//! the codec policy, written to `tmp/` and renamed into place, so only complete entries are
+//! ever visible), and the scan of an old cache in the background (entries of changed or deleted
+//! files are removed and the rest counted against the budget). Admission waits for that scan;
+//! lookups do not, so the mount is ready at once. A missing, truncated or corrupt entry is a
+//! miss and a counter. Where entries live and how the directory is touched belong to `dir`
+//! (`CacheDir`): this module never opens a path inside the cache dir itself. Must never fail a
+//! read: no room, ENOSPC or an I/O error only stop admission.
 
 mod dir;
 pub mod entry;
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::ops::ControlFlow;
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,10 +23,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
-use xxhash_rust::xxh3::xxh3_128;
+use rustix::fs as rfs;
 
 pub use dir::{CacheDir, DiskError};
+use dir::{EntryFile, EntryName, Slot};
 
 use super::block::Block;
 use super::codec::{self, Codec};
@@ -126,19 +128,6 @@ pub fn blocks_held(identity: &Identity) -> usize {
         .map_or(MAX_BLOCKS, |b| b.min(MAX_BLOCKS))
 }
 
-/// The file name of block `index` of `identity`, relative to the cache dir.
-fn entry_name(identity: &Identity, index: usize) -> String {
-    let mut key = Vec::with_capacity(48);
-    for v in [identity.dev, identity.ino, identity.size] {
-        key.extend_from_slice(&v.to_le_bytes());
-    }
-    key.extend_from_slice(&identity.mtime_ns.to_le_bytes());
-    key.extend_from_slice(&identity.ctime_ns.to_le_bytes());
-    key.extend_from_slice(&(index as u64).to_le_bytes());
-    let hash = format!("{:032x}", xxh3_128(&key));
-    format!("blocks/{}/{hash}", &hash[..2])
-}
-
 impl DiskTier {
     /// Starts the tier over an opened `dir`: the scan of what an earlier mount left (entries
     /// whose source no longer matches per `validate` are removed) and the writer, which packs
@@ -205,7 +194,7 @@ impl DiskTier {
             inner.metrics.disk_hits.inc();
             return Some(block.data.to_vec());
         }
-        let name = entry_name(identity, index);
+        let name = EntryName::of(identity, index);
         let bytes = match inner.read_entry(&name) {
             Ok(Some(bytes)) => bytes,
             Ok(None) => {
@@ -233,7 +222,7 @@ impl DiskTier {
                 inner.metrics.disk_misses.inc();
                 inner.metrics.disk_integrity_errors.inc();
                 tracing::warn!(error = %e, entry = %name, "damaged disk cache entry removed; refetching");
-                inner.remove(&name, bytes.len() as u64);
+                inner.remove(&name);
                 None
             }
         }
@@ -244,12 +233,10 @@ impl DiskTier {
     pub fn holds(&self, identity: &Identity, index: usize) -> bool {
         let inner = &self.inner;
         inner.pending.get(&(*identity, index)).is_some()
-            || rfs::statat(
-                &inner.dir.fd,
-                entry_name(identity, index),
-                rfs::AtFlags::SYMLINK_NOFOLLOW,
+            || matches!(
+                inner.dir.slot(&EntryName::of(identity, index)),
+                Slot::Entry(_)
             )
-            .is_ok()
     }
 
     /// Offers a block fetched from the source for admission; never waits (a full queue, no
@@ -351,20 +338,12 @@ impl Inner {
     }
 
     /// The bytes of entry `name`; `None` when there is none. Bounded by `MAX_ENTRY`.
-    fn read_entry(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
-        let fd = match rfs::openat(
-            &self.dir.fd,
-            name,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) {
-            Ok(fd) => fd,
-            Err(rustix::io::Errno::NOENT) => return Ok(None),
-            Err(e) => return Err(e.into()),
+    fn read_entry(&self, name: &EntryName) -> io::Result<Option<Vec<u8>>> {
+        let Some(EntryFile { fd, len }) = self.dir.open_entry(name)? else {
+            return Ok(None);
         };
-        let len = rfs::fstat(&fd)?.st_size.max(0) as usize;
         // One byte more than any valid entry, so an oversized file shows as trailing bytes.
-        let mut buf = vec![0u8; len.min(entry::MAX_ENTRY + 1)];
+        let mut buf = vec![0u8; len.min(entry::MAX_ENTRY as u64 + 1) as usize];
         let mut done = 0;
         while done < buf.len() {
             match rustix::io::pread(&fd, &mut buf[done..], done as u64)? {
@@ -378,8 +357,9 @@ impl Inner {
         Ok(Some(buf))
     }
 
-    fn remove(&self, name: &str, len: u64) {
-        if rfs::unlinkat(&self.dir.fd, name, AtFlags::empty()).is_ok()
+    /// Removes entry `name` (if it is one) and takes it off the tally once the scan has made one.
+    fn remove(&self, name: &EntryName) {
+        if let Some(len) = self.dir.remove_entry(name)
             && self.scanned.load(Ordering::Acquire)
         {
             let _ = self
@@ -410,12 +390,7 @@ impl Inner {
                 }
                 Job::Remove { identity, blocks } => {
                     for index in 0..blocks {
-                        let name = entry_name(&identity, index);
-                        if let Ok(stat) =
-                            rfs::statat(&self.dir.fd, &name, AtFlags::SYMLINK_NOFOLLOW)
-                        {
-                            self.remove(&name, stat.st_size.max(0) as u64);
-                        }
+                        self.remove(&EntryName::of(&identity, index));
                     }
                 }
             }
@@ -423,8 +398,10 @@ impl Inner {
     }
 
     fn write(&self, identity: Identity, path: &Path, index: usize, block: &Block, packer: &Packer) {
-        let name = entry_name(&identity, index);
-        if rfs::statat(&self.dir.fd, &name, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+        let name = EntryName::of(&identity, index);
+        // An entry already there is not written again; anything else there is not prepfs's to
+        // replace.
+        if self.dir.slot(&name) != Slot::Free {
             return;
         }
         let logical = &block.data;
@@ -466,7 +443,7 @@ impl Inner {
             free.saturating_sub(len) as f64 >= total as f64 * self.options.min_free
         });
         let result = if floor_ok {
-            self.publish(&name, &bytes)
+            self.dir.publish(&name, &bytes)
         } else {
             Err(io::Error::from_raw_os_error(libc::ENOSPC))
         };
@@ -491,114 +468,66 @@ impl Inner {
         }
     }
 
-    /// Writes `bytes` to a temporary file and renames it to `name`: readers see all or nothing.
-    fn publish(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
-        let tmp = format!("tmp/{:016x}", fastrand::u64(..));
-        let fd: OwnedFd = rfs::openat(
-            &self.dir.fd,
-            &tmp,
-            OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(dir::FILE_MODE),
-        )?;
-        let written = (|| -> io::Result<()> {
-            let mut done = 0;
-            while done < bytes.len() {
-                done += rustix::io::pwrite(&fd, &bytes[done..], done as u64)?;
-            }
-            let shard = &name[..name.rfind('/').unwrap_or(0)];
-            match rfs::mkdirat(&self.dir.fd, shard, Mode::from_raw_mode(0o700)) {
-                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                Err(e) => return Err(e.into()),
-            }
-            rfs::renameat(&self.dir.fd, &tmp, &self.dir.fd, name)?;
-            Ok(())
-        })();
-        if written.is_err() {
-            let _ = rfs::unlinkat(&self.dir.fd, &tmp, AtFlags::empty());
-        }
-        drop(fd);
-        written
-    }
-
     /// Counts the entries an earlier mount left, removing leftovers of interrupted writes and
-    /// entries whose source file changed or vanished; then opens admission.
+    /// entries whose source file changed or vanished; then opens admission. What prepfs did not
+    /// write is left in place, counted in the log.
     fn scan(&self, validate: &Validate) {
         let started = Instant::now();
-        for name in list(&self.dir.fd, "tmp") {
-            let _ = rfs::unlinkat(&self.dir.fd, format!("tmp/{name}"), AtFlags::empty());
-        }
         let (mut kept, mut dropped) = (0u64, 0u64);
-        for shard in list(&self.dir.fd, "blocks") {
-            for file in list(&self.dir.fd, &format!("blocks/{shard}")) {
-                if self.stop.load(Ordering::Acquire) {
-                    return;
+        let mut foreign = self.dir.clear_tmp();
+        foreign += self.dir.visit_entries(|shard, name, file| {
+            if self.stop.load(Ordering::Acquire) {
+                return ControlFlow::Break(());
+            }
+            match self.check_entry(name, &file, validate) {
+                Some(logical) => {
+                    self.used.fetch_add(file.len, Ordering::Relaxed);
+                    self.logical.fetch_add(logical, Ordering::Relaxed);
+                    self.entries.fetch_add(1, Ordering::Relaxed);
+                    kept += 1;
                 }
-                let name = format!("blocks/{shard}/{file}");
-                match self.check_entry(&name, validate) {
-                    Some((len, logical)) => {
-                        self.used.fetch_add(len, Ordering::Relaxed);
-                        self.logical.fetch_add(logical, Ordering::Relaxed);
-                        self.entries.fetch_add(1, Ordering::Relaxed);
-                        kept += 1;
-                    }
-                    None => {
-                        let _ = rfs::unlinkat(&self.dir.fd, &name, AtFlags::empty());
-                        self.metrics.disk_stale_dropped.inc();
-                        dropped += 1;
-                    }
+                None => {
+                    drop(file);
+                    shard.remove(name);
+                    self.metrics.disk_stale_dropped.inc();
+                    dropped += 1;
                 }
             }
+            ControlFlow::Continue(())
+        });
+        if self.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if foreign > 0 {
+            tracing::warn!(
+                path = %self.dir.path.display(),
+                foreign,
+                "the cache dir holds things prepfs did not write under blocks/ or tmp/; left in place"
+            );
         }
         self.scanned.store(true, Ordering::Release);
         tracing::info!(
             kept,
             dropped,
+            foreign,
             bytes = self.used.load(Ordering::Relaxed),
             took_ms = started.elapsed().as_millis() as u64,
             "disk cache scanned"
         );
     }
 
-    /// (entry bytes, logical bytes) of an entry whose header is intact and whose source file is
-    /// still the version it was written for; `None` for anything else.
-    fn check_entry(&self, name: &str, validate: &Validate) -> Option<(u64, u64)> {
-        let fd = rfs::openat(
-            &self.dir.fd,
-            name,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .ok()?;
-        let len = rfs::fstat(&fd).ok()?.st_size.max(0) as u64;
+    /// The logical bytes of entry `name`, open as `file`, when its header is intact and its
+    /// source file is still the version it was written for; `None` for anything else.
+    fn check_entry(&self, name: &EntryName, file: &EntryFile, validate: &Validate) -> Option<u64> {
         let mut head = vec![0u8; entry::HEADER_LEN + entry::MAX_PATH];
-        let n = rustix::io::pread(fd.as_fd(), &mut head, 0).ok()?;
+        let n = rustix::io::pread(file.fd.as_fd(), &mut head, 0).ok()?;
         let header = entry::decode_header(&head[..n]).ok()?;
         use std::os::unix::ffi::OsStrExt;
         let path = Path::new(std::ffi::OsStr::from_bytes(&header.path));
         let current = validate(path)?;
         (current == header.identity
-            && header.entry_len() as u64 == len
-            && entry_name(&header.identity, header.index as usize) == name)
-            .then_some((len, header.len as u64))
+            && header.entry_len() as u64 == file.len
+            && EntryName::of(&header.identity, header.index as usize) == *name)
+            .then_some(header.len as u64)
     }
-}
-
-/// Names in directory `sub` of `dir` (empty if it cannot be read).
-fn list(dir: &OwnedFd, sub: &str) -> Vec<String> {
-    let Ok(fd) = rfs::openat(
-        dir,
-        sub,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) else {
-        return Vec::new();
-    };
-    let Ok(entries) = rfs::Dir::read_from(&fd) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str().ok().map(str::to_owned))
-        .filter(|n| n != "." && n != "..")
-        .collect()
 }
