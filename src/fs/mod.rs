@@ -405,12 +405,19 @@ impl Fs {
         let meta = self
             .source
             .stat(&node.path)
-            .map_err(|e| FsError::from_source(&e))?;
-        // The name now refers to something else: this inode is gone.
-        if meta.kind != node.kind {
-            return Err(FsError::NotFound);
+            .map_err(|e| FsError::from_source(&e));
+        match meta {
+            // The name now refers to something else, or nothing: this inode is gone, and so is
+            // the version the cache held for it.
+            Ok(meta) if meta.kind == node.kind => Ok(meta),
+            Ok(_) | Err(FsError::NotFound) => {
+                if let Some(old) = node.last_identity.lock().take() {
+                    self.cache.forget(&old);
+                }
+                Err(FsError::NotFound)
+            }
+            Err(e) => Err(e),
         }
-        Ok(meta)
     }
 
     fn source_attr(ino: u64, meta: &Meta) -> Attr {
@@ -527,6 +534,7 @@ impl Fs {
             staging_budget_bytes,
             prefetch_depth: self.prefetcher.depth() as u64,
             prefetch_parked: self.prefetcher.parked() as u64,
+            memory: self.memory().gauges(),
             ..self.cache.gauges()
         }
     }

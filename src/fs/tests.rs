@@ -204,6 +204,27 @@ fn changed_file_is_served_fresh_on_next_open() {
 }
 
 #[test]
+fn a_file_deleted_in_the_source_gives_its_cached_memory_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("f");
+    std::fs::write(&path, pattern(300_000, 6)).expect("write");
+    let fs = local_fs(dir.path(), 1 << 30);
+    let ino = ino_of(&fs, "f");
+    let fh = fs.open(ino, Intent::Read).expect("open").fh;
+    read_all(&fs, fh, 300_000).expect("read");
+    fs.release(fh).expect("release");
+    assert_eq!(fs.gauges().cache_files, 1);
+    std::fs::remove_file(&path).expect("rm");
+    assert_eq!(fs.getattr(ino).err(), Some(FsError::NotFound));
+    assert_eq!(
+        fs.gauges().cache_bytes,
+        0,
+        "the vanished version's blocks are released"
+    );
+    assert_eq!(fs.gauges().cache_files, 0);
+}
+
+#[test]
 fn file_changed_during_reading_answers_eio_not_mixed_bytes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("f");

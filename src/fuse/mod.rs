@@ -118,12 +118,11 @@ impl Adapter {
         work: impl FnOnce(&Fs) -> Result<T, FsError> + Send + 'static,
         send: impl FnOnce(&Shared, Option<R>, T) + Send + 'static,
     ) {
-        self.off_thread_or(op, reply, self.patience, work, send, |_, reply| {
-            reply.fail(Errno::EIO)
-        });
+        self.off_thread_or(op, reply, self.patience, work, send, unanswered);
     }
 
-    /// Like `off_thread`, with `patience` and `expired` answering at the deadline.
+    /// Like `off_thread`, with `patience`, and `expired` answering at the deadline (or at once
+    /// when the queue is full).
     fn off_thread_or<R: Answer, T: Send + 'static>(
         &self,
         op: Op,
@@ -131,7 +130,7 @@ impl Adapter {
         patience: Duration,
         work: impl FnOnce(&Fs) -> Result<T, FsError> + Send + 'static,
         send: impl FnOnce(&Shared, Option<R>, T) + Send + 'static,
-        expired: impl FnOnce(&Shared, R) + Send + 'static,
+        expired: impl FnOnce(&Shared, R, Expiry) -> bool + Send + 'static,
     ) {
         let reply = Once::new(reply);
         let (shared, late) = (self.shared.clone(), self.shared.clone());
@@ -152,18 +151,26 @@ impl Adapter {
             }
         };
         let expire = move |why: Expiry| {
-            let Some(reply) = cell.take() else { return };
-            let metrics = late.fs.metrics();
-            match why {
-                Expiry::Deadline => metrics.requests_expired.inc(),
-                Expiry::Refused => metrics.requests_refused.inc(),
+            if let Some(reply) = cell.take() {
+                let answered = expired(&late, reply, why);
+                late.fs.metrics().record(op, !answered);
             }
-            metrics.record(op, true);
-            expired(&late, reply);
         };
         self.requests
             .submit(requests::Request::new(patience, run, expire));
     }
+}
+
+/// Answers a request its work did not answer in time (or could not start): EIO, counted.
+/// Returns false: the request failed.
+fn unanswered<R: Answer>(shared: &Shared, reply: R, why: Expiry) -> bool {
+    let metrics = shared.fs.metrics();
+    match why {
+        Expiry::Deadline => metrics.requests_expired.inc(),
+        Expiry::Refused => metrics.requests_refused.inc(),
+    }
+    reply.fail(Errno::EIO);
+    false
 }
 
 fn system_time(ns: i64) -> SystemTime {
@@ -348,9 +355,12 @@ impl Filesystem for Adapter {
                 patience,
                 work,
                 send,
-                move |shared, reply| match shared.fs.open_cached(ino.0) {
-                    Ok(opened) => send_opened(shared, reply, opened),
-                    Err(e) => reply.fail(errno(e)),
+                move |shared, reply, why| match shared.fs.open_cached(ino.0) {
+                    Ok(opened) => {
+                        send_opened(shared, reply, opened);
+                        true
+                    }
+                    Err(_) => unanswered(shared, reply, why),
                 },
             );
         } else {

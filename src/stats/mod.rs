@@ -306,6 +306,8 @@ pub struct Gauges {
     pub prefetch_depth: u64,
     /// Source files opened ahead and not yet taken by a reader's open.
     pub prefetch_parked: u64,
+    /// The memory budget's figures.
+    pub memory: crate::memory::MemoryGauges,
 }
 
 /// Whether a sample only grows or may go down.
@@ -860,11 +862,57 @@ impl Metrics {
                 self.prefetch_wasted_bytes.get() as f64,
             ),
         ];
+        let m = &g.memory;
+        let memory_table = [
+            (
+                "memory.budget_bytes",
+                "memory_budget_bytes",
+                G,
+                "The hard memory budget of everything held for data (--cache-mem).",
+                m.limit as f64,
+            ),
+            (
+                "memory.pressure",
+                "memory_pressure",
+                G,
+                "1 while memory pressure holds admission (little left under the cgroup or host limit).",
+                f64::from(u8::from(m.pressure)),
+            ),
+            (
+                "memory.pressure_events",
+                "memory_pressure_events_total",
+                C,
+                "Times memory pressure began.",
+                m.pressure_events as f64,
+            ),
+            (
+                "memory.shed_bytes",
+                "memory_shed_bytes_total",
+                C,
+                "Bytes given back under pressure or for a render: staged blocks, unread decoded pixels.",
+                m.shed_bytes as f64,
+            ),
+            (
+                "memory.render_waits",
+                "memory_render_waits_total",
+                C,
+                "Renders that waited for room in the budget.",
+                m.waits as f64,
+            ),
+            (
+                "memory.render_refusals",
+                "memory_render_refusals_total",
+                C,
+                "Renders refused memory (larger than the budget, or no room in time): EIO.",
+                m.refused as f64,
+            ),
+        ];
         let rows = table
             .into_iter()
             .chain(codec_table)
             .chain(decoded_table)
             .chain(prefetch_table)
+            .chain(memory_table)
             .chain(disk_table.into_iter().flatten());
         for (json_path, prom_name, kind, help, value) in rows {
             out.push(Sample {
@@ -875,6 +923,31 @@ impl Metrics {
                 help,
                 value,
             });
+        }
+        for (i, use_) in crate::memory::Use::ALL.into_iter().enumerate() {
+            for (what, prom, help, value) in [
+                (
+                    "slice_bytes",
+                    "memory_slice_bytes",
+                    "Bytes of the budget this use may hold (work: what cache and staging leave).",
+                    m.slices[i],
+                ),
+                (
+                    "used_bytes",
+                    "memory_used_bytes",
+                    "Bytes of the budget this use holds now.",
+                    m.used[i],
+                ),
+            ] {
+                out.push(Sample {
+                    json_path: format!("memory.{}.{what}", use_.name()),
+                    prom_name: prom,
+                    labels: vec![("use", use_.name().to_owned())],
+                    kind: G,
+                    help,
+                    value: value as f64,
+                });
+            }
         }
         for (name, blocks) in ["none", "lz4", "zstd"]
             .into_iter()

@@ -1,0 +1,400 @@
+//! A daemon that never takes the training job down, through real mounts: memory stays within
+//! the budget in a real memory cgroup, budgets that cannot work are refused, huge sparse files
+//! cost nothing, a hung source holds up only the requests that touch it, and the kernel's
+//! forgotten names leave the inode table. Each test reproduces a way an audit took the daemon
+//! down (a crash, an OOM kill, a hang, unbounded growth).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{MemoryCgroup, TestMount, pattern, prepfs};
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+
+fn stat(stats: &Value, path: &str) -> f64 {
+    path.split('.')
+        .fold(stats, |v, k| &v[k])
+        .as_f64()
+        .unwrap_or_else(|| panic!("stats.json has no number at {path}"))
+}
+
+/// Peak resident memory of process `pid` (VmHWM), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
+}
+
+/// A tmpfs mounted over `dir` (which may then hold sparse files of any size), unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn over(dir: &Path) -> Tmpfs {
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64m", "prepfs-test"])
+            .arg(dir)
+            .status()
+            .expect("mount")
+            .success();
+        assert!(ok, "mounting a tmpfs needs root");
+        Tmpfs(dir.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Runs `work` on its own thread and returns its result, or `None` if it has not finished
+/// within `limit` (the thread is left behind: a regression fails the test instead of hanging it).
+fn within<T: Send + 'static>(
+    limit: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(work());
+    });
+    rx.recv_timeout(limit).ok()
+}
+
+#[test]
+fn budgets_the_machine_or_the_cgroup_cannot_hold_are_refused_with_one_line() {
+    let t = TestMount::new();
+    let one_line = |out: &std::process::Output, needle: &str| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "refused: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(needle), "{needle:?} in: {stderr}");
+        assert!(!common::is_mounted(&t.mnt));
+    };
+    let huge = common::run(&[
+        "mount".as_ref(),
+        t.src.as_os_str(),
+        t.mnt.as_os_str(),
+        "--cache-mem".as_ref(),
+        "100000T".as_ref(),
+    ]);
+    one_line(&huge, "more than this machine's memory");
+
+    // In a 256 MiB cgroup, a budget that leaves less than the 64 MiB headroom is refused.
+    let group = MemoryCgroup::new(256 * MIB);
+    let mut mount = prepfs();
+    group.confine(&mut mount);
+    let tight = mount
+        .args(["mount", "--foreground", "--cache-mem", "200M"])
+        .arg(&t.src)
+        .arg(&t.mnt)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run prepfs");
+    one_line(&tight, "use at most 192 MiB");
+}
+
+#[test]
+fn a_default_mount_takes_its_budget_from_its_cgroup_not_the_host() {
+    let group = MemoryCgroup::new(256 * MIB);
+    let mut t = TestMount::new();
+    std::fs::write(t.s("f"), b"x").expect("write");
+    t.mount_confined(&[], &group);
+    let budget = stat(&t.stats(), "memory.budget_bytes") as u64;
+    assert!(
+        budget > 0 && budget <= 192 * MIB,
+        "256 MiB cgroup less 64 MiB headroom: {budget}"
+    );
+}
+
+#[test]
+fn huge_sparse_files_cost_memory_for_what_is_read_not_for_their_size() {
+    let mut t = TestMount::new();
+    let _tmpfs = Tmpfs::over(&t.src);
+    // A 4 EiB file and three of 15 TiB, all holes (tmpfs takes any size a file claims).
+    let exa = std::fs::File::create(t.s("exa")).expect("create");
+    exa.set_len(4 << 60).expect("4 EiB");
+    for i in 0..3 {
+        let f = std::fs::File::create(t.s(&format!("tera{i}"))).expect("create");
+        f.set_len(15 << 40).expect("15 TiB");
+    }
+    std::fs::write(t.s("small"), pattern(5000, 1)).expect("write");
+    let cache = t.dir.path().join("cache");
+    t.mount(&[
+        "--cache-mem",
+        "256M",
+        "--cache-dir",
+        cache.to_str().expect("utf-8"),
+    ]);
+    let pid = t.child.as_ref().expect("daemon").id();
+    let read_at = |name: &str, offset: u64| {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open(t.m(name)).expect("open");
+        let mut buf = [7u8; 4096];
+        let n = f.read_at(&mut buf, offset).expect("read");
+        assert_eq!(n, 4096, "{name} at {offset}");
+        assert!(buf.iter().all(|&b| b == 0), "holes read as zeros");
+    };
+    read_at("exa", 0);
+    read_at("exa", (4 << 60) - 4096 * 1000);
+    for i in 0..3 {
+        read_at(&format!("tera{i}"), 0);
+        read_at(&format!("tera{i}"), 7 << 40);
+    }
+    // How much of a huge file the tiers hold: answered without walking its 15 Mi blocks.
+    let cached = within(Duration::from_secs(60), {
+        let path = t.m("tera0");
+        move || {
+            let mut value = vec![0u8; 256];
+            let n = rustix::fs::getxattr(&path, "user.prepfs.cached", &mut value[..])
+                .expect("getxattr");
+            String::from_utf8_lossy(&value[..n]).into_owned()
+        }
+    })
+    .expect("the xattr of a huge file answers");
+    assert!(cached.contains("blocks=15728640"), "{cached}");
+    assert_eq!(std::fs::read(t.m("small")).expect("read"), pattern(5000, 1));
+    let stats = t.stats();
+    assert_eq!(stat(&stats, "ops.read.errors"), 0.0);
+    let rss = peak_rss(pid);
+    assert!(
+        rss < 256 * MIB + 64 * MIB,
+        "peak RSS {rss} for a 256 MiB budget: nothing was allocated by file size"
+    );
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+}
+
+/// A lower prepfs mount as the source of an upper one; stopping the lower daemon hangs every
+/// access to the upper's source that the kernel cannot answer from its own caches, as a dead NFS
+/// server does.
+#[test]
+fn a_hung_source_holds_up_only_the_requests_that_touch_it() {
+    let mut lower = TestMount::new();
+    std::fs::write(lower.s("cached"), pattern(300_000, 2)).expect("write");
+    std::fs::write(lower.s("uncached"), pattern(300_000, 3)).expect("write");
+    lower.mount(&[]);
+    let mut upper = TestMount::new();
+    upper.src = lower.mnt.clone();
+    upper.mount(&["--source-timeout", "2s"]);
+    assert_eq!(
+        std::fs::read(upper.m("cached")).expect("read"),
+        pattern(300_000, 2)
+    );
+    // Held open, the upper's name stays known to the kernel; the file is cached whole, so the
+    // upper holds no descriptor of the lower file. Dropping the kernel's unused dentries then
+    // makes the upper's next check of it a lookup the stopped lower daemon never answers.
+    let pinned = std::fs::File::open(upper.m("cached")).expect("open");
+    std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop the kernel's caches");
+    let lower_pid = lower.child.as_ref().expect("lower daemon").id() as libc::pid_t;
+    struct Continue(libc::pid_t);
+    impl Drop for Continue {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) has no memory effects.
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
+    // SAFETY: kill(2) has no memory effects.
+    assert_eq!(unsafe { libc::kill(lower_pid, libc::SIGSTOP) }, 0);
+    let _resume = Continue(lower_pid);
+
+    // Two readers of a file the source must answer for: each gets EIO by the deadline...
+    let (mnt, stats_path) = (upper.mnt.clone(), upper.m(".prepfs/stats.json"));
+    let stuck: Vec<_> = (0..2)
+        .map(|_| {
+            let path = mnt.join("uncached");
+            std::thread::spawn(move || std::fs::read(path).map_err(|e| e.raw_os_error()))
+        })
+        .collect();
+    // ... while the statistics, and the file the cache holds whole, still answer.
+    let stats = within(Duration::from_secs(20), move || {
+        std::fs::read_to_string(stats_path)
+    })
+    .expect("stats.json answers while the source hangs")
+    .expect("read stats.json");
+    assert!(stats.contains("uptime_seconds"));
+    let cached = within(Duration::from_secs(20), {
+        let path = mnt.join("cached");
+        move || std::fs::read(path)
+    })
+    .expect("a fully cached file answers while the source hangs")
+    .expect("read the cached file");
+    assert_eq!(cached, pattern(300_000, 2));
+    for reader in stuck {
+        let result = within(Duration::from_secs(30), move || reader.join())
+            .expect("the reader was answered by the deadline")
+            .expect("reader thread");
+        assert_eq!(result.err(), Some(Some(libc::EIO)));
+    }
+    let stats = upper.stats();
+    assert!(stat(&stats, "requests.expired") >= 2.0, "{stats:#}");
+    assert!(stat(&stats, "source.unanswered_opens") >= 1.0, "{stats:#}");
+    // A reader killed while it waits dies at once (at the latest by the deadline).
+    let mut cat = Command::new("cat")
+        .arg(mnt.join("uncached"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("cat");
+    std::thread::sleep(Duration::from_millis(300));
+    cat.kill().expect("kill -9");
+    let exited = within(Duration::from_secs(20), move || cat.wait());
+    assert!(exited.is_some(), "a killed reader does not stay in D state");
+    drop((_resume, pinned));
+    assert_eq!(upper.unmount().map(|s| s.success()), Some(true));
+    assert_eq!(lower.unmount().map(|s| s.success()), Some(true));
+}
+
+#[test]
+fn names_the_kernel_forgets_leave_the_inode_table() {
+    let mut t = TestMount::new();
+    let files = 2000;
+    for i in 0..files {
+        std::fs::write(t.s(&format!("f{i}")), b"x").expect("write");
+    }
+    t.mount(&[]);
+    let inodes = |t: &TestMount| stat(&t.stats(), "inodes") as u64;
+    let listed = std::fs::read_dir(&t.mnt).expect("list").count();
+    assert_eq!(listed, files);
+    assert!(
+        inodes(&t) < 100,
+        "a listing creates no inode: {}",
+        inodes(&t)
+    );
+    for i in 0..files {
+        assert!(t.m(&format!("f{i}")).exists());
+    }
+    assert!(inodes(&t) >= files as u64);
+    // Deleted in the source: the names are gone, and once the kernel drops its dentries and
+    // inodes (as memory pressure would) it forgets them and the table lets them go.
+    for i in 0..files {
+        std::fs::remove_file(t.s(&format!("f{i}"))).expect("rm");
+    }
+    std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop the kernel's caches");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while inodes(&t) > 100 {
+        assert!(
+            Instant::now() < deadline,
+            "forgotten inodes still held: {}",
+            inodes(&t)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!t.m("f0").exists());
+}
+
+/// `images` synthetic photos under `view/` and `raw` incompressible files of `raw_size` bytes
+/// under `raw/`; returns the raw files' paths (relative) and contents' seeds.
+fn dataset(t: &TestMount, images: usize, raw: usize, raw_size: usize) -> u64 {
+    std::fs::create_dir_all(t.s("view")).expect("mkdir");
+    std::fs::create_dir_all(t.s("raw")).expect("mkdir");
+    let mut bytes = 0;
+    for i in 0..images {
+        let jpeg = prepfs::synthetic::photo(i as u64).expect("jpeg");
+        bytes += jpeg.len() as u64;
+        std::fs::write(t.s(&format!("view/{i}.jpg")), jpeg).expect("write");
+    }
+    for i in 0..raw {
+        std::fs::write(t.s(&format!("raw/{i}")), pattern(raw_size, 1000 + i as u64))
+            .expect("write");
+        bytes += raw_size as u64;
+    }
+    bytes
+}
+
+/// Three shuffled epochs over the raw files and the view of the images, by two readers; every
+/// byte of the raw files checked. Returns the files read per epoch.
+fn shuffled_epochs(t: &TestMount, images: usize, raw: usize, raw_size: usize) -> usize {
+    let mut rng = fastrand::Rng::with_seed(7);
+    for epoch in 0..3 {
+        let mut order: Vec<usize> = (0..images + raw).collect();
+        rng.shuffle(&mut order);
+        let halves: Vec<Vec<usize>> = order
+            .chunks(order.len().div_ceil(2))
+            .map(<[usize]>::to_vec)
+            .collect();
+        std::thread::scope(|s| {
+            for half in halves {
+                s.spawn(move || {
+                    for i in half {
+                        if i < raw {
+                            let got = std::fs::read(t.m(&format!("raw/{i}"))).expect("raw read");
+                            assert!(
+                                got == pattern(raw_size, 1000 + i as u64),
+                                "epoch {epoch} raw/{i}"
+                            );
+                        } else {
+                            let path = t.m(&format!(".prepfs/views/v/view/{}.jpg.npy", i - raw));
+                            let got = std::fs::read(&path).expect("view read");
+                            assert!(got.starts_with(b"\x93NUMPY"), "epoch {epoch} {path:?}");
+                        }
+                    }
+                });
+            }
+        });
+    }
+    images + raw
+}
+
+/// The audit's memory failures: in a cgroup of half the dataset, with prefetch, a view and
+/// decoded pixels on, a default mount (its budget from the cgroup) and one with `--cache-mem`
+/// leaving exactly the 64 MiB headroom read three shuffled epochs: no OOM kill, no failed read,
+/// and peak RSS within the budget, the documented 64 MiB, and 150 bytes per file.
+#[test]
+fn in_a_memory_cgroup_of_half_the_dataset_the_daemon_is_never_oom_killed() {
+    const LIMIT: u64 = 256 * MIB;
+    let (images, raw, raw_size) = (100, 240, 2 << 20);
+    let mut t = TestMount::new();
+    let bytes = dataset(&t, images, raw, raw_size);
+    assert!(
+        bytes >= 2 * LIMIT - 64 * MIB,
+        "a dataset of about twice the limit: {bytes}"
+    );
+    for explicit in [false, true] {
+        let group = MemoryCgroup::new(LIMIT);
+        let budget = format!("{}", LIMIT - 64 * MIB);
+        let mut args = vec![
+            "--view",
+            "v=decode,random_resized_crop(224),hflip,normalize(imagenet)",
+            "--decoded-cache",
+            "on",
+        ];
+        if explicit {
+            args.extend(["--cache-mem", budget.as_str()]);
+        }
+        t.mount_confined(&args, &group);
+        let pid = t.child.as_ref().expect("daemon").id();
+        let files = shuffled_epochs(&t, images, raw, raw_size);
+        let stats = t.stats();
+        let budget = stat(&stats, "memory.budget_bytes") as u64;
+        assert_eq!(group.oom_kills(), 0, "explicit budget: {explicit}");
+        assert_eq!(stat(&stats, "ops.read.errors"), 0.0, "{stats:#}");
+        assert_eq!(stat(&stats, "views.v.errors"), 0.0, "{stats:#}");
+        let rss = peak_rss(pid);
+        eprintln!(
+            "robust: explicit budget {explicit}: budget {} MiB, peak RSS {} MiB, pressure events {}, shed {} MiB",
+            budget >> 20,
+            rss >> 20,
+            stat(&stats, "memory.pressure_events"),
+            stat(&stats, "memory.shed_bytes") as u64 >> 20
+        );
+        let bound = budget + 64 * MIB + 150 * (files as u64 + 10);
+        assert!(
+            rss <= bound,
+            "explicit budget {explicit}: peak RSS {rss} over budget {budget} + 64 MiB + 150 B/file"
+        );
+        assert_eq!(
+            t.unmount().map(|s| s.success()),
+            Some(true),
+            "exits cleanly"
+        );
+        assert_eq!(group.oom_kills(), 0);
+    }
+}
