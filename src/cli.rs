@@ -212,7 +212,8 @@ struct MountArgs {
     #[arg(long, value_name = "N", default_value_t = config::DEFAULT_PREFETCH_THREADS)]
     prefetch_threads: usize,
     /// Staging buffer for prefetched data the cache has no room for, e.g. 64M (part of
-    /// --cache-mem, at most a quarter of it; 0: prefetch only into the cache). Default 64M.
+    /// --cache-mem, at most half of it; 0: prefetch only into the cache). Default 64M, at most an
+    /// eighth of --cache-mem.
     #[arg(long, value_name = "SIZE")]
     prefetch_buffer: Option<String>,
     /// A file outside the mount where a sampler writes the upcoming paths, one per line
@@ -464,8 +465,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
             } = *args;
             let prefetch_buffer = prefetch_buffer
                 .map(|s| config::parse_size(&s))
-                .transpose()?
-                .unwrap_or(config::DEFAULT_PREFETCH_BUFFER);
+                .transpose()?;
             let decoded_caching = config::parse_decoded_caching(&decoded_cache)?;
             let views = config::parse_views(&views)?;
             let codec = config::parse_codec(&codec)?;

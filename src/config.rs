@@ -85,7 +85,7 @@ pub struct MountConfig {
     /// Prefetch workers, or off.
     pub prefetch: PrefetchOptions,
     /// Byte budget of the prefetch staging buffer.
-    pub prefetch_buffer: u64,
+    pub prefetch_buffer: Option<u64>,
     /// An order file a sampler writes (absolute path), for prefetch to follow.
     pub order_file: Option<PathBuf>,
     /// Directory of the persistent disk tier, if any.
@@ -236,7 +236,7 @@ pub const DEFAULT_IO_THREADS: usize = 16;
 /// limit takes from the page cache.
 pub const DEFAULT_PREFETCH_THREADS: usize = 4;
 /// Prefetch staging buffer: a few dozen files or shards' first blocks ahead, small next to any
-/// cache budget worth having (and at most a quarter of the budget it is part of).
+/// cache budget worth having (`memory::MemoryPlan` keeps it to an eighth of a small budget).
 pub const DEFAULT_PREFETCH_BUFFER: u64 = 64 << 20;
 
 /// Default `--source-timeout`: a network filesystem's own retries (NFS retransmits over tens of

@@ -72,7 +72,7 @@ pub fn run(files: usize) -> Result<(), String> {
             enabled: true,
             threads: config::DEFAULT_PREFETCH_THREADS,
         },
-        prefetch_buffer: config::DEFAULT_PREFETCH_BUFFER,
+        prefetch_buffer: None,
         order_file: None,
         cache_dir: None,
         cache_disk: None,

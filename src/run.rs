@@ -15,11 +15,12 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::cache::{CacheDir, DiskOptions, DiskSetup};
+use crate::config::DEFAULT_PREFETCH_BUFFER;
 use crate::config::{ConfigError, MountConfig};
 use crate::fs::{Fs, FsOptions};
 use crate::fuse::{Adapter, Config, MountOption, Session, SessionACL, SessionUnmounter};
-use crate::memory::MemoryPlan;
 use crate::memory::pressure::PressureWatch;
+use crate::memory::{MemoryPlan, Staging};
 use crate::prefetch::OrderHint;
 use crate::requests::RequestPool;
 use crate::source::{LocalSource, Source};
@@ -210,16 +211,27 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
     Ok(mounted)
 }
 
-/// How `cfg`'s memory budget is split: the staging buffer it asks for (none without prefetch), and
-/// room for a read in flight per I/O, prefetch and render thread and for the renders.
+/// How `cfg`'s memory budget is split: the staging buffer it asks for (none without prefetch),
+/// and room for a read in flight per I/O, prefetch and render thread and for the renders (render
+/// threads run only with views).
 fn memory_plan(cfg: &MountConfig) -> MemoryPlan {
-    let staging = if cfg.prefetch.enabled {
-        cfg.prefetch_buffer
+    let staging = match (cfg.prefetch.enabled, cfg.prefetch_buffer) {
+        (false, _) => Staging::None,
+        (true, None) => Staging::Default(DEFAULT_PREFETCH_BUFFER),
+        (true, Some(bytes)) => Staging::Asked(bytes),
+    };
+    let renders = if cfg.views.is_empty() {
+        0
+    } else {
+        cfg.render_threads
+    };
+    let prefetchers = if cfg.prefetch.enabled {
+        cfg.prefetch.threads
     } else {
         0
     };
-    let readers = cfg.io_threads + cfg.prefetch.threads + cfg.render_threads;
-    MemoryPlan::split(cfg.cache_mem, staging, readers, cfg.render_threads)
+    let readers = cfg.io_threads + prefetchers + renders;
+    MemoryPlan::split(cfg.cache_mem, staging, readers, renders)
 }
 
 /// Opens and locks the disk tier's directory, if one was asked for. Its old entries are checked

@@ -239,15 +239,9 @@ pub struct Setup {
     pub memory_limit: u64,
     /// Kept free on the prepfs side for reads in flight (`IN_FLIGHT_HEADROOM`).
     pub in_flight_headroom: u64,
-    /// C: prepfs --cache-mem, M - daemon footprint - in-flight headroom.
+    /// prepfs --cache-mem: M - daemon footprint - in-flight headroom (prepfs splits it into its
+    /// RAM tier, C, and its own working memory).
     pub cache_mem: u64,
-}
-
-impl Setup {
-    /// D - C: what a never-evict cache of C must miss per epoch.
-    pub fn optimum_misses(&self) -> u64 {
-        self.data_bytes.saturating_sub(self.cache_mem)
-    }
 }
 
 /// One epoch as measured.
@@ -278,6 +272,15 @@ pub struct Run {
     pub setup: Setup,
     pub side: Side,
     pub epochs: Vec<Epoch>,
+    /// C: the RAM tier's slice of `--cache-mem`, as the prepfs mount reported it.
+    pub cache: Option<u64>,
+}
+
+impl Run {
+    /// D - C: what a never-evict cache of the prepfs mount's RAM tier must miss per epoch.
+    pub fn optimum_misses(&self) -> Option<u64> {
+        self.cache.map(|c| self.setup.data_bytes.saturating_sub(c))
+    }
 }
 
 fn main() {
@@ -495,6 +498,8 @@ fn run_epochs(
     let root = mount
         .as_ref()
         .map_or(disk.mountpoint.as_path(), |m| m.mountpoint.as_path());
+    let cache = mount.as_ref().map(PrepfsMount::cache_slice);
+    let optimum = cache.map(|c| setup.data_bytes.saturating_sub(c));
     let mut session = ReaderSession::start(
         &group,
         python,
@@ -553,7 +558,7 @@ fn run_epochs(
                 .map(|m| format!(
                     ", prepfs misses {:.1} MB (D-C {:.1} MB)",
                     mb(m),
-                    mb(setup.optimum_misses())
+                    mb(optimum.unwrap_or(0))
                 ))
                 .unwrap_or_default()
         );
@@ -567,6 +572,7 @@ fn run_epochs(
         setup: *setup,
         side,
         epochs,
+        cache,
     })
 }
 
@@ -585,7 +591,7 @@ fn quick_check(runs: &[Run]) -> Result<(), String> {
         .iter()
         .filter(|r| r.side == Side::Prepfs && r.setup.reader == Reader::Plain)
     {
-        let optimum = run.setup.optimum_misses() as f64;
+        let optimum = run.optimum_misses().unwrap_or(0) as f64;
         for epoch in run.epochs.iter().skip(1) {
             let misses = epoch.prepfs_miss_bytes.unwrap_or(0) as f64;
             let off = (misses - optimum).abs() / optimum.max(1.0);
@@ -656,6 +662,11 @@ impl PrepfsMount {
 
     fn stats(&self) -> Value {
         sandbox::read_stats(&self.mountpoint)
+    }
+
+    /// The RAM tier's slice of the mount's budget (C).
+    fn cache_slice(&self) -> u64 {
+        self.stats()["cache"]["budget_bytes"].as_u64().unwrap_or(0)
     }
 
     fn miss_bytes(&self) -> u64 {

@@ -38,12 +38,13 @@ use crate::{Options, PrepfsMount, Reader, ReaderSession, Setup};
 pub const SLOW_LATENCY_MS: f64 = 2.0;
 /// What the plain reader computes after each file, ms.
 pub const THINK_MS: f64 = 2.0;
-/// Memory the prefetching mount keeps free for fetches in flight beyond the demand reads' (4
-/// prefetch threads, a 1 MiB buffer each and its page-cache pages). Without it the shards run
-/// thrashed in epoch 2: the cgroup full of memfd pages, 5 MB reclaimable.
+/// Memory the prefetching mount keeps free for the kernel's side of fetches in flight beyond the
+/// demand reads' (4 prefetch threads, the page-cache pages of each 1 MiB fetch; their buffers are
+/// in prepfs's budget). Without it the shards run thrashed in epoch 2: the cgroup full of memfd
+/// pages, 5 MB reclaimable.
 const PREFETCH_IN_FLIGHT: u64 = 8 << 20;
 /// Staging buffer of the prefetching mount by default: the mount's own default
-/// (`--prefetch-buffer 64M`), at most half of C, taken out of its cache budget (`--staging-mib`
+/// (`--prefetch-buffer 64M`), at most half of its budget, of which it is part (`--staging-mib`
 /// sets another).
 pub const STAGING: u64 = 64 << 20;
 
@@ -305,7 +306,7 @@ fn run_one(
             if let Some(threads) = opts.prefetch_threads {
                 extra.extend(["--prefetch-threads".into(), threads.to_string()]);
             }
-            (budget.saturating_sub(staging + PREFETCH_IN_FLIGHT), extra)
+            (budget.saturating_sub(PREFETCH_IN_FLIGHT), extra)
         }
     };
     if let Some(spec) = scenario.view {

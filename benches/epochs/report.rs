@@ -89,7 +89,7 @@ pub fn targets(runs: &[Run], view_runs: &[ViewRun]) -> Vec<Target> {
         find(runs, Reader::Plain, Side::PageCache),
         find(runs, Reader::Plain, Side::Prepfs),
     ) {
-        let optimum = pf.setup.optimum_misses() as f64;
+        let optimum = pf.optimum_misses().unwrap_or(0) as f64;
         let ratio = warm(pf, |e| e.device_bytes as f64) / optimum.max(1.0);
         out.push(Target {
             name: format!(
@@ -271,7 +271,8 @@ fn markdown(
          loop device (direct I/O), reads throttled to {} MB/s and {} IOPS by the blkio cgroup; \
          page cache dropped before each run. Memory: one cgroup per run holding the reader (and \
          the prepfs daemon), limit = M + the reader's measured working set, M = {:.2} x D; prepfs \
-         --cache-mem C = M - the daemon's measured working set - {} MiB kept free for reads in flight. Epochs 2+ are medians.\n\n",
+         --cache-mem = M - the daemon's measured working set - {} MiB kept free for the kernel's side of reads in flight, of which \
+         the RAM tier gets C (the rest is prepfs's working memory for reads in flight; no prefetch staging). Epochs 2+ are medians.\n\n",
         command(opts),
         manifest.files,
         mb(manifest.file_bytes as f64),
@@ -284,19 +285,21 @@ fn markdown(
     );
     if !runs.is_empty() {
         md.push_str(
-            "| reader | side | limit MB | C MB | D-C MB | epoch 1 s | epochs 2+ s | epoch 1 items/s | epochs 2+ items/s | device MB (reads) epoch 1 | device MB (reads) epochs 2+ | prepfs misses MB epochs 2+ |\n\
-             |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            "| reader | side | limit MB | --cache-mem MB | C MB | D-C MB | epoch 1 s | epochs 2+ s | epoch 1 items/s | epochs 2+ items/s | device MB (reads) epoch 1 | device MB (reads) epochs 2+ | prepfs misses MB epochs 2+ |\n\
+             |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
     }
     for run in runs {
         let s = &run.setup;
         md.push_str(&format!(
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} ({:.0}) | {:.0} ({:.0}) | {} |\n",
+            "| {} | {} | {:.0} | {:.0} | {} | {} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} ({:.0}) | {:.0} ({:.0}) | {} |\n",
             reader_name(s.reader),
             side_name(run.side),
             mb(s.memory_limit as f64),
             mb(s.cache_mem as f64),
-            mb(s.optimum_misses() as f64),
+            run.cache.map_or("-".into(), |c| format!("{:.0}", mb(c as f64))),
+            run.optimum_misses()
+                .map_or("-".into(), |m| format!("{:.0}", mb(m as f64))),
             cold(run, |e| e.seconds),
             warm(run, |e| e.seconds),
             cold(run, |e| e.items_per_s),

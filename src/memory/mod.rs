@@ -49,9 +49,11 @@ impl Use {
     }
 }
 
-/// Share of the budget the staging slice may take at most: prefetch hides the misses of what the
-/// cache cannot hold, so the cache keeps most of a small budget.
-const STAGING_SHARE_MAX: f64 = 0.25;
+/// Share of the budget a default staging slice takes at most: prefetch hides the misses of what
+/// the cache cannot hold, so the cache keeps most of a small budget ...
+const STAGING_SHARE_DEFAULT: f64 = 0.125;
+/// ... and the share a staging slice the user asked for may take.
+const STAGING_SHARE_MAX: f64 = 0.5;
 /// Share of the budget the work slice may take at most.
 const WORK_SHARE_MAX: f64 = 0.25;
 /// Work slice per thread that may hold a read in flight (a block is 1 MiB).
@@ -59,6 +61,17 @@ const WORK_PER_READER: u64 = 1 << 20;
 /// Work slice per render thread: a typical photo's decode, one resize and its output tensor
 /// (a 500x375 JPEG to a 224x224 float32 view is about 2.5 MB); larger images wait for room.
 const WORK_PER_RENDER: u64 = 8 << 20;
+
+/// The staging slice a mount asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Staging {
+    /// No prefetch: no staging.
+    None,
+    /// The default size, within an eighth of the budget.
+    Default(u64),
+    /// A size the user chose, within half of the budget.
+    Asked(u64),
+}
 
 /// How one budget is split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,15 +85,20 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    /// The split of a `limit`-byte budget for a mount that wants `staging` bytes of prefetch
-    /// staging and runs `readers` threads that may hold a read in flight and `renders` render
-    /// threads: staging and work get what they want within a quarter of the budget each, the
-    /// cache the rest.
-    pub fn split(limit: u64, staging: u64, readers: usize, renders: usize) -> MemoryPlan {
+    /// The split of a `limit`-byte budget for a mount that asks for `staging` and runs `readers`
+    /// threads that may hold a read in flight and `renders` render threads: work gets what they
+    /// need within a quarter of the budget, staging what was asked within its share (an eighth
+    /// by default, half when the user chose it), the cache the rest.
+    pub fn split(limit: u64, staging: Staging, readers: usize, renders: usize) -> MemoryPlan {
         let share = |s: f64| (limit as f64 * s) as u64;
         let work = (readers as u64 * WORK_PER_READER + renders as u64 * WORK_PER_RENDER)
             .min(share(WORK_SHARE_MAX));
-        let staging = staging.min(share(STAGING_SHARE_MAX));
+        let staging = match staging {
+            Staging::None => 0,
+            Staging::Default(bytes) => bytes.min(share(STAGING_SHARE_DEFAULT)),
+            Staging::Asked(bytes) => bytes.min(share(STAGING_SHARE_MAX)),
+        }
+        .min(limit - work);
         MemoryPlan {
             cache: limit - work - staging,
             staging,
@@ -403,13 +421,20 @@ mod tests {
     }
 
     #[test]
-    fn the_split_gives_staging_and_work_what_they_want_within_a_quarter_each() {
-        let plan = MemoryPlan::split(1 << 30, 64 * MIB, 20, 2);
+    fn the_split_gives_staging_and_work_what_they_want_within_their_shares() {
+        let plan = MemoryPlan::split(1 << 30, Staging::Default(64 * MIB), 20, 2);
         assert_eq!((plan.staging, plan.work), (64 * MIB, 36 * MIB));
         assert_eq!(plan.limit(), 1 << 30);
-        let small = MemoryPlan::split(100 * MIB, 64 * MIB, 20, 2);
-        assert_eq!((small.staging, small.work), (25 * MIB, 25 * MIB));
-        assert_eq!(small.cache, 50 * MIB);
+        let small = MemoryPlan::split(200 * MIB, Staging::Default(64 * MIB), 20, 2);
+        assert_eq!((small.staging, small.work), (25 * MIB, 36 * MIB));
+        assert_eq!(small.cache, 139 * MIB);
+        let asked = MemoryPlan::split(200 * MIB, Staging::Asked(64 * MIB), 20, 0);
+        assert_eq!(
+            (asked.staging, asked.work, asked.cache),
+            (64 * MIB, 20 * MIB, 116 * MIB)
+        );
+        let none = MemoryPlan::split(200 * MIB, Staging::None, 20, 0);
+        assert_eq!(none.staging, 0);
     }
 
     #[test]
