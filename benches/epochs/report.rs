@@ -271,8 +271,9 @@ fn markdown(
          loop device (direct I/O), reads throttled to {} MB/s and {} IOPS by the blkio cgroup; \
          page cache dropped before each run. Memory: one cgroup per run holding the reader (and \
          the prepfs daemon), limit = M + the reader's measured working set, M = {:.2} x D; prepfs \
-         --cache-mem = M - the daemon's measured working set - {} MiB kept free for the kernel's side of reads in flight, of which \
-         the RAM tier gets C (the rest is prepfs's working memory for reads in flight; no prefetch staging). Epochs 2+ are medians.\n\n",
+         --cache-mem = M - the daemon's measured working set - {} MiB kept free for the kernel's side of reads in flight, at most \
+         the limit less prepfs's 64 MiB headroom, of which the RAM tier gets C (the rest is prepfs's working memory for reads in \
+         flight; no prefetch staging). Epochs 2+ are medians.\n\n",
         command(opts),
         manifest.files,
         mb(manifest.file_bytes as f64),

@@ -1,0 +1,699 @@
+//! `RamFile`: the blocks of one file version the RAM tier holds, and how reads are answered from
+//! them.
+//!
+//! Owns: per-block slots (stored bytes), admission of a block under the shared budget, the
+//! file's layout, verification of every hit, packing a block in place, and the memfd a complete
+//! raw file offers to kernel passthrough. The first admitted block decides the layout: bytes
+//! worth compressing (see `codec`) stay on the heap, raw until the packer compresses them; other
+//! files of one block stay raw on the heap, and larger ones keep their bytes in a memfd (see
+//! `memfd`), which the kernel can serve by passthrough once every block is present. Must never
+//! return bytes that failed their checksum, never evict a block to make room, and never fetch:
+//! blocks come from `BlockFetcher`, which decides what is fetched from where.
+
+use std::any::Any;
+use std::borrow::Cow;
+use std::ops::Range;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use super::memfd::MemfdBody;
+use super::slots::{Slots, Vacant};
+use super::{Content, Shared, Tally};
+use crate::cache::block::{self, Block, Packed};
+use crate::cache::codec::{self, Codec};
+use crate::cache::policy::strength;
+use crate::cache::{BLOCK_SIZE, rows, thread_cpu};
+use crate::error::FsError;
+use crate::memory::Use;
+use crate::source::Identity;
+
+/// Page size used to account memfd storage (the kernel allocates whole pages).
+const PAGE: u64 = 4096;
+
+/// Where a published block's bytes live.
+#[derive(Debug, Clone)]
+enum Stored {
+    /// Raw on the heap (files of a single block, and compressible files not yet packed).
+    Heap(Arc<Block>),
+    /// In the file's memfd at the block's offset; only the checksums live here.
+    Memfd(Arc<[u64]>),
+    /// Compressed on the heap.
+    Packed(Arc<Packed>),
+}
+
+impl Stored {
+    /// The codec its bytes are stored with.
+    fn codec(&self) -> Codec {
+        match self {
+            Stored::Packed(p) => p.codec,
+            Stored::Heap(_) | Stored::Memfd(_) => Codec::None,
+        }
+    }
+}
+
+/// How a file's blocks are stored, decided by its first admitted block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// Raw: on the heap for one block, in a memfd (passthrough-able) for more.
+    Raw,
+    /// Compressible: on the heap, packed in the background, after the row filter at `lag`
+    /// when the bytes are image rows of that length (0: no filter).
+    Packable {
+        /// Row length in bytes, or 0.
+        lag: usize,
+    },
+}
+
+/// What `RamFile::pack` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackOutcome {
+    /// The block is now stored with this codec.
+    Packed(Codec),
+    /// Nothing to do: gone, changed meanwhile, or already at least as strong.
+    Unchanged,
+    /// This codec did not make it smaller (a stronger one may).
+    NoGain,
+}
+
+/// The last block a handle decompressed, so that small sequential reads of a packed block
+/// decompress it once, not once per read. One per open handle, dropped with it.
+#[derive(Default)]
+pub struct Unpacked(Mutex<Option<(usize, Arc<Vec<u8>>)>>);
+
+#[derive(Default)]
+struct Slot {
+    stored: Option<Stored>,
+}
+
+impl Vacant for Slot {
+    fn is_vacant(&self) -> bool {
+        self.stored.is_none()
+    }
+}
+
+/// Bytes answering one read, borrowed from the cache where possible.
+pub enum ReadBytes {
+    /// A range of one heap block.
+    Shared(Arc<Block>, Range<usize>),
+    /// A range of a file's memfd mapping.
+    Mapped(Arc<RamFile>, Range<usize>),
+    /// Bytes assembled from several blocks.
+    Owned(Vec<u8>),
+    /// A range of a file held whole in memory (a view render, a stats snapshot).
+    Whole(Arc<Vec<u8>>, Range<usize>),
+}
+
+impl ReadBytes {
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            ReadBytes::Shared(block, range) => &block.data[range.clone()],
+            ReadBytes::Mapped(file, range) => file.memfd_bytes().map_or(&[], |b| &b[range.clone()]),
+            ReadBytes::Owned(bytes) => bytes,
+            ReadBytes::Whole(bytes, range) => &bytes[range.clone()],
+        }
+    }
+}
+
+/// The RAM tier's entry of one file version (its bytes, or its decoded pixels).
+pub struct RamFile {
+    identity: Identity,
+    content: Content,
+    /// Bytes of content: the file's size, or the decoded pixels' length.
+    len: u64,
+    /// Length of the content's image rows when known up front (decoded pixels); else found
+    /// from an `.npy` header, if any, when the layout is decided.
+    rows: Option<usize>,
+    /// Source path, recorded in disk entries so an old cache can be validated against the source.
+    path: Arc<std::path::Path>,
+    slots: Slots<Slot>,
+    /// Bytes of this entry's own bookkeeping, charged to the budget while it lives.
+    overhead: u64,
+    layout: OnceLock<Layout>,
+    /// Multi-block raw files only; `Some(None)` when the memfd could not be created.
+    memfd: OnceLock<Option<MemfdBody>>,
+    ram: Arc<Shared>,
+    admitted_bytes: AtomicU64,
+    present: AtomicUsize,
+    /// Set once every block was verified against the memfd after completion.
+    verified_complete: AtomicBool,
+    /// What the FUSE adapter registered for passthrough (its backing id), opaque here; released
+    /// with this entry, so the kernel never pins a memfd the budget no longer counts.
+    backing: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
+}
+
+impl RamFile {
+    pub(super) fn new(
+        identity: Identity,
+        content: Content,
+        len: u64,
+        rows: Option<usize>,
+        path: Arc<std::path::Path>,
+        ram: Arc<Shared>,
+    ) -> RamFile {
+        let slots = Slots::new(usize::try_from(len.div_ceil(BLOCK_SIZE)).unwrap_or(usize::MAX));
+        let overhead = std::mem::size_of::<RamFile>() as u64
+            + slots.overhead()
+            + path.as_os_str().len() as u64;
+        ram.ledger.budget.charge(Use::Cache, overhead);
+        RamFile {
+            identity,
+            content,
+            len,
+            rows,
+            path,
+            slots,
+            overhead,
+            layout: OnceLock::new(),
+            memfd: OnceLock::new(),
+            ram,
+            admitted_bytes: AtomicU64::new(0),
+            present: AtomicUsize::new(0),
+            verified_complete: AtomicBool::new(false),
+            backing: Mutex::new(None),
+        }
+    }
+
+    /// The file version this entry holds.
+    pub fn identity(&self) -> Identity {
+        self.identity
+    }
+
+    /// Bytes of content: the file's size, or its decoded pixels' length.
+    pub fn content_len(&self) -> u64 {
+        self.len
+    }
+
+    /// The path of the file relative to the source root (recorded in disk entries).
+    pub fn path(&self) -> &Arc<std::path::Path> {
+        &self.path
+    }
+
+    /// Raw files of more than one block (and a dense slot array: a huge file's bytes stay on
+    /// the heap, block by block) keep their bytes in a memfd, which passthrough can serve.
+    fn uses_memfd(&self) -> bool {
+        self.slots.is_dense() && self.slots.len() > 1 && self.layout.get() == Some(&Layout::Raw)
+    }
+
+    /// Whether block `index` is stored (false past the end).
+    pub fn is_stored(&self, index: usize) -> bool {
+        self.slots
+            .with(index, |s| s.stored.is_some())
+            .unwrap_or(false)
+    }
+
+    fn tally(&self) -> &Tally {
+        self.ram.ledger.tally(self.content)
+    }
+
+    fn memfd_bytes(&self) -> Option<&[u8]> {
+        self.memfd
+            .get()
+            .and_then(Option::as_ref)
+            .map(MemfdBody::bytes)
+    }
+
+    /// The bytes of the file block `index` covers.
+    pub fn block_span(&self, index: usize) -> Range<u64> {
+        let start = index as u64 * BLOCK_SIZE;
+        start..(start + BLOCK_SIZE).min(self.len)
+    }
+
+    /// The blocks touched by `len` bytes at `offset`, each with the byte range inside it; empty
+    /// at or past end of file.
+    pub fn pieces(&self, offset: u64, len: u32) -> Vec<(usize, Range<usize>)> {
+        let end = offset.saturating_add(u64::from(len)).min(self.len);
+        let mut out = Vec::with_capacity(2);
+        let mut pos = offset;
+        while pos < end {
+            let index = (pos / BLOCK_SIZE) as usize;
+            let block_start = index as u64 * BLOCK_SIZE;
+            let piece_end = end.min(block_start + BLOCK_SIZE);
+            out.push((
+                index,
+                (pos - block_start) as usize..(piece_end - block_start) as usize,
+            ));
+            pos = piece_end;
+        }
+        out
+    }
+
+    /// Whether its blocks' slots are one array (walking every block is cheap), as for every
+    /// file of up to 16 GiB.
+    pub fn slots_are_dense(&self) -> bool {
+        self.slots.is_dense()
+    }
+
+    /// Whether every block is cached.
+    pub fn is_complete(&self) -> bool {
+        self.present.load(Ordering::Acquire) == self.slots.len()
+    }
+
+    /// Answers a read only if every block it touches is cached and verifies; `None` means the
+    /// caller must go to `BlockFetcher` (off the FUSE thread: it may wait on the source). A
+    /// packed hit is decompressed here: bounded CPU work, never a wait on I/O.
+    pub fn read_cached(
+        self: &Arc<Self>,
+        offset: u64,
+        len: u32,
+        memo: &Unpacked,
+    ) -> Option<ReadBytes> {
+        let pieces = self.pieces(offset, len);
+        if !pieces.iter().all(|(i, _)| self.is_stored(*i)) {
+            return None;
+        }
+        self.assemble(pieces, |index, range| {
+            self.hit(index, range, memo).ok_or(FsError::Io)
+        })
+        .ok()
+    }
+
+    /// The pieces' bytes, each from `piece`: borrowed when there is one, copied together when a
+    /// read spans blocks.
+    pub fn assemble(
+        &self,
+        pieces: Vec<(usize, Range<usize>)>,
+        mut piece: impl FnMut(usize, Range<usize>) -> Result<ReadBytes, FsError>,
+    ) -> Result<ReadBytes, FsError> {
+        match pieces.as_slice() {
+            [] => Ok(ReadBytes::Owned(Vec::new())),
+            [(index, range)] => piece(*index, range.clone()),
+            _ => {
+                let total = pieces.iter().map(|(_, r)| r.len()).sum();
+                let mut out = Vec::with_capacity(total);
+                for (index, range) in pieces {
+                    out.extend_from_slice(piece(index, range)?.as_slice());
+                }
+                Ok(ReadBytes::Owned(out))
+            }
+        }
+    }
+
+    /// A verified cached piece of block `index`, or `None` (absent, or corrupt and now dropped).
+    pub fn hit(
+        self: &Arc<Self>,
+        index: usize,
+        range: Range<usize>,
+        memo: &Unpacked,
+    ) -> Option<ReadBytes> {
+        let stored = self.slots.with(index, |s| s.stored.clone()).flatten()?;
+        let bytes = match &stored {
+            Stored::Packed(packed) => {
+                let mut last = memo.0.lock();
+                let unpacked = match &*last {
+                    Some((i, bytes)) if *i == index => Some(bytes.clone()),
+                    _ => {
+                        let started = thread_cpu();
+                        let bytes = packed.unpack().map(Arc::new);
+                        self.ram
+                            .metrics
+                            .decompress_cpu_ns
+                            .add(thread_cpu().saturating_sub(started));
+                        if let Some(b) = &bytes {
+                            *last = Some((index, b.clone()));
+                        }
+                        bytes
+                    }
+                };
+                unpacked.map(|b| ReadBytes::Whole(b, range.clone()))
+            }
+            Stored::Heap(block) => block::verify(&block.data, &block.sums, range.clone())
+                .then(|| ReadBytes::Shared(block.clone(), range.clone())),
+            Stored::Memfd(sums) => {
+                let span = self.block_span(index);
+                let data = &self.memfd_bytes()?[span.start as usize..span.end as usize];
+                let base = span.start as usize;
+                block::verify(data, sums, range.clone())
+                    .then(|| ReadBytes::Mapped(self.clone(), base + range.start..base + range.end))
+            }
+        };
+        match bytes {
+            Some(b) => {
+                self.ram.metrics.cache_hits.inc();
+                Some(b)
+            }
+            None => {
+                self.ram.metrics.integrity_errors.inc();
+                tracing::warn!(
+                    block = index,
+                    "cached block failed its checksum; dropped, refetching"
+                );
+                self.drop_block(index);
+                None
+            }
+        }
+    }
+
+    /// Number of blocks held in RAM.
+    pub fn cached_blocks(&self) -> usize {
+        self.present.load(Ordering::Acquire)
+    }
+
+    /// Number of blocks.
+    pub fn blocks(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Keeps `block`, fetched for block `index`, if the slot is vacant and the budget has room;
+    /// true when the RAM tier holds the block now. Compressible layouts are queued for packing.
+    pub fn store(self: &Arc<Self>, index: usize, block: &Arc<Block>) -> bool {
+        let stored = self
+            .slots
+            .with(index, |slot| {
+                if slot.stored.is_none() {
+                    slot.stored = self.admit(index, block);
+                    return slot.stored.is_some().then_some(true);
+                }
+                Some(false)
+            })
+            .flatten();
+        if stored == Some(true)
+            && matches!(self.layout.get(), Some(Layout::Packable { .. }))
+            && !self.ram.packer.enqueue(self, index)
+        {
+            tracing::debug!(block = index, "packing queue full; block stays raw");
+        }
+        stored.is_some()
+    }
+
+    /// Whether a block of `len` bytes of this file would fit the RAM tier's budget now (a hint).
+    pub fn fits(&self, len: u64) -> bool {
+        self.ram.ledger.has_room(self.charge(len))
+    }
+
+    /// What storing `len` raw bytes of this file costs the budget (a memfd takes whole pages).
+    fn charge(&self, len: u64) -> u64 {
+        if self.uses_memfd() {
+            len.div_ceil(PAGE) * PAGE
+        } else {
+            len
+        }
+    }
+
+    /// What a stored block of block `index` costs the budget now.
+    fn stored_charge(&self, index: usize, stored: &Stored) -> u64 {
+        match stored {
+            Stored::Packed(p) => p.payload.len() as u64,
+            Stored::Heap(_) | Stored::Memfd(_) => {
+                let span = self.block_span(index);
+                self.charge(span.end - span.start)
+            }
+        }
+    }
+
+    /// Admits a fetched block if the budget allows; returns how it is stored. The first block
+    /// admitted decides the file's layout.
+    fn admit(&self, index: usize, block: &Arc<Block>) -> Option<Stored> {
+        let ledger = &self.ram.ledger;
+        self.layout.get_or_init(|| {
+            let lag = match self.rows {
+                Some(row) => row,
+                None if index == 0 => rows::npy_row_bytes(&block.data).unwrap_or(0),
+                None => 0,
+            };
+            if !self.ram.packer.enabled() {
+                Layout::Raw
+            } else if lag > 0 || codec::is_compressible(&block.data) {
+                // Image rows compress once filtered, even when the raw bytes look random.
+                Layout::Packable { lag }
+            } else {
+                Layout::Raw
+            }
+        });
+        let bytes = self.charge(block.data.len() as u64);
+        if !ledger.try_reserve(self.content, bytes) {
+            self.ram.metrics.admission_rejected.inc();
+            return None;
+        }
+        let stored = if self.uses_memfd() {
+            let body = self.memfd.get_or_init(|| {
+                MemfdBody::create(self.len as usize)
+                    .inspect_err(
+                        |e| tracing::warn!(error = %e, "cannot create a memfd; file not cached"),
+                    )
+                    .ok()
+            });
+            match body
+                .as_ref()
+                .map(|b| b.write_at(&block.data, self.block_span(index).start))
+            {
+                Some(Ok(())) => Stored::Memfd(Arc::from(&*block.sums)),
+                failed => {
+                    if let Some(Err(e)) = failed {
+                        tracing::warn!(error = %e, "cannot write to the cache memfd; block not cached");
+                    }
+                    ledger.release(self.content, bytes);
+                    self.ram.metrics.admission_rejected.inc();
+                    return None;
+                }
+            }
+        } else {
+            Stored::Heap(block.clone())
+        };
+        self.admitted_bytes.fetch_add(bytes, Ordering::AcqRel);
+        ledger.count_block(self.content, Codec::None, block.data.len() as u64, true);
+        let before = self.present.fetch_add(1, Ordering::AcqRel);
+        if before == 0 {
+            self.tally().entries.fetch_add(1, Ordering::Relaxed);
+        }
+        if before + 1 == self.slots.len() {
+            self.tally().complete.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(stored)
+    }
+
+    /// Admits `bytes`, the whole content of this entry (decoded pixels, which have no source to
+    /// fetch from), if it all fits the budget; true once every block is stored. All or nothing:
+    /// a block refused midway drops the ones before it. Compressible content is queued for
+    /// packing like fetched blocks.
+    pub fn admit_whole(self: &Arc<Self>, bytes: Vec<u8>) -> bool {
+        if bytes.len() as u64 != self.len || !self.ram.ledger.has_room(self.len) {
+            return false;
+        }
+        let blocks: Vec<Block> = if self.slots.len() == 1 {
+            vec![Block::new(bytes)]
+        } else {
+            bytes
+                .chunks(BLOCK_SIZE as usize)
+                .map(|chunk| Block::new(chunk.to_vec()))
+                .collect()
+        };
+        for (index, block) in blocks.into_iter().enumerate() {
+            let block = Arc::new(block);
+            // Some(true): admitted now; Some(false): already there; None: refused.
+            let outcome = self.slots.with(index, |slot| match &slot.stored {
+                Some(_) => Some(false),
+                None => {
+                    slot.stored = Some(self.admit(index, &block)?);
+                    Some(true)
+                }
+            });
+            match outcome.flatten() {
+                Some(true) if matches!(self.layout.get(), Some(Layout::Packable { .. })) => {
+                    self.ram.packer.enqueue(self, index);
+                }
+                Some(_) => {}
+                None => {
+                    (0..index).for_each(|i| self.drop_block(i));
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Compresses block `index` with `codec` if that is stronger than how it is stored now and
+    /// makes it smaller; the budget it frees returns to the ledger. Run by the packer thread:
+    /// compresses outside the block's lock and publishes only if the block did not change.
+    pub fn pack(&self, index: usize, codec: Codec) -> PackOutcome {
+        let Some(stored) = self.slots.with(index, |s| s.stored.clone()).flatten() else {
+            return PackOutcome::Unchanged;
+        };
+        let from = stored.codec();
+        if strength(codec) <= strength(from) {
+            return PackOutcome::Unchanged;
+        }
+        let metrics = &self.ram.metrics;
+        let logical: Option<Cow<'_, [u8]>> = match &stored {
+            Stored::Heap(block) if block::verify(&block.data, &block.sums, 0..block.data.len()) => {
+                Some(Cow::Borrowed(&block.data))
+            }
+            Stored::Packed(packed) => packed.unpack().map(Cow::Owned),
+            Stored::Memfd(_) => return PackOutcome::Unchanged,
+            Stored::Heap(_) => None,
+        };
+        let Some(logical) = logical else {
+            metrics.integrity_errors.inc();
+            tracing::warn!(
+                block = index,
+                "cached block failed its checksum before packing; dropped"
+            );
+            self.drop_block(index);
+            return PackOutcome::Unchanged;
+        };
+        let started = thread_cpu();
+        let lag = match self.layout.get() {
+            Some(Layout::Packable { lag }) => *lag,
+            _ => 0,
+        };
+        let packed = Packed::pack(codec, lag, &logical);
+        metrics
+            .compress_cpu_ns
+            .add(thread_cpu().saturating_sub(started));
+        let Some(packed) = packed else {
+            return PackOutcome::NoGain;
+        };
+        let (old, new) = (
+            self.stored_charge(index, &stored),
+            packed.payload.len() as u64,
+        );
+        let published = self.slots.with(index, |slot| {
+            let unchanged = match (&slot.stored, &stored) {
+                (Some(Stored::Heap(a)), Stored::Heap(b)) => Arc::ptr_eq(a, b),
+                (Some(Stored::Packed(a)), Stored::Packed(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            };
+            if unchanged && new < old {
+                slot.stored = Some(Stored::Packed(Arc::new(packed)));
+            }
+            unchanged && new < old
+        });
+        if published != Some(true) {
+            return PackOutcome::Unchanged;
+        }
+        let ledger = &self.ram.ledger;
+        self.admitted_bytes.fetch_sub(old - new, Ordering::AcqRel);
+        ledger.release(self.content, old - new);
+        ledger.count_block(self.content, from, logical.len() as u64, false);
+        ledger.count_block(self.content, codec, logical.len() as u64, true);
+        if from == Codec::None {
+            metrics.packed_blocks.inc();
+        } else {
+            metrics.recompressions.inc();
+        }
+        PackOutcome::Packed(codec)
+    }
+
+    fn drop_block(&self, index: usize) {
+        let Some(stored) = self.slots.with(index, |s| s.stored.take()).flatten() else {
+            return;
+        };
+        let span = self.block_span(index);
+        let len = self.stored_charge(index, &stored);
+        let ledger = &self.ram.ledger;
+        ledger.count_block(self.content, stored.codec(), span.end - span.start, false);
+        drop(stored);
+        self.verified_complete.store(false, Ordering::Release);
+        let before = self.present.fetch_sub(1, Ordering::AcqRel);
+        if before == self.slots.len() {
+            self.tally().complete.fetch_sub(1, Ordering::Relaxed);
+        }
+        if before == 1 {
+            self.tally().entries.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.admitted_bytes.fetch_sub(len, Ordering::AcqRel);
+        ledger.release(self.content, len);
+    }
+
+    /// The memfd holding this whole file, if every block is cached and verified: the kernel can
+    /// then serve it by passthrough. Verifies every block once, the first time it is asked.
+    pub fn passthrough_fd(&self) -> Option<BorrowedFd<'_>> {
+        if !self.uses_memfd() || !self.is_complete() {
+            return None;
+        }
+        let body = self.memfd.get()?.as_ref()?;
+        if !self.verified_complete.load(Ordering::Acquire) {
+            for index in 0..self.slots.len() {
+                let Some(Stored::Memfd(sums)) =
+                    self.slots.with(index, |s| s.stored.clone()).flatten()
+                else {
+                    return None;
+                };
+                let span = self.block_span(index);
+                let data = &body.bytes()[span.start as usize..span.end as usize];
+                if !block::verify(data, &sums, 0..data.len()) {
+                    self.ram.metrics.integrity_errors.inc();
+                    self.drop_block(index);
+                    return None;
+                }
+            }
+            self.verified_complete.store(true, Ordering::Release);
+        }
+        Some(body.fd())
+    }
+
+    /// The passthrough registration of this complete file, made once by `register` from its memfd
+    /// and shared by every later open (the kernel wants one backing file per inode).
+    pub fn passthrough_backing<T: Any + Send + Sync>(
+        &self,
+        register: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<T>,
+    ) -> std::io::Result<Arc<T>> {
+        let mut slot = self.backing.lock();
+        if let Some(existing) = slot.clone().and_then(|b| b.downcast::<T>().ok()) {
+            return Ok(existing);
+        }
+        let fd = self
+            .passthrough_fd()
+            .ok_or_else(|| std::io::Error::other("cache entry is not complete"))?;
+        let made = Arc::new(register(fd)?);
+        *slot = Some(made.clone());
+        Ok(made)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn corrupt_for_test(&self, index: usize) {
+        let span = self.block_span(index);
+        self.slots.with(index, |slot| match slot.stored.as_mut() {
+            Some(Stored::Heap(block)) => {
+                let mut data = block.data.to_vec();
+                data[0] ^= 0xff;
+                *block = Arc::new(Block {
+                    data: data.into_boxed_slice(),
+                    sums: block.sums.clone(),
+                });
+            }
+            Some(Stored::Memfd(_)) => {
+                if let Some(body) = self.memfd.get().and_then(Option::as_ref) {
+                    let byte = body.bytes()[span.start as usize] ^ 0xff;
+                    let _ = body.write_at(&[byte], span.start);
+                }
+            }
+            Some(Stored::Packed(packed)) => {
+                let mut payload = packed.payload.to_vec();
+                payload[0] ^= 0xff;
+                *packed = Arc::new(Packed {
+                    payload: payload.into_boxed_slice(),
+                    ..**packed
+                });
+            }
+            None => {}
+        });
+    }
+}
+
+impl Drop for RamFile {
+    fn drop(&mut self) {
+        let ledger = &self.ram.ledger;
+        let present = *self.present.get_mut();
+        ledger.release(self.content, *self.admitted_bytes.get_mut());
+        let (content, len) = (self.content, self.len);
+        self.slots.for_each_held(|index, slot| {
+            if let Some(stored) = &slot.stored {
+                let start = index as u64 * BLOCK_SIZE;
+                let logical = (start + BLOCK_SIZE).min(len) - start;
+                ledger.count_block(content, stored.codec(), logical, false);
+            }
+        });
+        ledger.budget.release(Use::Cache, self.overhead);
+        let tally = ledger.tally(self.content);
+        if present > 0 {
+            tally.entries.fetch_sub(1, Ordering::Relaxed);
+        }
+        if present == self.slots.len() && present > 0 {
+            tally.complete.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
