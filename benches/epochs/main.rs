@@ -453,19 +453,21 @@ fn calibrate(
     mount.stop();
     let data_bytes = reader.data_bytes(manifest);
     let data_memory = (data_bytes as f64 * opts.mem_ratio) as u64;
+    // Whole pages: the kernel rounds a cgroup's limit down to them.
+    let memory_limit = (data_memory + reader_footprint) / 4096 * 4096;
     Ok(Setup {
         reader,
         data_bytes,
         data_memory,
         reader_footprint,
         daemon_footprint,
-        memory_limit: data_memory + reader_footprint,
+        memory_limit,
         in_flight_headroom: IN_FLIGHT_HEADROOM,
         // prepfs refuses a budget that leaves less than its documented headroom under its
         // cgroup's limit: in a tight group that, not the measured working set, bounds it.
         cache_mem: data_memory
             .saturating_sub(daemon_footprint + IN_FLIGHT_HEADROOM)
-            .min((data_memory + reader_footprint).saturating_sub(HEADROOM)),
+            .min(memory_limit.saturating_sub(HEADROOM)),
     })
 }
 

@@ -205,6 +205,15 @@ pub fn default_budget(host: Option<Host>, cgroup: Option<&Cgroup>) -> u64 {
     room.saturating_sub(HEADROOM)
 }
 
+/// `bytes` as the user would write it: whole MiB when it is a multiple of one, else bytes.
+fn exact(bytes: u64) -> String {
+    if bytes % (1 << 20) == 0 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
 /// Checks a budget the user asked for: an error line when it cannot work (more than the machine
 /// has, or less than `HEADROOM` left under the cgroup's limit), a warning line when it is close
 /// to what is available now, else nothing.
@@ -228,14 +237,15 @@ pub fn check_budget(
     if let Some(g) = cgroup
         && budget > g.limit.saturating_sub(HEADROOM)
     {
+        let most = g.limit.saturating_sub(HEADROOM);
         return Err(format!(
-            "--cache-mem {} MiB leaves less than the daemon's {} MiB headroom under its cgroup's \
-             memory limit of {} MiB ({}); use at most {} MiB",
-            mib(budget),
+            "--cache-mem {} leaves less than the daemon's {} MiB headroom under its cgroup's \
+             memory limit of {} MiB ({}); use at most {}",
+            exact(budget),
             mib(HEADROOM),
             mib(g.limit),
             g.dir.display(),
-            mib(g.limit.saturating_sub(HEADROOM))
+            exact(most)
         ));
     }
     let room = room(host, cgroup).map(|r| r.saturating_sub(HEADROOM));
