@@ -207,7 +207,7 @@ pub fn default_budget(host: Option<Host>, cgroup: Option<&Cgroup>) -> u64 {
 
 /// `bytes` as the user would write it: whole MiB when it is a multiple of one, else bytes.
 fn exact(bytes: u64) -> String {
-    if bytes % (1 << 20) == 0 {
+    if bytes.is_multiple_of(1 << 20) {
         format!("{} MiB", bytes >> 20)
     } else {
         format!("{bytes} bytes")
