@@ -4,37 +4,40 @@
 //! a changed file never finds them), charged to the memory budget's staging slice, and their
 //! lifetime: a block is dropped once a reader has read it to its end, blocks a pass staged but
 //! never read are dropped when the next pass begins (`retire`, counted as wasted), and under
-//! memory pressure every block nobody waits on is given back (`Shed`). A reader that asks for a
-//! block still being fetched waits for that fetch instead of starting another. Must never admit
-//! past its slice, never hand out bytes that fail their checksum, never drop a block a reader is
-//! waiting on, and never hold a lock while fetching.
+//! memory pressure every block is given back (`Shed`). A `Tier` below RAM: the fetcher asks it
+//! before the disk tier and the source, and only prefetch offers it blocks. Must never admit
+//! past its slice and never hand out bytes that fail their checksum.
 
 use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Block;
 use super::block;
-use super::file::Flight;
-use crate::error::FsError;
+use super::tier::{BlockKey, Tier};
 use crate::memory::{MemoryBudget, Shed, Use};
 use crate::shards::ShardedMap;
 use crate::source::Identity;
 use crate::stats::Metrics;
 
 struct Staged {
-    flight: Flight,
-    /// Bytes charged to the budget.
-    len: u64,
+    block: Arc<Block>,
     /// The pass generation that staged it.
     generation: u64,
+}
+
+impl Staged {
+    fn len(&self) -> u64 {
+        self.block.data.len() as u64
+    }
 }
 
 /// The staging buffer.
 pub struct Staging {
     budget: Arc<MemoryBudget>,
     generation: AtomicU64,
-    blocks: ShardedMap<(Identity, usize), Arc<Staged>>,
+    blocks: ShardedMap<BlockKey, Arc<Staged>>,
     metrics: Arc<Metrics>,
 }
 
@@ -49,7 +52,7 @@ impl Staging {
         }
     }
 
-    /// Bytes held or reserved for fetches in flight.
+    /// Bytes held.
     pub fn bytes(&self) -> u64 {
         self.budget.used(Use::Staging)
     }
@@ -59,109 +62,161 @@ impl Staging {
         self.budget.slice(Use::Staging)
     }
 
-    /// Whether `len` more bytes fit now.
-    pub fn has_room(&self, len: u64) -> bool {
-        self.budget.has_room(Use::Staging, len)
-    }
-
-    /// Whether block `index` of `identity` is staged or being staged.
+    /// Whether block `index` of `identity` is staged.
     pub fn contains(&self, identity: Identity, index: usize) -> bool {
-        self.blocks.get(&(identity, index)).is_some()
-    }
-
-    /// Stages block `index` of `identity` (`len` bytes) with `load`, unless it is staged already
-    /// or does not fit; true when `load` ran and succeeded.
-    pub fn fill(
-        &self,
-        identity: Identity,
-        index: usize,
-        len: u64,
-        load: impl FnOnce() -> Result<Arc<Block>, FsError>,
-    ) -> bool {
-        if !self.budget.admit(Use::Staging, len) {
-            return false;
-        }
-        let staged = Arc::new(Staged {
-            flight: Flight::default(),
-            len,
-            generation: self.generation.load(Ordering::Acquire),
-        });
-        let key = (identity, index);
-        let winner = self.blocks.get_or_insert_with(key, || staged.clone());
-        if !Arc::ptr_eq(&winner, &staged) {
-            self.budget.release(Use::Staging, len);
-            return false;
-        }
-        let result = load();
-        let ok = result.is_ok();
-        staged.flight.finish(result);
-        if !ok {
-            self.remove(&key, &staged);
-        }
-        ok
-    }
-
-    /// The staged copy of `range` of block `index`, waiting for a fetch in flight; the block is
-    /// dropped once `range` reaches its end. `None`: not staged, failed, or damaged.
-    pub fn take(
-        &self,
-        identity: Identity,
-        index: usize,
-        range: &Range<usize>,
-    ) -> Option<Arc<Block>> {
-        let key = (identity, index);
-        let staged = self.blocks.get(&key)?;
-        let block = staged.flight.wait().ok()?;
-        if !block::verify(&block.data, &block.sums, range.clone()) {
-            self.metrics.integrity_errors.inc();
-            tracing::warn!(block = index, "staged block failed its checksum; dropped");
-            self.remove(&key, &staged);
-            return None;
-        }
-        self.metrics.prefetch_staged_reads.inc();
-        if range.end >= block.data.len() {
-            self.remove(&key, &staged);
-        }
-        Some(block)
+        self.blocks.get(&BlockKey { identity, index }).is_some()
     }
 
     /// Starts a new pass. Blocks the ending pass staged stay (the new pass reads the same files);
     /// blocks staged before it and still not read to their end are dropped and counted as wasted.
     pub fn retire(&self) {
         let ending = self.generation.fetch_add(1, Ordering::AcqRel);
-        let mut freed = 0;
-        self.blocks.retain(|_, staged| {
-            let keep = staged.generation >= ending || !staged.flight.is_done();
-            if !keep {
-                freed += staged.len;
-            }
-            keep
-        });
-        if freed > 0 {
-            self.budget.release(Use::Staging, freed);
-            self.metrics.prefetch_wasted_bytes.add(freed);
-        }
+        let freed = self.drop_where(|staged| staged.generation < ending);
+        self.metrics.prefetch_wasted_bytes.add(freed);
     }
 
-    fn remove(&self, key: &(Identity, usize), staged: &Arc<Staged>) {
-        if self.blocks.remove_if(key, |v| Arc::ptr_eq(v, staged)) {
-            self.budget.release(Use::Staging, staged.len);
-        }
-    }
-}
-
-impl Shed for Staging {
-    /// Every staged block whose fetch is done and that no reader is taking now.
-    fn shed(&self) -> u64 {
+    /// Drops the blocks `stale` picks; the bytes given back.
+    fn drop_where(&self, stale: impl Fn(&Staged) -> bool) -> u64 {
         let mut freed = 0;
         self.blocks.retain(|_, staged| {
-            let keep = Arc::strong_count(staged) > 1 || !staged.flight.is_done();
+            let keep = !stale(staged);
             if !keep {
-                freed += staged.len;
+                freed += staged.len();
             }
             keep
         });
         self.budget.release(Use::Staging, freed);
         freed
+    }
+
+    fn remove(&self, key: &BlockKey, staged: &Arc<Staged>) {
+        if self.blocks.remove_if(key, |v| Arc::ptr_eq(v, staged)) {
+            self.budget.release(Use::Staging, staged.len());
+        }
+    }
+}
+
+impl Tier for Staging {
+    fn name(&self) -> &'static str {
+        "staging"
+    }
+
+    /// The staged block, verified for `range`; dropped once `range` reaches its end.
+    fn get(&self, key: &BlockKey, range: &Range<usize>) -> Option<Arc<Block>> {
+        let staged = self.blocks.get(key)?;
+        let block = staged.block.clone();
+        if !block::verify(&block.data, &block.sums, range.clone()) {
+            self.metrics.integrity_errors.inc();
+            tracing::warn!(
+                block = key.index,
+                "staged block failed its checksum; dropped"
+            );
+            self.remove(key, &staged);
+            return None;
+        }
+        self.metrics.prefetch_staged_reads.inc();
+        if range.end >= block.data.len() {
+            self.remove(key, &staged);
+        }
+        Some(block)
+    }
+
+    fn put(&self, key: &BlockKey, _path: &Arc<Path>, block: &Arc<Block>) -> bool {
+        let len = block.data.len() as u64;
+        if !self.budget.admit(Use::Staging, len) {
+            return false;
+        }
+        let staged = Arc::new(Staged {
+            block: block.clone(),
+            generation: self.generation.load(Ordering::Acquire),
+        });
+        let kept = self.blocks.get_or_insert_with(*key, || staged.clone());
+        if !Arc::ptr_eq(&kept, &staged) {
+            // Staged already (by a racing prefetch): one copy is enough.
+            self.budget.release(Use::Staging, len);
+        }
+        true
+    }
+
+    fn has_room(&self, bytes: u64) -> bool {
+        self.budget.has_room(Use::Staging, bytes)
+    }
+}
+
+impl Shed for Staging {
+    /// Every staged block: each can be fetched again (a reader being served one holds its own
+    /// reference to the bytes).
+    fn shed(&self) -> u64 {
+        self.drop_where(|_| true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryPlan;
+
+    fn key(index: usize) -> BlockKey {
+        BlockKey {
+            identity: Identity {
+                dev: 1,
+                ino: 2,
+                size: 3 << 20,
+                mtime_ns: 4,
+                ctime_ns: 5,
+            },
+            index,
+        }
+    }
+
+    fn staging(slice: u64) -> Staging {
+        let budget = MemoryBudget::new(MemoryPlan {
+            cache: 0,
+            staging: slice,
+            work: 0,
+        });
+        Staging::new(budget, Arc::new(Metrics::default()))
+    }
+
+    #[test]
+    fn a_staged_block_is_read_once_to_its_end_then_dropped_and_never_past_the_slice() {
+        let s = staging(2000);
+        let path: Arc<Path> = Arc::from(Path::new("f"));
+        let block = Arc::new(Block::new(vec![7; 1000]));
+        assert!(s.put(&key(0), &path, &block));
+        assert!(s.put(&key(1), &path, &block));
+        assert!(!s.put(&key(2), &path, &block), "the slice is full");
+        assert!(s.get(&key(0), &(0..10)).is_some());
+        assert!(s.contains(key(0).identity, 0), "a partial read keeps it");
+        assert!(s.get(&key(0), &(10..1000)).is_some());
+        assert!(!s.contains(key(0).identity, 0), "read to its end: dropped");
+        assert_eq!(s.bytes(), 1000);
+        s.retire();
+        assert!(
+            s.contains(key(1).identity, 1),
+            "staged by the ending pass: kept"
+        );
+        s.retire();
+        assert!(!s.contains(key(1).identity, 1), "two passes unread: wasted");
+        assert_eq!(s.bytes(), 0);
+    }
+
+    #[test]
+    fn a_damaged_staged_block_is_dropped_and_counted() {
+        let s = staging(1 << 20);
+        let path: Arc<Path> = Arc::from(Path::new("f"));
+        let mut bytes = vec![3u8; 4096];
+        let sums = block::checksums(&bytes);
+        bytes[5] ^= 1;
+        let damaged = Arc::new(Block {
+            data: bytes.into_boxed_slice(),
+            sums,
+        });
+        assert!(s.put(&key(0), &path, &damaged));
+        assert!(s.get(&key(0), &(0..100)).is_none());
+        assert_eq!(s.metrics.integrity_errors.get(), 1);
+        assert_eq!(s.bytes(), 0);
+        assert!(s.put(&key(1), &path, &damaged));
+        assert_eq!(s.shed(), 4096);
     }
 }

@@ -7,9 +7,12 @@
 //! the cache. Must never block a caller of `read_cached` on the source, and never serve bytes of
 //! two versions of one file through one handle.
 
+mod reader;
 #[cfg(test)]
 mod tests;
 mod views;
+
+pub use reader::FileReader;
 
 pub use views::View;
 
@@ -21,14 +24,16 @@ use std::time::{Duration, Instant};
 
 use crate::cache::codec::Codec;
 use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed};
-use crate::cache::{BLOCK_SIZE, CachedFile, DiskSetup, NeverEvictCache, ReadBytes, Unpacked};
+use crate::cache::{
+    BLOCK_SIZE, BlockFetcher, DiskSetup, DiskTier, Packer, RamFile, RamTier, ReadBytes, Staging,
+};
 use crate::error::FsError;
 use crate::inode::{
     self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE,
     VIEWS_DIR,
 };
 use crate::memory::{MemoryBudget, MemoryPlan};
-use crate::prefetch::{DecodeAhead, OrderHint, PrefetchOptions, Prefetcher, Readahead};
+use crate::prefetch::{DecodeAhead, OrderHint, PrefetchOptions, Prefetcher};
 use crate::scheduler::action::{Action, CODECS, Head, Mask};
 use crate::scheduler::knobs::{Knobs, ScheduledCodec};
 use crate::scheduler::runtime::{Scheduler, SchedulerOptions, Setup};
@@ -114,7 +119,7 @@ pub enum Serve {
     /// Every read comes to the daemon (direct I/O: the page cache does not keep a second copy).
     Daemon,
     /// The kernel reads the fully cached bytes itself from this entry's memfd.
-    Passthrough(Arc<CachedFile>),
+    Passthrough(Arc<RamFile>),
 }
 
 /// Extended attribute of each dataset file telling how much of it the cache tiers hold (see
@@ -153,12 +158,7 @@ pub struct DirItem {
 }
 
 enum Handle {
-    File {
-        source: Arc<dyn SourceFile>,
-        cached: Arc<CachedFile>,
-        unpacked: Unpacked,
-        readahead: Readahead,
-    },
+    File(FileReader),
     Snapshot(Arc<Vec<u8>>),
     View(Arc<views::ViewOpen>),
     Dir(DirSnapshot),
@@ -179,7 +179,7 @@ pub struct Fs {
     source: Arc<dyn Source>,
     options: FsOptions,
     inodes: InodeTable,
-    cache: Arc<NeverEvictCache>,
+    fetcher: Arc<BlockFetcher>,
     handles: ShardedMap<u64, Arc<Handle>>,
     next_fh: AtomicU64,
     metrics: Arc<Metrics>,
@@ -244,11 +244,11 @@ fn scheduler_mask(options: &FsOptions, gpu: bool, views: bool) -> Mask {
 /// request path holds for long.
 fn probe(
     metrics: &Arc<Metrics>,
-    cache: &Arc<NeverEvictCache>,
+    fetcher: &Arc<BlockFetcher>,
     prefetcher: &Prefetcher,
     render_queued: Option<Arc<std::sync::atomic::AtomicUsize>>,
 ) -> Probe {
-    let (metrics, cache) = (metrics.clone(), cache.clone());
+    let (metrics, fetcher) = (metrics.clone(), fetcher.clone());
     let prefetch_queue = prefetcher.queue_share();
     Box::new(move || {
         Pipeline {
@@ -266,8 +266,8 @@ fn probe(
                 q.load(Ordering::Relaxed) as f64 / RENDER_QUEUE_DEPTH as f64
             }),
             prefetch_queue: prefetch_queue(),
-            cache_fill: cache.fill(),
-            disk_tier: cache.disk_gauges().is_some(),
+            cache_fill: fetcher.ram().fill(),
+            disk_tier: fetcher.disk_gauges().is_some(),
         }
     })
 }
@@ -288,10 +288,34 @@ impl Fs {
             None => Box::new(ScheduledCodec(knobs.clone())),
         };
         let budget = MemoryBudget::new(options.memory);
-        let cache = NeverEvictCache::new(budget, policy, telemetry.clone(), disk, metrics.clone())
+        let packer = Arc::new(Packer::new(policy, telemetry.clone(), metrics.clone()));
+        let ram = RamTier::new(budget.clone(), packer.clone(), metrics.clone())
             .with_decoded_caching(options.decoded_caching)
-            .with_knobs(knobs.clone())
-            .shared();
+            .with_knobs(knobs.clone());
+        // What can be given back under pressure: staged blocks first (the cheapest to fetch
+        // again), then decoded pixels.
+        let staging = Arc::new(Staging::new(budget.clone(), metrics.clone()));
+        budget.add_shed(Arc::downgrade(
+            &(staging.clone() as Arc<dyn crate::memory::Shed>),
+        ));
+        let ram = ram.shared();
+        let disk = disk.map(|d| {
+            Arc::new(DiskTier::start(
+                d.dir,
+                d.options,
+                d.validate,
+                packer,
+                budget.clone(),
+                metrics.clone(),
+            ))
+        });
+        let fetcher = Arc::new(BlockFetcher::new(
+            ram,
+            staging,
+            disk,
+            budget,
+            metrics.clone(),
+        ));
         // The GPU backend is opened only for views (nothing else renders).
         let gpu = Gpu::open(&if options.views.is_empty() {
             GpuOptions {
@@ -305,7 +329,7 @@ impl Fs {
             &options.views,
             Box::new(gpu.placed(knobs.clone(), telemetry.clone())),
             source.clone(),
-            cache.clone(),
+            fetcher.clone(),
         ));
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let render_pool = if views.is_empty() {
@@ -334,7 +358,7 @@ impl Fs {
         let view_names: Vec<String> = options.views.iter().map(|v| v.name.clone()).collect();
         let prefetcher = Prefetcher::start(
             source.clone(),
-            cache.clone(),
+            fetcher.clone(),
             metrics.clone(),
             options.prefetch,
             &view_names,
@@ -347,7 +371,7 @@ impl Fs {
             Sources {
                 probe: Some(probe(
                     &metrics,
-                    &cache,
+                    &fetcher,
                     &prefetcher,
                     render_pool.as_ref().map(WorkerPool::queued),
                 )),
@@ -356,7 +380,7 @@ impl Fs {
         );
         let scheduler = options.scheduler.clone().map(|s| {
             let mask = scheduler_mask(&options, gpu.available(), !views.is_empty());
-            let c = cache.clone();
+            let c = fetcher.ram().clone();
             Scheduler::start(
                 s,
                 telemetry.clone(),
@@ -371,7 +395,7 @@ impl Fs {
         });
         Fs {
             source,
-            cache,
+            fetcher,
             inodes: InodeTable::with_views(views.len()),
             options,
             handles: ShardedMap::default(),
@@ -394,7 +418,7 @@ impl Fs {
 
     /// The mount's memory budget.
     pub fn memory(&self) -> &Arc<MemoryBudget> {
-        self.cache.budget()
+        self.fetcher.ram().budget()
     }
 
     fn node(&self, ino: u64) -> Result<Arc<Node>, FsError> {
@@ -412,7 +436,7 @@ impl Fs {
             Ok(meta) if meta.kind == node.kind => Ok(meta),
             Ok(_) | Err(FsError::NotFound) => {
                 if let Some(old) = node.last_identity.lock().take() {
-                    self.cache.forget(&old);
+                    self.fetcher.forget(&old);
                 }
                 Err(FsError::NotFound)
             }
@@ -486,12 +510,12 @@ impl Fs {
         }
         match ino {
             STATS_FILE => {
-                let choice = self.cache.codec_choice();
+                let choice = self.fetcher.ram().codec_choice();
                 let codec = serde_json::json!({
                     "choice": choice.codec.to_string(),
                     "reason": choice.reason.name(),
                 });
-                let (mode, reason) = self.cache.decoded_choice();
+                let (mode, reason) = self.fetcher.ram().decoded_choice();
                 let decoded = serde_json::json!({
                     "mode": mode.name(),
                     "keeping": reason.keeps(),
@@ -525,17 +549,18 @@ impl Fs {
 
     /// Cache and table figures for the stats files.
     pub fn gauges(&self) -> Gauges {
-        let (staged_bytes, staging_budget_bytes) = self.cache.staged();
+        let staging = self.fetcher.staging();
+        let (staged_bytes, staging_budget_bytes) = (staging.bytes(), staging.budget());
         Gauges {
             open_handles: self.handles.len() as u64,
             inodes: self.inodes.len() as u64,
-            disk: self.cache.disk_gauges(),
+            disk: self.fetcher.disk_gauges(),
             staged_bytes,
             staging_budget_bytes,
             prefetch_depth: self.prefetcher.depth() as u64,
             prefetch_parked: self.prefetcher.parked() as u64,
             memory: self.memory().gauges(),
-            ..self.cache.gauges()
+            ..self.fetcher.ram().gauges()
         }
     }
 
@@ -622,7 +647,7 @@ impl Fs {
         };
         let identity = self.stat_node(&node)?.identity;
         let blocks = identity.size.div_ceil(BLOCK_SIZE);
-        let (ram, disk) = self.cache.held(&identity);
+        let (ram, disk) = self.fetcher.held(&identity);
         Ok(format!("ram={ram} disk={disk} blocks={blocks}").into_bytes())
     }
 
@@ -669,13 +694,13 @@ impl Fs {
             if let Some(old) = *last
                 && old != identity
             {
-                self.cache.forget(&old);
+                self.fetcher.forget(&old);
                 self.metrics.stale_detections.inc();
                 tracing::info!(path = %node.path.display(), "source file changed; old cache entry dropped");
             }
             *last = Some(identity);
         }
-        let cached = self.cache.file(identity, &node.path);
+        let cached = self.fetcher.ram().file(identity, &node.path);
         if intent == Intent::Read {
             self.prefetcher.opened(0, &node.path, Some(identity));
         }
@@ -684,12 +709,7 @@ impl Fs {
         } else {
             Serve::Daemon
         };
-        let fh = self.add_handle(Handle::File {
-            source,
-            cached,
-            unpacked: Unpacked::default(),
-            readahead: Readahead::default(),
-        });
+        let fh = self.add_handle(Handle::File(FileReader::new(source, cached)));
         Ok(Opened { fh, serve })
     }
 
@@ -699,13 +719,17 @@ impl Fs {
         self.cached_version(ino).is_some()
     }
 
-    fn cached_version(&self, ino: u64) -> Option<(Arc<Node>, Arc<CachedFile>)> {
+    fn cached_version(&self, ino: u64) -> Option<(Arc<Node>, Arc<RamFile>)> {
         let node = self.inodes.get(ino)?;
         if node.kind != Kind::File || node.view.is_some() {
             return None;
         }
         let identity = (*node.last_identity.lock())?;
-        let cached = self.cache.get(&identity).filter(|c| c.is_complete())?;
+        let cached = self
+            .fetcher
+            .ram()
+            .get(&identity)
+            .filter(|c| c.is_complete())?;
         Some((node, cached))
     }
 
@@ -725,12 +749,7 @@ impl Fs {
         } else {
             Serve::Daemon
         };
-        let fh = self.add_handle(Handle::File {
-            source,
-            cached,
-            unpacked: Unpacked::default(),
-            readahead: Readahead::default(),
-        });
+        let fh = self.add_handle(Handle::File(FileReader::new(source, cached)));
         Ok(Opened { fh, serve })
     }
 
@@ -741,9 +760,10 @@ impl Fs {
     fn open_source(&self, node: &Node) -> Result<Arc<dyn SourceFile>, FsError> {
         let meta = self.stat_node(node)?;
         if self
-            .cache
+            .fetcher
+            .ram()
             .get(&meta.identity)
-            .is_some_and(|c| c.is_available())
+            .is_some_and(|c| self.fetcher.is_available(&c))
         {
             return Ok(Arc::new(Deferred::new(
                 self.source.clone(),
@@ -781,15 +801,9 @@ impl Fs {
             Err(e) => return Some(Err(e)),
         };
         match &*handle {
-            Handle::File {
-                source,
-                cached,
-                unpacked,
-                readahead,
-            } => {
-                let bytes = cached.read_cached(offset, size, unpacked)?;
-                self.prefetcher
-                    .readahead(readahead, cached, source, offset, u64::from(size));
+            Handle::File(reader) => {
+                let bytes = reader.read_cached(offset, size)?;
+                reader.read_ahead(&self.prefetcher, offset, u64::from(size));
                 Some(Ok(bytes))
             }
             Handle::Snapshot(content) => Some(Ok(snapshot_range(content, offset, size))),
@@ -803,22 +817,16 @@ impl Fs {
     /// Answers a read, fetching from the source where the cache misses. May block.
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<ReadBytes, FsError> {
         match &*self.handle(fh)? {
-            Handle::File {
-                source,
-                cached,
-                unpacked,
-                readahead,
-            } => {
+            Handle::File(reader) => {
                 let waited = Instant::now();
                 let bytes = {
                     let _demand = self.prefetcher.demand();
-                    cached.read(source.as_ref(), offset, size, unpacked)
+                    reader.read(&self.fetcher, offset, size)
                 };
                 self.metrics
                     .fetch_stall_ns
                     .add(waited.elapsed().as_nanos() as u64);
-                self.prefetcher
-                    .readahead(readahead, cached, source, offset, u64::from(size));
+                reader.read_ahead(&self.prefetcher, offset, u64::from(size));
                 bytes
             }
             Handle::Snapshot(content) => Ok(snapshot_range(content, offset, size)),
@@ -837,8 +845,8 @@ impl Fs {
     /// Forgets a file or directory handle (and a cache entry it leaves holding nothing).
     pub fn release(&self, fh: u64) -> Result<(), FsError> {
         let handle = self.handles.remove(&fh).ok_or(FsError::BadHandle)?;
-        if let Handle::File { cached, .. } = &*handle {
-            self.cache.settle(cached);
+        if let Handle::File(reader) = &*handle {
+            self.fetcher.ram().settle(reader.entry());
         }
         Ok(())
     }

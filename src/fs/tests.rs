@@ -249,10 +249,10 @@ fn corrupt_block_is_refetched_from_source() {
     for (name, data) in [("small", &small), ("large", &large)] {
         let fh = fs.open(ino_of(&fs, name), Intent::Read).expect("open").fh;
         assert_eq!(&read_all(&fs, fh, data.len() as u64).expect("read"), data);
-        let Handle::File { cached, .. } = &*fs.handle(fh).expect("handle") else {
+        let Handle::File(reader) = &*fs.handle(fh).expect("handle") else {
             panic!("file handle")
         };
-        cached.corrupt_for_test(0);
+        reader.entry().corrupt_for_test(0);
         let errors = fs.metrics().integrity_errors.get();
         assert!(
             fs.read_cached(fh, 0, 100).is_none(),
@@ -544,7 +544,7 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
         .stat(Path::new("a1.jpg"))
         .expect("stat")
         .identity;
-    fs.cache.corrupt_decoded_for_test(&identity);
+    fs.fetcher.ram().corrupt_decoded_for_test(&identity);
     assert_eq!(read_view(&fs, 1), want[1]);
     assert_eq!(m.integrity_errors.get(), 1);
     assert_eq!((m.decoded_misses.get(), m.decoded_admitted.get()), (4, 4));
@@ -694,7 +694,10 @@ fn a_prefetched_file_changed_in_the_source_is_served_at_its_new_version() {
     read_pass(&fs, &order[..10], |i| pattern(64 << 10, i));
     // Let the prefetcher fetch the next files of the replayed order (old versions).
     std::thread::sleep(Duration::from_millis(200));
-    assert!(fs.cache.staged().0 > 0, "the next files were staged");
+    assert!(
+        fs.fetcher.staging().bytes() > 0,
+        "the next files were staged"
+    );
     rewrite_next_and_read_the_rest(dir.path(), &fs, &order, 10);
 }
 
@@ -761,7 +764,7 @@ fn shuffled_epochs_stage_the_smallest_remaining_files_first() {
             .stat(Path::new(&format!("f{i:02}")))
             .expect("stat")
             .identity;
-        fs.cache.get(&id).is_some_and(|e| e.is_complete())
+        fs.fetcher.ram().get(&id).is_some_and(|e| e.is_complete())
     };
     let mut rng = fastrand::Rng::with_seed(5);
     let mut order: Vec<u8> = (0..120).collect();
@@ -773,7 +776,7 @@ fn shuffled_epochs_stage_the_smallest_remaining_files_first() {
     std::thread::sleep(Duration::from_millis(300));
     let status = status_at_epoch(&fs, 2);
     assert_eq!(status["files"]["predictor"], "remaining", "{status}");
-    assert!(fs.cache.staged().0 > 0, "nothing staged: {status}");
+    assert!(fs.fetcher.staging().bytes() > 0, "nothing staged: {status}");
     // The smallest files not yet read (nor cached in epoch 1) are the ones staged.
     let mut unread: Vec<u8> = order[3..]
         .iter()

@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{Attr, DirSnapshot, Fs, Handle, Intent, SOURCE_TTL};
-use crate::cache::{BLOCK_SIZE, NeverEvictCache, Unpacked};
+use crate::cache::{BLOCK_SIZE, BlockFetcher, Unpacked};
 use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
 use crate::memory::Work;
@@ -60,7 +60,7 @@ pub(super) struct Views {
     list: Vec<View>,
     executor: Box<dyn Executor>,
     source: Arc<dyn Source>,
-    cache: Arc<NeverEvictCache>,
+    fetcher: Arc<BlockFetcher>,
 }
 
 /// A view file opened for reading: rendered once, by the render pool or by its first read.
@@ -102,7 +102,7 @@ impl Views {
         specs: &[ViewSpec],
         executor: Box<dyn Executor>,
         source: Arc<dyn Source>,
-        cache: Arc<NeverEvictCache>,
+        fetcher: Arc<BlockFetcher>,
     ) -> Views {
         let list = specs
             .iter()
@@ -116,7 +116,7 @@ impl Views {
             list,
             executor,
             source,
-            cache,
+            fetcher,
         }
     }
 
@@ -196,19 +196,21 @@ impl Views {
         path: &Path,
         limit: u64,
     ) -> Result<Vec<u8>, FsError> {
-        let cached = self.cache.file(source.identity(), path);
+        let cached = self.fetcher.ram().file(source.identity(), path);
         let unpacked = Unpacked::default();
         let end = source.identity().size.min(limit);
         let mut out = Vec::with_capacity(end as usize);
         while (out.len() as u64) < end {
             let want = (end - out.len() as u64).min(BLOCK_SIZE) as u32;
-            let bytes = cached.read(source, out.len() as u64, want, &unpacked)?;
+            let bytes = self
+                .fetcher
+                .read(&cached, source, out.len() as u64, want, &unpacked)?;
             if bytes.as_slice().is_empty() {
                 break;
             }
             out.extend_from_slice(bytes.as_slice());
         }
-        self.cache.settle(&cached);
+        self.fetcher.ram().settle(&cached);
         Ok(out)
     }
 
@@ -231,7 +233,8 @@ impl Views {
     /// Room in the memory budget for `bytes` of a render's data, waiting for it within
     /// `RENDER_PATIENCE`.
     fn room(&self, bytes: u64) -> Result<Work, String> {
-        self.cache
+        self.fetcher
+            .ram()
             .budget()
             .work(bytes, RENDER_PATIENCE)
             .map_err(|e| format!("no memory for the render: {e}"))
@@ -256,7 +259,7 @@ impl Views {
                 .map_err(|e| e.to_string())
                 .and_then(|bytes| self.room(bytes))
         };
-        if let Some(bytes) = self.cache.decoded(&identity, &Unpacked::default()) {
+        if let Some(bytes) = self.fetcher.ram().decoded(&identity, &Unpacked::default()) {
             let work = memory(Rgb::size_of_bytes(bytes.as_slice()).map_err(|e| e.to_string())?)?;
             match Rgb::from_bytes(bytes.as_slice()) {
                 Ok(image) => return Ok((image, None, work)),
@@ -283,7 +286,7 @@ impl Views {
         let started = Instant::now();
         let image = self.executor.decode(encoded).map_err(|e| e.to_string())?;
         let decode = started.elapsed();
-        let kept = self.cache.offer_decoded(
+        let kept = self.fetcher.ram().offer_decoded(
             identity,
             path,
             (image.byte_len() as u64, image.row_len()),
@@ -298,11 +301,13 @@ impl Views {
     /// decoded and the cache kept them. Prefetch calls it when the CPU is idle.
     pub(super) fn decode_ahead(&self, path: &Path, source: &dyn SourceFile) -> bool {
         let identity = source.identity();
-        if self.cache.has_decoded(&identity) || !self.cache.decoded_choice().1.keeps() {
+        if self.fetcher.ram().has_decoded(&identity)
+            || !self.fetcher.ram().decoded_choice().1.keeps()
+        {
             return false;
         }
         // Only with memory nobody else wants now: the encoded file, the pixels and their copy.
-        let budget = self.cache.budget();
+        let budget = self.fetcher.ram().budget();
         let Some(_encoded_room) = budget.try_work(identity.size.min(MAX_ENCODED_BYTES)) else {
             return false;
         };

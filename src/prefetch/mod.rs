@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use serde_json::{Value, json};
 
-use crate::cache::{CachedFile, NeverEvictCache, Prefetched};
+use crate::cache::{BlockFetcher, Prefetched, RamFile};
 use crate::scheduler::knobs::Knobs;
 use crate::source::{Identity, Source, SourceFile};
 use crate::stats::Metrics;
@@ -109,7 +109,7 @@ enum Job {
     },
     /// Fetch blocks of an open file ahead of a sequential reader.
     Blocks {
-        entry: Arc<CachedFile>,
+        entry: Arc<RamFile>,
         source: Arc<dyn SourceFile>,
         blocks: Range<usize>,
     },
@@ -227,7 +227,7 @@ pub fn controller_depth(rate: f64, file_seconds: f64, threads: usize) -> usize {
 
 struct Shared {
     source: Arc<dyn Source>,
-    cache: Arc<NeverEvictCache>,
+    fetcher: Arc<BlockFetcher>,
     metrics: Arc<Metrics>,
     options: PrefetchOptions,
     jobs: Mutex<Jobs>,
@@ -280,7 +280,7 @@ impl Prefetcher {
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         source: Arc<dyn Source>,
-        cache: Arc<NeverEvictCache>,
+        fetcher: Arc<BlockFetcher>,
         metrics: Arc<Metrics>,
         options: PrefetchOptions,
         view_names: &[String],
@@ -293,7 +293,7 @@ impl Prefetcher {
             .collect();
         let shared = Arc::new(Shared {
             source: source.clone(),
-            cache,
+            fetcher,
             metrics: metrics.clone(),
             options,
             jobs: Mutex::new(Jobs::default()),
@@ -369,7 +369,7 @@ impl Prefetcher {
     pub fn readahead(
         &self,
         state: &Readahead,
-        entry: &Arc<CachedFile>,
+        entry: &Arc<RamFile>,
         source: &Arc<dyn SourceFile>,
         offset: u64,
         len: u64,
@@ -494,7 +494,7 @@ impl SetState {
         outcomes.retain(|_, o| matches!(o, Outcome::InFlight | Outcome::Parked));
         drop(outcomes);
         shared.metrics.prefetch_wasted.add(wasted as u64);
-        shared.cache.retire_staged();
+        shared.fetcher.staging().retire();
         for (p, score) in &mut self.predictors {
             p.forget_listings();
             score.new_pass();
@@ -521,8 +521,8 @@ impl SetState {
             self.epoch_started.elapsed().as_secs_f64(),
             working_set,
         );
-        let mut gauges = shared.cache.gauges();
-        gauges.disk = shared.cache.disk_gauges();
+        let mut gauges = shared.fetcher.ram().gauges();
+        gauges.disk = shared.fetcher.disk_gauges();
         self.diagnosis = diagnose(&figures, &Capacity::of(&gauges));
         if self.history.len() == HISTORY {
             self.history.pop_front();
@@ -585,7 +585,7 @@ impl SetState {
         shared.depth.store(depth, Ordering::Relaxed);
         let outcomes = &shared.outcomes[set];
         let current = self.tracker.current();
-        let cache = &shared.cache;
+        let fetcher = &shared.fetcher;
         let known = &self.known;
         let parked_full = shared.parked.is_full();
         // A file's first block, as much as a prefetch of it needs room for at first.
@@ -607,14 +607,14 @@ impl SetState {
             }
             let identity = known.get(p);
             if identity
-                .and_then(|id| cache.get(id))
+                .and_then(|id| fetcher.ram().get(id))
                 .is_some_and(|e| e.is_complete())
             {
                 return true;
             }
             // Without room for its bytes a file is worth an open ahead, once, while there are
             // descriptors to hold it.
-            !cache.has_prefetch_room(first_block(p))
+            !fetcher.has_prefetch_room(first_block(p))
                 && (outcome == Some(Outcome::Parked) || parked_full)
         };
         let best = self
@@ -632,7 +632,7 @@ impl SetState {
             // misses hidden per byte held), then open the next ones ahead, in any order.
             None if let Some(previous) = self.tracker.previous() => {
                 self.in_use = "remaining";
-                let fits = |p: &Path| cache.has_prefetch_room(first_block(p));
+                let fits = |p: &Path| fetcher.has_prefetch_room(first_block(p));
                 self.fetch_cursor = predict::smallest_remaining(
                     &self.tracker,
                     &self.by_size,
@@ -780,7 +780,7 @@ fn work(shared: &Shared) {
                     if shared.stop.load(Ordering::Acquire) {
                         break;
                     }
-                    match entry.prefetch_block(index, source.as_ref()) {
+                    match shared.fetcher.prefetch(&entry, index, source.as_ref()) {
                         Ok(Prefetched::Fetched | Prefetched::Staged) => {
                             shared.metrics.prefetch_blocks.inc();
                         }
@@ -800,7 +800,7 @@ fn work(shared: &Shared) {
 /// instead, so that the reader's open at least makes no round trip (and a later try, once room
 /// frees, makes none either).
 fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identity>) {
-    if let Some(entry) = known.and_then(|id| shared.cache.get(&id))
+    if let Some(entry) = known.and_then(|id| shared.fetcher.ram().get(&id))
         && entry.is_complete()
     {
         return;
@@ -824,13 +824,13 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
     let opened_now = parked.is_none();
     match parked.map_or_else(|| shared.source.open(file), Ok) {
         Ok(source) => {
-            let entry = shared.cache.file(source.identity(), file);
+            let entry = shared.fetcher.ram().file(source.identity(), file);
             let mut no_room = false;
             for index in 0..entry.blocks().min(FILE_BLOCKS) {
                 if shared.stop.load(Ordering::Acquire) {
                     break;
                 }
-                match entry.prefetch_block(index, source.as_ref()) {
+                match shared.fetcher.prefetch(&entry, index, source.as_ref()) {
                     Ok(Prefetched::Fetched | Prefetched::Staged) => {
                         shared.metrics.prefetch_blocks.inc();
                         fetched = true;
@@ -847,7 +847,7 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
                 }
             }
             took = started.elapsed().as_secs_f64();
-            shared.cache.settle(&entry);
+            shared.fetcher.ram().settle(&entry);
             if set > 0
                 && !no_room
                 && let Some(decode) = &shared.decode_ahead

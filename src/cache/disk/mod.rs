@@ -30,8 +30,9 @@ use dir::{EntryFile, EntryName, Slot};
 
 use super::block::Block;
 use super::codec::{self, Codec};
-use super::packer::Packer;
+use super::ram::Packer;
 use super::thread_cpu;
+use super::tier::{BlockKey, Tier};
 use crate::memory::{MemoryBudget, Work};
 use crate::shards::ShardedMap;
 use crate::source::Identity;
@@ -181,18 +182,18 @@ impl DiskTier {
     }
 
     /// Whether a new entry would be admitted now (a hint).
-    pub fn has_room(&self) -> bool {
+    pub fn admitting(&self) -> bool {
         self.inner.admitting()
             && self.inner.used.load(Ordering::Relaxed) < self.inner.options.budget
     }
 
     /// The verified bytes of block `index` of `identity`, if the tier holds them intact. A
     /// damaged entry is removed and counted.
-    pub fn get(&self, identity: &Identity, index: usize) -> Option<Vec<u8>> {
+    fn read_block(&self, identity: &Identity, index: usize) -> Option<Arc<Block>> {
         let inner = &self.inner;
         if let Some(block) = inner.pending.get(&(*identity, index)) {
             inner.metrics.disk_hits.inc();
-            return Some(block.data.to_vec());
+            return Some(block);
         }
         let name = EntryName::of(identity, index);
         let bytes = match inner.read_entry(&name) {
@@ -216,7 +217,7 @@ impl DiskTier {
         match decoded {
             Ok(logical) => {
                 inner.metrics.disk_hits.inc();
-                Some(logical)
+                Some(Arc::new(Block::new(logical)))
             }
             Err(e) => {
                 inner.metrics.disk_misses.inc();
@@ -242,18 +243,20 @@ impl DiskTier {
     /// Offers a block fetched from the source for admission; never waits (a full queue, no
     /// room on disk or in the memory budget, or a block past `MAX_BLOCKS` just skips it,
     /// counted).
-    pub fn put(&self, identity: Identity, path: Arc<Path>, index: usize, block: Arc<Block>) {
+    fn queue(&self, identity: Identity, path: Arc<Path>, index: usize, block: Arc<Block>) -> bool {
         if index >= MAX_BLOCKS {
-            return;
+            return false;
         }
         let held = self.inner.budget.try_work(block.data.len() as u64);
-        let Some(held) = held.filter(|_| self.has_room()) else {
+        let Some(held) = held.filter(|_| self.admitting()) else {
             if self.inner.scanned.load(Ordering::Acquire) {
                 self.inner.metrics.disk_rejected.inc();
             }
-            return;
+            return false;
         };
-        let Some(sender) = &self.sender else { return };
+        let Some(sender) = &self.sender else {
+            return false;
+        };
         let key = (identity, index);
         self.inner.pending.insert(key, block.clone());
         let job = Job::Write {
@@ -268,7 +271,9 @@ impl DiskTier {
             if let TrySendError::Full(_) = e {
                 self.inner.metrics.disk_rejected.inc();
             }
+            return false;
         }
+        true
     }
 
     /// Removes the entries of a file version the source no longer has (in the background).
@@ -290,6 +295,28 @@ impl DiskTier {
             free_bytes: inner.space().map_or(0, |(free, _)| free),
             scanned: inner.scanned.load(Ordering::Relaxed),
         }
+    }
+}
+
+impl Tier for DiskTier {
+    fn name(&self) -> &'static str {
+        "disk"
+    }
+
+    /// The entry's bytes, verified against the entry's own checksum (a damaged entry is removed,
+    /// counted, and a miss).
+    fn get(&self, key: &BlockKey, _range: &std::ops::Range<usize>) -> Option<Arc<Block>> {
+        self.read_block(&key.identity, key.index)
+    }
+
+    /// Queued for the writer (compressed per the codec policy there); refused without room on
+    /// disk or in the memory budget, past `MAX_BLOCKS`, or with the queue full.
+    fn put(&self, key: &BlockKey, path: &Arc<Path>, block: &Arc<Block>) -> bool {
+        self.queue(key.identity, path.clone(), key.index, block.clone())
+    }
+
+    fn has_room(&self, _bytes: u64) -> bool {
+        self.admitting()
     }
 }
 

@@ -643,6 +643,7 @@ impl RamFile {
         Ok(made)
     }
 
+    /// Flips a byte of block `index` where it is stored (tests of verification).
     #[cfg(test)]
     pub(crate) fn corrupt_for_test(&self, index: usize) {
         let span = self.block_span(index);

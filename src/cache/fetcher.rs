@@ -1,0 +1,665 @@
+//! `BlockFetcher`: the one way a block reaches a reader, the RAM tier, or the tiers below it.
+//!
+//! Owns: the tier order (RAM first, then the staging buffer, the disk tier, then the source),
+//! single-flight fetching (concurrent readers of one block share one fetch, whatever asked first:
+//! a reader or prefetch), admission (a block fetched for a reader is kept by the RAM tier if it
+//! has room, else by the disk tier; one fetched ahead goes to RAM, else to staging; every block
+//! read from the source is also offered to the disk tier), reading from the source (charged to
+//! the memory budget while in flight, verified to be of the version asked for), and what a full
+//! cache reads: only the bytes asked for. Must never serve bytes that failed their checksum or
+//! belong to another version, never hold a lock while fetching, and never let two fetches of one
+//! block run at once.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::block::{self, Block};
+use super::disk::{self, DiskGauges, DiskTier};
+use super::ram::{RamFile, RamTier, ReadBytes, Unpacked};
+use super::staging::Staging;
+use super::tier::{BlockKey, Tier};
+use crate::error::FsError;
+use crate::memory::MemoryBudget;
+use crate::shards::ShardedMap;
+use crate::source::{Identity, SourceFile, read_full};
+use crate::stats::Metrics;
+
+/// What `BlockFetcher::prefetch` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefetched {
+    /// Already held: nothing to do.
+    Present,
+    /// Fetched into the RAM tier.
+    Fetched,
+    /// Fetched into the staging buffer.
+    Staged,
+    /// Neither the RAM tier nor the staging buffer has room.
+    NoRoom,
+}
+
+/// Who asked for a fetch, which decides where the block is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asker {
+    /// A reader waits for it: RAM, else the disk tier.
+    Reader,
+    /// Prefetch, ahead of the readers: RAM, else staging.
+    Prefetch,
+}
+
+/// How a fetch ended: the block, or `None` when the RAM tier turned out to hold it already.
+type Fetched = Result<Option<Arc<Block>>, FsError>;
+
+/// A fetch in progress; concurrent askers of the same block wait on it.
+#[derive(Default)]
+struct Flight {
+    result: Mutex<Option<Fetched>>,
+    done: Condvar,
+}
+
+impl Flight {
+    fn finish(&self, result: Fetched) {
+        *self.result.lock() = Some(result);
+        self.done.notify_all();
+    }
+
+    fn wait(&self) -> Fetched {
+        let mut result = self.result.lock();
+        loop {
+            if let Some(r) = result.as_ref() {
+                return r.clone();
+            }
+            self.done.wait(&mut result);
+        }
+    }
+}
+
+/// The fetch chain of one mount.
+pub struct BlockFetcher {
+    ram: Arc<RamTier>,
+    staging: Arc<Staging>,
+    /// The tiers below staging that keep what readers fetch (the disk tier), in order.
+    lower: Vec<Arc<dyn Tier>>,
+    /// The disk tier again, for what only it can tell (its figures, what it holds).
+    disk: Option<Arc<DiskTier>>,
+    flights: ShardedMap<BlockKey, Arc<Flight>>,
+    budget: Arc<MemoryBudget>,
+    metrics: Arc<Metrics>,
+}
+
+impl BlockFetcher {
+    /// The chain over `ram`, `staging` and an optional `disk` tier, charging reads in flight to
+    /// `budget`.
+    pub fn new(
+        ram: Arc<RamTier>,
+        staging: Arc<Staging>,
+        disk: Option<Arc<DiskTier>>,
+        budget: Arc<MemoryBudget>,
+        metrics: Arc<Metrics>,
+    ) -> BlockFetcher {
+        let lower = disk.iter().map(|d| d.clone() as Arc<dyn Tier>).collect();
+        BlockFetcher {
+            ram,
+            staging,
+            lower,
+            disk,
+            flights: ShardedMap::default(),
+            budget,
+            metrics,
+        }
+    }
+
+    /// The chain over `ram`, `staging` and `lower` tiers of any kind (tests: fault doubles).
+    #[cfg(test)]
+    fn with_lower(
+        ram: Arc<RamTier>,
+        staging: Arc<Staging>,
+        lower: Vec<Arc<dyn Tier>>,
+        budget: Arc<MemoryBudget>,
+        metrics: Arc<Metrics>,
+    ) -> BlockFetcher {
+        BlockFetcher {
+            ram,
+            staging,
+            lower,
+            disk: None,
+            flights: ShardedMap::default(),
+            budget,
+            metrics,
+        }
+    }
+
+    /// The RAM tier.
+    pub fn ram(&self) -> &Arc<RamTier> {
+        &self.ram
+    }
+
+    /// The staging buffer.
+    pub fn staging(&self) -> &Arc<Staging> {
+        &self.staging
+    }
+
+    /// Answers a read of `entry` (whose source file `source` must be this version): every piece
+    /// from the RAM tier where it hits, else fetched through the chain. May wait on the source.
+    pub fn read(
+        &self,
+        entry: &Arc<RamFile>,
+        source: &dyn SourceFile,
+        offset: u64,
+        len: u32,
+        memo: &Unpacked,
+    ) -> Result<ReadBytes, FsError> {
+        entry.assemble(entry.pieces(offset, len), |index, range| {
+            match entry.hit(index, range.clone(), memo) {
+                Some(bytes) => Ok(bytes),
+                None => self.piece(entry, index, range, source, memo),
+            }
+        })
+    }
+
+    /// Whether every block of `entry` is in the RAM tier or the staging buffer: its reads need
+    /// not touch the source. (A huge file with sparse slots counts only when complete.)
+    pub fn is_available(&self, entry: &RamFile) -> bool {
+        entry.is_complete()
+            || (entry.slots_are_dense()
+                && (0..entry.blocks())
+                    .all(|i| entry.is_stored(i) || self.staging.contains(entry.identity(), i)))
+    }
+
+    /// Whether a prefetch of a block of `bytes` would find room for it now: in the never-evict
+    /// tiers, else in the staging buffer.
+    pub fn has_prefetch_room(&self, bytes: u64) -> bool {
+        self.ram.has_room(bytes) || self.lower_has_room(bytes) || self.staging.has_room(bytes)
+    }
+
+    /// Whether a tier below staging would keep a block of `bytes` now.
+    fn lower_has_room(&self, bytes: u64) -> bool {
+        self.lower.iter().any(|t| t.has_room(bytes))
+    }
+
+    /// Fetches block `index` of `entry` ahead of its readers: into the RAM tier while it has
+    /// room, else into the staging buffer. Counts no hit or miss: no reader asked yet.
+    pub fn prefetch(
+        &self,
+        entry: &Arc<RamFile>,
+        index: usize,
+        source: &dyn SourceFile,
+    ) -> Result<Prefetched, FsError> {
+        if index >= entry.blocks() || entry.is_stored(index) {
+            return Ok(Prefetched::Present);
+        }
+        let span = entry.block_span(index);
+        let len = span.end - span.start;
+        if !entry.fits(len) && !self.staging.has_room(len) {
+            return Ok(Prefetched::NoRoom);
+        }
+        match self.shared(entry, index, source, Asker::Prefetch) {
+            None => Ok(Prefetched::Present),
+            Some(Err(e)) => Err(e),
+            Some(Ok(_)) if entry.is_stored(index) => Ok(Prefetched::Fetched),
+            Some(Ok(_)) if self.staging.contains(entry.identity(), index) => Ok(Prefetched::Staged),
+            Some(Ok(_)) => Ok(Prefetched::NoRoom),
+        }
+    }
+
+    /// Blocks of `identity` the RAM tier and the disk tier hold: `(ram, disk)`; the disk count is
+    /// 0 without a disk tier (which holds at most a file's first `disk::MAX_BLOCKS`).
+    pub fn held(&self, identity: &Identity) -> (usize, usize) {
+        let disk = self.disk.as_ref().map_or(0, |d| {
+            (0..disk::blocks_held(identity))
+                .filter(|&i| d.holds(identity, i))
+                .count()
+        });
+        (self.ram.held(identity), disk)
+    }
+
+    /// Drops every tier's copy of a file version the source no longer has. Its RAM returns to
+    /// the budget once the last open handle on it is released.
+    pub fn forget(&self, identity: &Identity) {
+        self.ram.forget(identity);
+        if let Some(disk) = &self.disk {
+            disk.forget(*identity);
+        }
+    }
+
+    /// The disk tier's figures, when there is one.
+    pub fn disk_gauges(&self) -> Option<DiskGauges> {
+        self.disk.as_ref().map(|d| d.gauges())
+    }
+
+    /// Piece `range` of block `index` that the RAM tier did not have.
+    fn piece(
+        &self,
+        entry: &Arc<RamFile>,
+        index: usize,
+        range: Range<usize>,
+        source: &dyn SourceFile,
+        memo: &Unpacked,
+    ) -> Result<ReadBytes, FsError> {
+        let span = entry.block_span(index);
+        let len = span.end - span.start;
+        if !entry.fits(len) && !self.lower_has_room(len) {
+            // Never-evict and full: this block can never be admitted, so fetching all of it
+            // would only multiply source reads for small or unaligned requests. Serve it from
+            // the staging buffer (fetched ahead: no miss) or the disk tier if either has it,
+            // else read exactly what was asked for.
+            let key = BlockKey {
+                identity: entry.identity(),
+                index,
+            };
+            if let Some(block) = self.in_tier(self.staging.as_ref(), &key, &range) {
+                return Ok(ReadBytes::Shared(block, range));
+            }
+            self.metrics.cache_misses.inc();
+            if let Some(block) = self.in_lower(&key, &range) {
+                return Ok(ReadBytes::Shared(block, range));
+            }
+            self.metrics.admission_rejected.inc();
+            let start = span.start + range.start as u64;
+            let bytes =
+                self.read_source(entry.identity(), start..start + range.len() as u64, source)?;
+            return Ok(ReadBytes::Owned(bytes));
+        }
+        loop {
+            match self.shared(entry, index, source, Asker::Reader) {
+                // Stored meanwhile: a hit, unless it failed its checksum and was dropped again.
+                None => match entry.hit(index, range.clone(), memo) {
+                    Some(bytes) => return Ok(bytes),
+                    None => continue,
+                },
+                Some(result) => {
+                    self.metrics.cache_misses.inc();
+                    return result.map(|block| ReadBytes::Shared(block, range));
+                }
+            }
+        }
+    }
+
+    /// Block `index` of `entry`, fetched once however many ask at the same time (the first
+    /// fetches and places it, the others wait on its flight); `None` when the RAM tier holds it.
+    fn shared(
+        &self,
+        entry: &Arc<RamFile>,
+        index: usize,
+        source: &dyn SourceFile,
+        asker: Asker,
+    ) -> Option<Result<Arc<Block>, FsError>> {
+        if entry.is_stored(index) {
+            return None;
+        }
+        let key = BlockKey {
+            identity: entry.identity(),
+            index,
+        };
+        let flight = Arc::new(Flight::default());
+        let leader = self.flights.get_or_insert_with(key, || flight.clone());
+        if !Arc::ptr_eq(&leader, &flight) {
+            return leader.wait().transpose();
+        }
+        // Stored by a fetch that ended between the check above and this flight: nothing to do.
+        if entry.is_stored(index) {
+            self.flights.remove_if(&key, |f| Arc::ptr_eq(f, &flight));
+            flight.finish(Ok(None));
+            return None;
+        }
+        let span = entry.block_span(index);
+        let whole = 0..(span.end - span.start) as usize;
+        let below = self
+            .in_tier(self.staging.as_ref(), &key, &whole)
+            .or_else(|| self.in_lower(&key, &whole));
+        let result = match below {
+            Some(block) => Ok(block),
+            None => self
+                .read_source(key.identity, span.clone(), source)
+                .map(|bytes| {
+                    let block = Arc::new(Block::new(bytes));
+                    // Every block read from the source is offered to the persistent tiers.
+                    for tier in &self.lower {
+                        tier.put(&key, entry.path(), &block);
+                    }
+                    block
+                }),
+        };
+        if let Ok(block) = &result {
+            let kept = entry.store(index, block);
+            if kept {
+                // The RAM tier holds these bytes now; the kernel's copy would be a second one.
+                source.drop_page_cache(span);
+            } else if asker == Asker::Prefetch {
+                self.staging.put(&key, entry.path(), block);
+            }
+        }
+        self.flights.remove_if(&key, |f| Arc::ptr_eq(f, &flight));
+        flight.finish(result.clone().map(Some));
+        Some(result)
+    }
+
+    /// The block from the first tier below staging that holds it intact.
+    fn in_lower(&self, key: &BlockKey, range: &Range<usize>) -> Option<Arc<Block>> {
+        self.lower
+            .iter()
+            .find_map(|tier| self.in_tier(tier.as_ref(), key, range))
+    }
+
+    /// The block from `tier` if it holds it intact.
+    fn in_tier(&self, tier: &dyn Tier, key: &BlockKey, range: &Range<usize>) -> Option<Arc<Block>> {
+        let block = tier.get(key, range)?;
+        // A tier verifies what it keeps; this catches one that hands back damaged bytes.
+        if block::verify(&block.data, &block.sums, range.clone()) {
+            Some(block)
+        } else {
+            self.metrics.integrity_errors.inc();
+            tracing::warn!(
+                tier = tier.name(),
+                block = key.index,
+                "block from a tier failed its checksum; skipped"
+            );
+            None
+        }
+    }
+
+    /// Bytes `span` of version `identity` from the source; EIO if the read fails or the file
+    /// changed.
+    fn read_source(
+        &self,
+        identity: Identity,
+        span: Range<u64>,
+        source: &dyn SourceFile,
+    ) -> Result<Vec<u8>, FsError> {
+        let metrics = &self.metrics;
+        // A read in flight: charged to the budget's work slice while it runs.
+        let _in_flight = self.budget.in_flight(span.end - span.start);
+        let mut buf = vec![0u8; (span.end - span.start) as usize];
+        let started = Instant::now();
+        let read = read_full(source, &mut buf, span.start);
+        let took = started.elapsed();
+        metrics.source_latency.record(took);
+        metrics.source_busy_ns.add(took.as_nanos() as u64);
+        metrics.source_reads.inc();
+        let n = read.map_err(|e| {
+            metrics.source_errors.inc();
+            tracing::warn!(error = %e, offset = span.start, "source read failed; answering EIO");
+            FsError::Io
+        })?;
+        metrics.source_bytes.add(n as u64);
+        // A short read or a changed identity means the file changed under us: these bytes may
+        // belong to another version, so they are neither cached nor served.
+        if n != buf.len() || source.current_identity().ok() != Some(identity) {
+            metrics.stale_detections.inc();
+            tracing::warn!(
+                offset = span.start,
+                "source file changed while being read; answering EIO"
+            );
+            return Err(FsError::Io);
+        }
+        Ok(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::cache::BLOCK_SIZE;
+    use crate::cache::codec::Codec;
+    use crate::cache::policy::Fixed;
+    use crate::cache::ram::Packer;
+    use crate::cache::tier::faulty::{Faulty, Memory};
+    use crate::memory::MemoryPlan;
+    use crate::telemetry::Telemetry;
+
+    /// A source file in memory whose content the test can replace with a new version: a handle
+    /// keeps the identity it was opened at, and reads whatever the file holds now.
+    struct Versions {
+        identity: Identity,
+        data: Vec<u8>,
+    }
+
+    struct MemFile {
+        opened: Identity,
+        now: Arc<Mutex<Versions>>,
+        reads: Arc<AtomicU64>,
+    }
+
+    impl SourceFile for MemFile {
+        fn identity(&self) -> Identity {
+            self.opened
+        }
+
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            let now = self.now.lock();
+            let start = (offset as usize).min(now.data.len());
+            let n = buf.len().min(now.data.len() - start);
+            buf[..n].copy_from_slice(&now.data[start..start + n]);
+            Ok(n)
+        }
+
+        fn current_identity(&self) -> std::io::Result<Identity> {
+            Ok(self.now.lock().identity)
+        }
+    }
+
+    fn identity(file: u64, version: i64, size: usize) -> Identity {
+        Identity {
+            dev: 1,
+            ino: file,
+            size: size as u64,
+            mtime_ns: version,
+            ctime_ns: version,
+        }
+    }
+
+    fn chain(cache: u64, staging: u64, codec: Codec) -> (BlockFetcher, Arc<Faulty<Memory>>) {
+        let budget = MemoryBudget::new(MemoryPlan {
+            cache,
+            staging,
+            work: 64 << 20,
+        });
+        let metrics = Arc::new(Metrics::default());
+        let packer = Arc::new(Packer::new(
+            Box::new(Fixed(codec)),
+            Arc::new(Telemetry::default()),
+            metrics.clone(),
+        ));
+        let ram = RamTier::new(budget.clone(), packer, metrics.clone()).shared();
+        let staging = Arc::new(Staging::new(budget.clone(), metrics.clone()));
+        let lower = Arc::new(Faulty::new(Memory::default()));
+        let fetcher = BlockFetcher::with_lower(
+            ram,
+            staging,
+            vec![lower.clone() as Arc<dyn Tier>],
+            budget,
+            metrics,
+        );
+        (fetcher, lower)
+    }
+
+    /// What a test holds open: the version it opened and its entry.
+    struct Open {
+        file: usize,
+        content: Arc<Vec<u8>>,
+        source: MemFile,
+        entry: Arc<RamFile>,
+        memo: Unpacked,
+    }
+
+    /// Random reads, prefetches, new versions of files, damaged RAM blocks and a lower tier that
+    /// loses, refuses and damages blocks: every read answers its handle's version byte for byte,
+    /// or EIO (only for a handle whose file changed since), never other bytes.
+    #[test]
+    fn random_reads_against_a_model_of_the_source_never_mismatch() {
+        let mut checked = 0;
+        for seed in 0..40u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let cache = [0, 600 << 10, 2 << 20, 16 << 20][rng.usize(0..4)];
+            let staging = [0, 1 << 20][rng.usize(0..2)];
+            let codec = [Codec::None, Codec::Lz4][rng.usize(0..2)];
+            let (fetcher, lower) = chain(cache, staging, codec);
+            let reads = Arc::new(AtomicU64::new(0));
+            let make = |rng: &mut fastrand::Rng| -> Vec<u8> {
+                let len = rng.usize(0..(3 * BLOCK_SIZE as usize + 100));
+                // Half compressible, so packed blocks are read too.
+                (0..len)
+                    .map(|i| {
+                        if rng.bool() {
+                            (i / 7) as u8
+                        } else {
+                            rng.u8(..)
+                        }
+                    })
+                    .collect()
+            };
+            let files: Vec<Arc<Mutex<Versions>>> = (0..3)
+                .map(|f| {
+                    let data = make(&mut rng);
+                    Arc::new(Mutex::new(Versions {
+                        identity: identity(f, 0, data.len()),
+                        data,
+                    }))
+                })
+                .collect();
+            let open = |f: usize| {
+                let now = files[f].lock();
+                let id = now.identity;
+                Open {
+                    file: f,
+                    content: Arc::new(now.data.clone()),
+                    source: MemFile {
+                        opened: id,
+                        now: files[f].clone(),
+                        reads: reads.clone(),
+                    },
+                    entry: fetcher.ram().file(id, Path::new("f")),
+                    memo: Unpacked::default(),
+                }
+            };
+            let mut handles: Vec<Open> = (0..3).map(open).collect();
+            let mut version = 0;
+            for _ in 0..150 {
+                let h = rng.usize(0..handles.len());
+                match rng.u8(0..20) {
+                    0 => {
+                        // A new version of a file; its handles keep the old one.
+                        let f = rng.usize(0..3);
+                        version += 1;
+                        let data = make(&mut rng);
+                        let mut now = files[f].lock();
+                        now.identity = identity(f as u64, version, data.len());
+                        now.data = data;
+                    }
+                    1 => {
+                        let f = handles[h].file;
+                        handles[h] = open(f);
+                    }
+                    2 => lower.lose.store(rng.bool(), Ordering::Relaxed),
+                    3 => lower.damage.store(rng.bool(), Ordering::Relaxed),
+                    4 => lower.refuse.store(rng.bool(), Ordering::Relaxed),
+                    5 => {
+                        let o = &handles[h];
+                        if o.entry.blocks() > 0 {
+                            o.entry.corrupt_for_test(rng.usize(0..o.entry.blocks()));
+                        }
+                    }
+                    6..=8 => {
+                        let o = &handles[h];
+                        if o.entry.blocks() > 0 {
+                            let index = rng.usize(0..o.entry.blocks());
+                            let _ = fetcher.prefetch(&o.entry, index, &o.source);
+                        }
+                    }
+                    _ => {
+                        let o = &handles[h];
+                        let len = o.content.len() as u64;
+                        let offset = rng.u64(0..=len + 10);
+                        let size = rng.u32(0..(2 << 20));
+                        let want_end = (offset + u64::from(size)).min(len);
+                        let want = o
+                            .content
+                            .get(offset.min(len) as usize..want_end.max(offset.min(len)) as usize)
+                            .unwrap_or(&[]);
+                        match fetcher.read(&o.entry, &o.source, offset, size, &o.memo) {
+                            Ok(bytes) => {
+                                assert!(
+                                    bytes.as_slice() == want,
+                                    "seed {seed}: bytes of another version or damaged"
+                                );
+                                checked += 1;
+                            }
+                            Err(e) => {
+                                let changed = files[o.file].lock().identity != o.source.opened;
+                                assert!(
+                                    changed && e == FsError::Io,
+                                    "seed {seed}: {e:?} on an unchanged file"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 2000, "reads checked: {checked}");
+    }
+
+    /// Many threads reading the same blocks at once: each block is read from the source once
+    /// (single flight), every reader gets its bytes, and the slots end consistent.
+    #[test]
+    fn concurrent_readers_of_a_block_share_one_fetch() {
+        let (fetcher, _) = chain(64 << 20, 0, Codec::None);
+        let fetcher = Arc::new(fetcher);
+        let blocks = 6;
+        let data: Vec<u8> = (0..blocks * BLOCK_SIZE as usize)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        let id = identity(9, 0, data.len());
+        let now = Arc::new(Mutex::new(Versions {
+            identity: id,
+            data: data.clone(),
+        }));
+        let reads = Arc::new(AtomicU64::new(0));
+        let entry = fetcher.ram().file(id, Path::new("f"));
+        let done = Arc::new(AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            for t in 0..16u64 {
+                let (fetcher, entry, now, reads, data, done) = (
+                    fetcher.clone(),
+                    entry.clone(),
+                    now.clone(),
+                    reads.clone(),
+                    &data,
+                    done.clone(),
+                );
+                s.spawn(move || {
+                    let source = MemFile {
+                        opened: id,
+                        now,
+                        reads,
+                    };
+                    let memo = Unpacked::default();
+                    let mut rng = fastrand::Rng::with_seed(t);
+                    for _ in 0..200 {
+                        let offset = rng.u64(0..data.len() as u64);
+                        let size = rng.u32(1..(1 << 20));
+                        let end = (offset + u64::from(size)).min(data.len() as u64);
+                        let got = fetcher
+                            .read(&entry, &source, offset, size, &memo)
+                            .expect("read");
+                        assert!(got.as_slice() == &data[offset as usize..end as usize]);
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                });
+            }
+        });
+        assert_eq!(done.load(Ordering::Relaxed), 16);
+        assert_eq!(entry.cached_blocks(), blocks);
+        assert_eq!(
+            fetcher.metrics.source_reads.get(),
+            blocks as u64,
+            "one source fetch per block, however many readers"
+        );
+    }
+}

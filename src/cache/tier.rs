@@ -1,0 +1,130 @@
+//! `Tier`: a place below the RAM tier where blocks of file versions can be kept (the staging
+//! buffer, the disk tier, a cluster tier next), asked in order by `BlockFetcher`.
+//!
+//! Owns the seam and its fault-injecting double (`Faulty`, for tests): a tier that loses blocks,
+//! refuses them, or hands back damaged ones, so the fetcher's handling of each is tested against
+//! a model of the source. Must never decide anything about other tiers: a tier answers for
+//! itself, and the fetcher decides what to ask and where to put.
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::Block;
+use crate::source::Identity;
+
+/// Block `index` (of `BLOCK_SIZE` bytes) of the file version `identity`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BlockKey {
+    /// The file version.
+    pub identity: Identity,
+    /// The block number.
+    pub index: usize,
+}
+
+/// One place blocks can be kept below the RAM tier.
+pub trait Tier: Send + Sync {
+    /// Short name for logs and stats ("staging", "disk").
+    fn name(&self) -> &'static str;
+    /// The block if this tier holds it intact (verified: a damaged copy is dropped and counted,
+    /// and answers `None`). `range` is the part a reader wants now: a tier that keeps a block
+    /// only until it is read (the staging buffer) lets go of it once `range` reaches its end.
+    fn get(&self, key: &BlockKey, range: &Range<usize>) -> Option<Arc<Block>>;
+    /// Offers a block fetched from below (`path`: the file's path, for tiers that record it);
+    /// true when this tier keeps it. Never waits.
+    fn put(&self, key: &BlockKey, path: &Arc<Path>, block: &Arc<Block>) -> bool;
+    /// Whether a block of `bytes` offered now would be kept (a hint).
+    fn has_room(&self, bytes: u64) -> bool;
+}
+
+/// A fault-injecting tier for tests: wraps a real one and, by its switches, loses what it is
+/// given, keeps nothing, or hands back blocks with a flipped byte (as a bad disk would; a real
+/// tier's own checks must catch that).
+#[cfg(test)]
+pub mod faulty {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    /// The double.
+    pub struct Faulty<T> {
+        /// The tier it wraps.
+        pub inner: T,
+        /// Refuse every `put`.
+        pub refuse: AtomicBool,
+        /// Answer every `get` with nothing.
+        pub lose: AtomicBool,
+        /// Flip a byte of every block `get` returns.
+        pub damage: AtomicBool,
+        /// Gets answered.
+        pub gets: AtomicU64,
+    }
+
+    impl<T> Faulty<T> {
+        /// `inner`, behaving until a switch is flipped.
+        pub fn new(inner: T) -> Faulty<T> {
+            Faulty {
+                inner,
+                refuse: AtomicBool::new(false),
+                lose: AtomicBool::new(false),
+                damage: AtomicBool::new(false),
+                gets: AtomicU64::new(0),
+            }
+        }
+    }
+
+    impl<T: Tier> Tier for Faulty<T> {
+        fn name(&self) -> &'static str {
+            "faulty"
+        }
+
+        fn get(&self, key: &BlockKey, range: &Range<usize>) -> Option<Arc<Block>> {
+            if self.lose.load(Ordering::Relaxed) {
+                return None;
+            }
+            let block = self.inner.get(key, range)?;
+            self.gets.fetch_add(1, Ordering::Relaxed);
+            if !self.damage.load(Ordering::Relaxed) || block.data.is_empty() {
+                return Some(block);
+            }
+            let mut data = block.data.to_vec();
+            data[0] ^= 0x01;
+            Some(Arc::new(Block {
+                data: data.into_boxed_slice(),
+                sums: block.sums.clone(),
+            }))
+        }
+
+        fn put(&self, key: &BlockKey, path: &Arc<Path>, block: &Arc<Block>) -> bool {
+            !self.refuse.load(Ordering::Relaxed) && self.inner.put(key, path, block)
+        }
+
+        fn has_room(&self, bytes: u64) -> bool {
+            !self.refuse.load(Ordering::Relaxed) && self.inner.has_room(bytes)
+        }
+    }
+
+    /// A tier that keeps every block it is given, in memory (a stand-in for the disk tier).
+    #[derive(Default)]
+    pub struct Memory {
+        blocks: parking_lot::Mutex<std::collections::HashMap<BlockKey, Arc<Block>>>,
+    }
+
+    impl Tier for Memory {
+        fn name(&self) -> &'static str {
+            "memory"
+        }
+
+        fn get(&self, key: &BlockKey, _range: &Range<usize>) -> Option<Arc<Block>> {
+            self.blocks.lock().get(key).cloned()
+        }
+
+        fn put(&self, key: &BlockKey, _path: &Arc<Path>, block: &Arc<Block>) -> bool {
+            self.blocks.lock().insert(*key, block.clone());
+            true
+        }
+
+        fn has_room(&self, _bytes: u64) -> bool {
+            true
+        }
+    }
+}
