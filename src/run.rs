@@ -139,7 +139,7 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
     );
     let source = Arc::new(source);
     let disk = disk_setup(cfg, source.clone())?;
-    let fs = Arc::new(Fs::with_disk(
+    let fs = Arc::new(crate::daemon::build(
         source,
         FsOptions {
             memory: memory_plan(cfg),

@@ -14,43 +14,34 @@ mod views;
 
 pub use reader::FileReader;
 
-pub use views::View;
+pub use views::{View, Views};
 
 use std::ffi::{OsStr, OsString};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::cache::codec::Codec;
-use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed};
-use crate::cache::{
-    BLOCK_SIZE, BlockFetcher, DiskSetup, DiskTier, Packer, RamFile, RamTier, ReadBytes, Staging,
-};
+use crate::cache::policy::DecodedCaching;
+use crate::cache::{BLOCK_SIZE, BlockFetcher, RamFile, ReadBytes};
 use crate::error::FsError;
 use crate::inode::{
     self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE,
     VIEWS_DIR,
 };
 use crate::memory::{MemoryBudget, MemoryPlan};
-use crate::prefetch::{DecodeAhead, OrderHint, PrefetchOptions, Prefetcher};
-use crate::scheduler::action::{Action, CODECS, Head, Mask};
-use crate::scheduler::knobs::{Knobs, ScheduledCodec};
-use crate::scheduler::runtime::{Scheduler, SchedulerOptions, Setup};
+use crate::prefetch::{OrderHint, PrefetchOptions, Prefetcher};
+use crate::scheduler::runtime::SchedulerOptions;
 use crate::shards::ShardedMap;
 use crate::source::{Deferred, Kind, Meta, Source, SourceFile, SpaceStats};
-use crate::stats::{self, Gauges, Metrics};
-use crate::telemetry::{Pipeline, Probe, Sampler, Sources, Telemetry};
+use crate::stats::{Gauges, Metrics};
 use crate::view::ViewSpec;
-use crate::view::gpu::{Gpu, GpuMode, GpuOptions};
-use crate::workers::WorkerPool;
-use views::Views;
+use crate::view::gpu::GpuOptions;
 
 /// How long the kernel may trust names and attributes of source entries. The tree is read-only
 /// through the mount; changes made in the source are picked up on open (see `open`).
 const SOURCE_TTL: Duration = Duration::from_secs(3600);
-/// Renders waiting for a render thread; beyond it, opens of view files wait (backpressure).
-const RENDER_QUEUE_DEPTH: usize = 64;
 
 /// Options of the core that the CLI can change.
 #[derive(Debug, Clone)]
@@ -179,235 +170,66 @@ pub struct Fs {
     source: Arc<dyn Source>,
     options: FsOptions,
     inodes: InodeTable,
+    /// The cache tiers' fetch chain: what a file handle reads through.
     fetcher: Arc<BlockFetcher>,
+    /// Infers epochs from opens and fetches ahead of the readers.
+    prefetcher: Arc<Prefetcher>,
+    /// The tensor views and their renders.
+    views: Arc<Views>,
+    /// What the control files show (and the pieces of the mount that run in the background).
+    board: Box<dyn Report>,
     handles: ShardedMap<u64, Arc<Handle>>,
     next_fh: AtomicU64,
     metrics: Arc<Metrics>,
-    views: Arc<Views>,
-    /// Runs view renders; started only when there are views.
-    render_pool: Option<WorkerPool>,
-    /// Infers epochs from opens and fetches ahead of the readers.
-    prefetcher: Prefetcher,
-    /// Keeps the machine and pipeline figures current.
-    telemetry: Arc<Telemetry>,
-    /// Sets the knobs; dropped before the sampler and the modules it drives.
-    scheduler: Option<Scheduler>,
-    /// The views' GPU backend and what opening it found.
-    gpu: Gpu,
-    _sampler: Sampler,
 }
 
-/// Share of the machine's CPU that must be idle for prefetch to decode view images ahead.
-const DECODE_AHEAD_IDLE: f64 = 0.25;
-
-/// Decoding ahead for prefetch (views only): while at least `DECODE_AHEAD_IDLE` of the CPU is
-/// idle and no render waits for a thread, so it only takes time nobody else wants.
-fn decode_ahead(
-    views: &Arc<Views>,
-    telemetry: &Arc<Telemetry>,
-    render_pool: Option<&WorkerPool>,
-) -> Option<DecodeAhead> {
-    if views.is_empty() {
-        return None;
-    }
-    let (views, telemetry) = (views.clone(), telemetry.clone());
-    let waiting = render_pool.map(WorkerPool::queued);
-    Some(Arc::new(move |_, path: &Path, source: &dyn SourceFile| {
-        let idle = telemetry.cpu_idle() >= DECODE_AHEAD_IDLE
-            && waiting
-                .as_ref()
-                .is_none_or(|w| w.load(Ordering::Relaxed) == 0);
-        idle && views.decode_ahead(path, source)
-    }))
+/// What `crate::daemon::build` hands a file system: the pieces its semantics use.
+pub struct Parts {
+    /// The dataset.
+    pub source: Arc<dyn Source>,
+    /// The fetch chain of the cache tiers.
+    pub fetcher: Arc<BlockFetcher>,
+    /// Epoch inference and prefetch.
+    pub prefetcher: Arc<Prefetcher>,
+    /// The view service.
+    pub views: Arc<Views>,
+    /// Every counter of the mount.
+    pub metrics: Arc<Metrics>,
+    /// What the control files show.
+    pub board: Box<dyn Report>,
 }
 
-/// What the scheduler may choose on this mount: GPU placements only with a usable GPU backend,
-/// decode knobs only with views, and no choice where an option is fixed by the user.
-fn scheduler_mask(options: &FsOptions, gpu: bool, views: bool) -> Mask {
-    let mut mask = Mask::new(gpu, views);
-    if let Some(codec) = options.codec {
-        mask.only(
-            Head::Codec,
-            CODECS.iter().position(|c| *c == codec).unwrap_or(0),
-        );
-    }
-    match options.decoded_caching {
-        DecodedCaching::Auto => {}
-        DecodedCaching::Off => mask.only(Head::Decoded, 0),
-        DecodedCaching::On => mask.only(Head::Decoded, 1),
-    }
-    mask
+/// The file system's own figures, for the control files.
+#[derive(Debug, Clone, Copy)]
+pub struct Figures {
+    /// Open file and directory handles.
+    pub open_handles: u64,
+    /// Inodes the kernel holds.
+    pub inodes: u64,
 }
 
-/// How telemetry reads this mount's pipeline: counters from the metrics, gauges from the cache,
-/// the prefetcher and the render queue. Every read is an atomic load or a short lock that no
-/// request path holds for long.
-fn probe(
-    metrics: &Arc<Metrics>,
-    fetcher: &Arc<BlockFetcher>,
-    prefetcher: &Prefetcher,
-    render_queued: Option<Arc<std::sync::atomic::AtomicUsize>>,
-) -> Probe {
-    let (metrics, fetcher) = (metrics.clone(), fetcher.clone());
-    let prefetch_queue = prefetcher.queue_share();
-    Box::new(move || {
-        Pipeline {
-            // Opens: one per item a loader fetches (files, shards, view tensors); reads of
-            // passthrough files never reach the daemon, opens always do.
-            requests: metrics.op(stats::Op::Open).requests.get(),
-            latency: metrics.read_latency.counts(),
-            stall_ns: metrics.fetch_stall_ns.get() + metrics.prep_stall_ns.get(),
-            hits: metrics.cache_hits.get(),
-            misses: metrics.cache_misses.get(),
-            source_bytes: metrics.source_bytes.get(),
-            source_busy_ns: metrics.source_busy_ns.get(),
-            source_latency: metrics.source_latency.counts(),
-            render_queue: render_queued.as_ref().map_or(0.0, |q| {
-                q.load(Ordering::Relaxed) as f64 / RENDER_QUEUE_DEPTH as f64
-            }),
-            prefetch_queue: prefetch_queue(),
-            cache_fill: fetcher.ram().fill(),
-            disk_tier: fetcher.disk_gauges().is_some(),
-        }
-    })
+/// What the control files show, gathered from the pieces of the mount (see `crate::daemon`).
+pub trait Report: Send + Sync {
+    /// The cache, prefetch and memory figures, with the file system's own.
+    fn gauges(&self, fs: Figures) -> Gauges;
+    /// The content of control file `ino` now (`None`: not a control file).
+    fn snapshot(&self, ino: u64, fs: Figures) -> Option<Vec<u8>>;
 }
 
 impl Fs {
-    /// A mount over `source` with a RAM cache only. Does no I/O: the mount is ready at once.
-    pub fn new(source: Arc<dyn Source>, options: FsOptions) -> Fs {
-        Fs::with_disk(source, options, None)
-    }
-
-    /// A mount over `source` whose cache has a disk tier too (started in the background).
-    pub fn with_disk(source: Arc<dyn Source>, options: FsOptions, disk: Option<DiskSetup>) -> Fs {
-        let metrics = Arc::new(Metrics::default());
-        let telemetry = Arc::new(Telemetry::default());
-        let knobs = Arc::new(Knobs::default());
-        let policy: Box<dyn CodecPolicy> = match options.codec {
-            Some(codec) => Box::new(Fixed(codec)),
-            None => Box::new(ScheduledCodec(knobs.clone())),
-        };
-        let budget = MemoryBudget::new(options.memory);
-        let packer = Arc::new(Packer::new(policy, telemetry.clone(), metrics.clone()));
-        let ram = RamTier::new(budget.clone(), packer.clone(), metrics.clone())
-            .with_decoded_caching(options.decoded_caching)
-            .with_knobs(knobs.clone());
-        // What can be given back under pressure: staged blocks first (the cheapest to fetch
-        // again), then decoded pixels.
-        let staging = Arc::new(Staging::new(budget.clone(), metrics.clone()));
-        budget.add_shed(Arc::downgrade(
-            &(staging.clone() as Arc<dyn crate::memory::Shed>),
-        ));
-        let ram = ram.shared();
-        let disk = disk.map(|d| {
-            Arc::new(DiskTier::start(
-                d.dir,
-                d.options,
-                d.validate,
-                packer,
-                budget.clone(),
-                metrics.clone(),
-            ))
-        });
-        let fetcher = Arc::new(BlockFetcher::new(
-            ram,
-            staging,
-            disk,
-            budget,
-            metrics.clone(),
-        ));
-        // The GPU backend is opened only for views (nothing else renders).
-        let gpu = Gpu::open(&if options.views.is_empty() {
-            GpuOptions {
-                mode: GpuMode::Off,
-                ..options.gpu.clone()
-            }
-        } else {
-            options.gpu.clone()
-        });
-        let views = Arc::new(Views::new(
-            &options.views,
-            Box::new(gpu.placed(knobs.clone(), telemetry.clone())),
-            source.clone(),
-            fetcher.clone(),
-        ));
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let render_pool = if views.is_empty() {
-            None
-        } else {
-            // A scheduled mount starts threads for the largest worker option; the knob decides
-            // how many take jobs (the configured count while it is released).
-            let threads = match options.scheduler {
-                Some(_) => options
-                    .render_threads
-                    .max(Action::default().with(Head::Workers, 3).workers(cores)),
-                None => options.render_threads,
-            };
-            let (k, configured) = (knobs.clone(), options.render_threads);
-            WorkerPool::sized(
-                "prepfs-render",
-                threads,
-                RENDER_QUEUE_DEPTH,
-                Arc::new(move || k.workers().unwrap_or(configured)),
-            )
-            .inspect_err(|e| {
-                tracing::warn!(error = %e, "cannot start render threads; rendering on open");
-            })
-            .ok()
-        };
-        let view_names: Vec<String> = options.views.iter().map(|v| v.name.clone()).collect();
-        let prefetcher = Prefetcher::start(
-            source.clone(),
-            fetcher.clone(),
-            metrics.clone(),
-            options.prefetch,
-            &view_names,
-            decode_ahead(&views, &telemetry, render_pool.as_ref()),
-            options.order_hint.clone(),
-            knobs.clone(),
-        );
-        let sampler = Sampler::start(
-            telemetry.clone(),
-            Sources {
-                probe: Some(probe(
-                    &metrics,
-                    &fetcher,
-                    &prefetcher,
-                    render_pool.as_ref().map(WorkerPool::queued),
-                )),
-                source_root: options.source_root.clone(),
-            },
-        );
-        let scheduler = options.scheduler.clone().map(|s| {
-            let mask = scheduler_mask(&options, gpu.available(), !views.is_empty());
-            let c = fetcher.ram().clone();
-            Scheduler::start(
-                s,
-                telemetry.clone(),
-                knobs.clone(),
-                Setup {
-                    mask,
-                    cores,
-                    prefetch_threads: options.prefetch.threads,
-                    keeps_decoded: Box::new(move || c.decoded_choice().1.keeps()),
-                },
-            )
-        });
+    /// The file system over the pieces `crate::daemon::build` wired for it.
+    pub fn new(options: FsOptions, parts: Parts) -> Fs {
         Fs {
-            source,
-            fetcher,
-            inodes: InodeTable::with_views(views.len()),
+            inodes: InodeTable::with_views(parts.views.len()),
+            source: parts.source,
+            fetcher: parts.fetcher,
+            prefetcher: parts.prefetcher,
+            views: parts.views,
+            board: parts.board,
+            metrics: parts.metrics,
             options,
             handles: ShardedMap::default(),
             next_fh: AtomicU64::new(1),
-            metrics,
-            views,
-            render_pool,
-            prefetcher,
-            telemetry,
-            scheduler,
-            gpu,
-            _sampler: sampler,
         }
     }
 
@@ -465,9 +287,12 @@ impl Fs {
     fn virtual_attr(&self, ino: u64) -> Option<Attr> {
         match ino {
             CONTROL_DIR => self.virtual_dir_attr(ino),
-            STATS_FILE | METRICS_FILE => {
-                Some(self.make_virtual_attr(ino, Kind::File, 0o444, self.render(ino)?.len() as u64))
-            }
+            STATS_FILE | METRICS_FILE => Some(self.make_virtual_attr(
+                ino,
+                Kind::File,
+                0o444,
+                self.snapshot(ino)?.len() as u64,
+            )),
             _ => self.views_dir_attr(ino),
         }
     }
@@ -502,66 +327,21 @@ impl Fs {
         }
     }
 
-    /// The current content of a virtual file.
-    fn render(&self, ino: u64) -> Option<Vec<u8>> {
-        let mut samples = self.metrics.samples(&self.gauges());
-        for view in self.views.iter() {
-            stats::view_samples(&view.spec.name, &view.metrics, &mut samples);
-        }
-        match ino {
-            STATS_FILE => {
-                let choice = self.fetcher.ram().codec_choice();
-                let codec = serde_json::json!({
-                    "choice": choice.codec.to_string(),
-                    "reason": choice.reason.name(),
-                });
-                let (mode, reason) = self.fetcher.ram().decoded_choice();
-                let decoded = serde_json::json!({
-                    "mode": mode.name(),
-                    "keeping": reason.keeps(),
-                    "reason": reason.name(),
-                });
-                let documents = [
-                    ("cache.codec".to_owned(), codec),
-                    ("cache.decoded.policy".to_owned(), decoded),
-                    ("epochs".to_owned(), self.prefetcher.status()),
-                    ("telemetry".to_owned(), self.telemetry.to_json()),
-                    (
-                        "scheduler".to_owned(),
-                        self.scheduler
-                            .as_ref()
-                            .map_or(serde_json::json!({"mode": "off"}), Scheduler::to_json),
-                    ),
-                    ("gpu".to_owned(), self.gpu.to_json()),
-                ]
-                .into_iter()
-                .chain(self.views.iter().map(|v| {
-                    let path = format!("views.{}.failed_files", v.spec.name);
-                    (path, v.metrics.failed_files.to_json())
-                }))
-                .collect();
-                Some(stats::render_json(&samples, documents).into_bytes())
-            }
-            METRICS_FILE => Some(stats::render_prometheus(&samples).into_bytes()),
-            _ => None,
+    /// The current content of control file `ino` (`None` for any other inode).
+    fn snapshot(&self, ino: u64) -> Option<Vec<u8>> {
+        self.board.snapshot(ino, self.figures())
+    }
+
+    fn figures(&self) -> Figures {
+        Figures {
+            open_handles: self.handles.len() as u64,
+            inodes: self.inodes.len() as u64,
         }
     }
 
     /// Cache and table figures for the stats files.
     pub fn gauges(&self) -> Gauges {
-        let staging = self.fetcher.staging();
-        let (staged_bytes, staging_budget_bytes) = (staging.bytes(), staging.budget());
-        Gauges {
-            open_handles: self.handles.len() as u64,
-            inodes: self.inodes.len() as u64,
-            disk: self.fetcher.disk_gauges(),
-            staged_bytes,
-            staging_budget_bytes,
-            prefetch_depth: self.prefetcher.depth() as u64,
-            prefetch_parked: self.prefetcher.parked() as u64,
-            memory: self.memory().gauges(),
-            ..self.fetcher.ram().gauges()
-        }
+        self.board.gauges(self.figures())
     }
 
     /// Resolves `name` in directory `parent`.
@@ -667,7 +447,10 @@ impl Fs {
         if intent == Intent::Write {
             return Err(FsError::ReadOnly);
         }
-        if let Some(content) = self.render(ino) {
+        // The control files are dispatched by inode before anything else is looked at; their
+        // snapshot is taken only here, when one is opened.
+        if matches!(ino, STATS_FILE | METRICS_FILE) {
+            let content = self.snapshot(ino).ok_or(FsError::NotFound)?;
             let fh = self.add_handle(Handle::Snapshot(Arc::new(content)));
             return Ok(Opened {
                 fh,

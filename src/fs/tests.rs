@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::*;
 use crate::cache::BLOCK_SIZE;
+use crate::daemon::build;
 use crate::source::LocalSource;
 use crate::source::faulty::{FaultPlan, FaultySource};
 
@@ -50,15 +51,16 @@ fn options(budget: u64) -> FsOptions {
 }
 
 fn local_fs(dir: &Path, budget: u64) -> Fs {
-    Fs::new(
+    build(
         Arc::new(LocalSource::open(dir).expect("source opens")),
         options(budget),
+        None,
     )
 }
 
 fn faulty_fs(dir: &Path, budget: u64) -> (Fs, Arc<FaultPlan>) {
     let (source, plan) = FaultySource::new(Arc::new(LocalSource::open(dir).expect("source opens")));
-    (Fs::new(Arc::new(source), options(budget)), plan)
+    (build(Arc::new(source), options(budget), None), plan)
 }
 
 fn ino_of(fs: &Fs, path: &str) -> u64 {
@@ -489,7 +491,11 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
         let mut o = options(1 << 30);
         o.views = vec![spec.clone()];
         o.decoded_caching = mode;
-        Fs::new(Arc::new(LocalSource::open(dir.path()).expect("source")), o)
+        build(
+            Arc::new(LocalSource::open(dir.path()).expect("source")),
+            o,
+            None,
+        )
     };
     let read_view = |fs: &Fs, i: usize| {
         let ino = ino_of(fs, &format!(".prepfs/views/v/a{i}.jpg.npy"));
@@ -560,7 +566,11 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     let mut o = options(jpegs.iter().map(|j| j.len() as u64).sum::<u64>() + 1000);
     o.views = vec![spec.clone()];
     o.decoded_caching = DecodedCaching::On;
-    let tight = Fs::new(Arc::new(LocalSource::open(dir.path()).expect("source")), o);
+    let tight = build(
+        Arc::new(LocalSource::open(dir.path()).expect("source")),
+        o,
+        None,
+    );
     for (i, w) in want.iter().enumerate() {
         assert_eq!(&read_view(&tight, i), w);
     }
@@ -605,7 +615,7 @@ fn slow_prefetching_fs_sized(
         order_hint,
         ..base
     };
-    let fs = Fs::new(Arc::new(source), options);
+    let fs = build(Arc::new(source), options, None);
     (dir, fs, plan)
 }
 
@@ -809,7 +819,8 @@ fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
     let (source, plan) =
         FaultySource::new(Arc::new(LocalSource::open(dir.path()).expect("source")));
     plan.read_delay_us.store(2000, Ordering::SeqCst);
-    let fs = Arc::new(Fs::new(
+    let telemetry = Arc::new(crate::telemetry::Telemetry::default());
+    let fs = Arc::new(crate::daemon::build_observed(
         Arc::new(source),
         FsOptions {
             views: vec![spec.clone()],
@@ -824,14 +835,16 @@ fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
             },
             ..options(1 << 30)
         },
+        None,
+        telemetry.clone(),
     ));
     // The test machine may be busy; the rule under test is what happens when it is idle.
     let stop = Arc::new(AtomicBool::new(false));
     let idle = {
-        let (fs, stop) = (fs.clone(), stop.clone());
+        let (telemetry, stop) = (telemetry.clone(), stop.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                fs.telemetry.set_cpu_idle(1.0);
+                telemetry.set_cpu_idle(1.0);
                 std::thread::sleep(Duration::from_millis(2));
             }
         })
@@ -912,31 +925,19 @@ fn a_pass_waiting_on_a_source_larger_than_the_cache_is_diagnosed_as_short_of_cac
 }
 
 #[test]
-fn without_a_usable_gpu_the_scheduler_cannot_place_work_there() {
-    use crate::scheduler::action::{Action, Head};
-    let o = options(1 << 20);
-    let mask = super::scheduler_mask(&o, false, true);
-    let gpu_decode = Action::default().with(Head::Decode, 1);
-    let gpu_augment = Action::default().with(Head::Augment, 1);
-    assert!(!mask.admits(&gpu_decode) && !mask.admits(&gpu_augment));
-    assert!(mask.admits(&Action::default()));
-    let with_gpu = super::scheduler_mask(&o, true, true);
-    assert!(with_gpu.admits(&gpu_decode) && with_gpu.admits(&gpu_augment));
-}
-
-#[test]
 fn stats_say_whether_views_can_use_a_gpu_and_renders_are_unchanged() {
     let dir = tempfile::tempdir().expect("tempdir");
     let jpeg = crate::synthetic::photo(2).expect("jpeg");
     std::fs::write(dir.path().join("a.jpg"), &jpeg).expect("write");
     let spec = crate::view::ViewSpec::parse("v=decode,center_crop(32),uint8(hwc)").expect("spec");
-    let fs = Fs::new(
+    let fs = build(
         Arc::new(LocalSource::open(dir.path()).expect("source")),
         FsOptions {
             views: vec![spec.clone()],
             gpu: crate::view::gpu::GpuOptions::default(),
             ..options(1 << 20)
         },
+        None,
     );
     let control = fs
         .lookup(inode::ROOT, OsStr::new(".prepfs"))

@@ -14,7 +14,7 @@
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,7 @@ use crate::source::{Identity, Kind, Meta, Source, SourceFile};
 use crate::stats::ViewMetrics;
 use crate::view::render::MAX_ENCODED_BYTES;
 use crate::view::{Executor, RenderError, Rgb, ViewSpec, plan, render};
+use crate::workers::{Active, WorkerPool};
 
 /// Suffix of view files.
 const NPY: &str = ".npy";
@@ -39,6 +40,8 @@ const HEADER_PROBE: u64 = 64 << 10;
 /// profiles, Photoshop resources before a JPEG's frame header; text chunks before a PNG's
 /// pixels): beyond it, getattr answers EIO rather than read more of a file it cannot size.
 const HEADER_PROBE_MAX: u64 = 4 << 20;
+/// Renders waiting for a render thread at most; beyond it, a file's first read renders it.
+const RENDER_QUEUE_DEPTH: usize = 64;
 /// How long a render waits for room in the memory budget (other renders finishing, view files
 /// being closed) before it fails with EIO.
 const RENDER_PATIENCE: Duration = Duration::from_secs(10);
@@ -55,12 +58,18 @@ pub struct View {
     pub metrics: ViewMetrics,
 }
 
-/// The mount's views and what their renders need; shared with the render pool's jobs.
-pub(super) struct Views {
+/// The mount's views, their render pool and what renders need: the view service.
+pub struct Views {
     list: Vec<View>,
+    /// Seed of every view's random augmentation.
+    seed: u64,
     executor: Box<dyn Executor>,
     source: Arc<dyn Source>,
     fetcher: Arc<BlockFetcher>,
+    /// Runs renders queued at open; started only when there are views.
+    pool: Option<WorkerPool>,
+    /// Renders queued and not started (the pool's own gauge).
+    waiting: Arc<AtomicUsize>,
 }
 
 /// A view file opened for reading: rendered once, by the render pool or by its first read.
@@ -87,6 +96,19 @@ impl ViewOpen {
     }
 }
 
+/// The size of the encoded image `source`, refused when it is larger than any image a decode
+/// could use (`MAX_ENCODED_BYTES`).
+fn encoded_size(source: &dyn SourceFile) -> Result<u64, String> {
+    let size = source.identity().size;
+    if size > MAX_ENCODED_BYTES {
+        return Err(RenderError::TooLarge(format!(
+            "the file has {size} bytes, over the {MAX_ENCODED_BYTES} an encoded image may have"
+        ))
+        .to_string());
+    }
+    Ok(size)
+}
+
 fn is_image(name: &OsStr) -> bool {
     let name = name.as_bytes();
     IMAGE_EXTENSIONS.iter().any(|ext| {
@@ -97,14 +119,19 @@ fn is_image(name: &OsStr) -> bool {
 }
 
 impl Views {
-    /// The views of `specs`, rendering with `executor`.
-    pub(super) fn new(
+    /// The views of `specs` (augmentation seeded by `seed`), rendering with `executor` on a pool
+    /// of `threads` render threads of which `active()` take work (started only when there are
+    /// views; without threads, the first read of a file renders it).
+    pub fn start(
         specs: &[ViewSpec],
+        seed: u64,
+        threads: usize,
+        active: Active,
         executor: Box<dyn Executor>,
         source: Arc<dyn Source>,
         fetcher: Arc<BlockFetcher>,
     ) -> Views {
-        let list = specs
+        let list: Vec<View> = specs
             .iter()
             .take(inode::MAX_VIEWS)
             .map(|spec| View {
@@ -112,27 +139,52 @@ impl Views {
                 metrics: ViewMetrics::default(),
             })
             .collect();
+        let pool = if list.is_empty() {
+            None
+        } else {
+            WorkerPool::sized("prepfs-render", threads, RENDER_QUEUE_DEPTH, active)
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "cannot start render threads; rendering on read");
+                })
+                .ok()
+        };
+        let waiting = pool
+            .as_ref()
+            .map_or_else(|| Arc::new(AtomicUsize::new(0)), WorkerPool::queued);
         Views {
             list,
+            seed,
             executor,
             source,
             fetcher,
+            pool,
+            waiting,
         }
     }
 
     /// The views, in mount order.
-    pub(super) fn iter(&self) -> impl Iterator<Item = &View> {
+    pub fn iter(&self) -> impl Iterator<Item = &View> {
         self.list.iter()
     }
 
     /// How many there are.
-    pub(super) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.list.len()
     }
 
     /// Whether the mount has none.
-    pub(super) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.list.is_empty()
+    }
+
+    /// Renders queued and not started yet.
+    pub fn renders_waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// How full the render queue is, 0..=1 (telemetry).
+    pub fn render_queue_share(&self) -> f64 {
+        self.renders_waiting() as f64 / RENDER_QUEUE_DEPTH as f64
     }
 
     fn get(&self, index: u16) -> Result<&View, FsError> {
@@ -178,13 +230,7 @@ impl Views {
     /// The whole encoded image `source` at `path`, through the cache; refused unread when it is
     /// larger than any image a decode could use (`MAX_ENCODED_BYTES`).
     fn read_image(&self, source: &dyn SourceFile, path: &Path) -> Result<Vec<u8>, String> {
-        let size = source.identity().size;
-        if size > MAX_ENCODED_BYTES {
-            return Err(RenderError::TooLarge(format!(
-                "the file has {size} bytes, over the {MAX_ENCODED_BYTES} an encoded image may have"
-            ))
-            .to_string());
-        }
+        encoded_size(source)?;
         self.read_through(source, path, MAX_ENCODED_BYTES)
             .map_err(|e| format!("cannot read the image: {e}"))
     }
@@ -268,7 +314,7 @@ impl Views {
                 }
             }
         }
-        let _encoded_room = self.room(identity.size.min(MAX_ENCODED_BYTES))?;
+        let _encoded_room = self.room(encoded_size(source.as_ref())?)?;
         let encoded = self.read_image(source.as_ref(), &node.path)?;
         let work = memory(render::dimensions(&encoded).map_err(|e| e.to_string())?)?;
         let (image, decode, _) = self.decode_and_offer(&encoded, identity, &node.path)?;
@@ -299,7 +345,7 @@ impl Views {
     /// Decodes the image at `path` (the open `source`) into the decoded-pixel cache ahead of its
     /// open, unless the cache holds its pixels already or would not keep them now; true when it
     /// decoded and the cache kept them. Prefetch calls it when the CPU is idle.
-    pub(super) fn decode_ahead(&self, path: &Path, source: &dyn SourceFile) -> bool {
+    pub fn decode_ahead(&self, path: &Path, source: &dyn SourceFile) -> bool {
         let identity = source.identity();
         if self.fetcher.ram().has_decoded(&identity)
             || !self.fetcher.ram().decoded_choice().1.keeps()
@@ -308,7 +354,10 @@ impl Views {
         }
         // Only with memory nobody else wants now: the encoded file, the pixels and their copy.
         let budget = self.fetcher.ram().budget();
-        let Some(_encoded_room) = budget.try_work(identity.size.min(MAX_ENCODED_BYTES)) else {
+        let Some(_encoded_room) = encoded_size(source)
+            .ok()
+            .and_then(|size| budget.try_work(size))
+        else {
             return false;
         };
         self.read_image(source, path)
@@ -511,7 +560,7 @@ impl Fs {
         }
         let count = node.opens.fetch_add(1, Ordering::Relaxed);
         let mut key = Vec::new();
-        key.extend_from_slice(&self.options.seed.to_le_bytes());
+        key.extend_from_slice(&self.views.seed.to_le_bytes());
         key.extend_from_slice(view.spec.name.as_bytes());
         key.push(0);
         key.extend_from_slice(node.path.as_os_str().as_bytes());
@@ -525,7 +574,7 @@ impl Fs {
         });
         // Queued at once, so decoding overlaps the loader's open-to-read gap; with the queue full
         // (or no pool) the first read renders it, on its own thread.
-        if let Some(pool) = &self.render_pool {
+        if let Some(pool) = &self.views.pool {
             let (views, job) = (self.views.clone(), open.clone());
             pool.try_submit(move || views.render_once(&job));
         }

@@ -1,0 +1,342 @@
+//! The composition root: builds every piece of one mount's daemon and wires them together.
+//!
+//! Owns: the order pieces are built in (the memory budget, the cache tiers and the fetch chain,
+//! the GPU backend and the view service, the prefetcher, telemetry and the scheduler), which
+//! piece gets which handle to which other, and `Board`: what the control files show, gathered
+//! from every piece when one of them is opened (it also keeps the background pieces alive, and
+//! drops the scheduler before the sampler and the modules it drives). `Fs` gets only what
+//! file-system semantics need. Must never hold file-system semantics itself, and never build a
+//! piece anywhere else: a new piece is wired here.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::json;
+
+use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed};
+use crate::cache::{BlockFetcher, DiskSetup, DiskTier, Packer, RamTier, Staging};
+use crate::fs::{Figures, Fs, FsOptions, Parts, Report, View, Views};
+use crate::inode::{METRICS_FILE, STATS_FILE};
+use crate::memory::{MemoryBudget, Shed};
+use crate::prefetch::{DecodeAhead, Prefetcher};
+use crate::scheduler::action::{Action, CODECS, Head, Mask};
+use crate::scheduler::knobs::{Knobs, ScheduledCodec};
+use crate::scheduler::runtime::{Scheduler, Setup};
+use crate::source::{Source, SourceFile};
+use crate::stats::{self, Gauges, Metrics};
+use crate::telemetry::{Pipeline, Probe, Sampler, Sources, Telemetry};
+use crate::view::gpu::{Gpu, GpuMode, GpuOptions};
+
+/// Share of the machine's CPU that must be idle for prefetch to decode view images ahead.
+const DECODE_AHEAD_IDLE: f64 = 0.25;
+
+/// Builds the daemon of a mount over `source` (with a disk tier when `disk` is given, started in
+/// the background): every piece, wired, behind the `Fs` the FUSE adapter serves. Does no I/O on
+/// the source: the mount is ready at once.
+pub fn build(source: Arc<dyn Source>, options: FsOptions, disk: Option<DiskSetup>) -> Fs {
+    build_observed(source, options, disk, Arc::new(Telemetry::default()))
+}
+
+/// `build`, with the machine and pipeline figures kept in `telemetry` (tests set them).
+pub(crate) fn build_observed(
+    source: Arc<dyn Source>,
+    options: FsOptions,
+    disk: Option<DiskSetup>,
+    telemetry: Arc<Telemetry>,
+) -> Fs {
+    let metrics = Arc::new(Metrics::default());
+    let knobs = Arc::new(Knobs::default());
+    let policy: Box<dyn CodecPolicy> = match options.codec {
+        Some(codec) => Box::new(Fixed(codec)),
+        None => Box::new(ScheduledCodec(knobs.clone())),
+    };
+
+    // The memory budget and the tiers under it. What can be given back under pressure: staged
+    // blocks first (the cheapest to fetch again), then decoded pixels.
+    let budget = MemoryBudget::new(options.memory);
+    let packer = Arc::new(Packer::new(policy, telemetry.clone(), metrics.clone()));
+    let staging = Arc::new(Staging::new(budget.clone(), metrics.clone()));
+    budget.add_shed(Arc::downgrade(&(staging.clone() as Arc<dyn Shed>)));
+    let ram = RamTier::new(budget.clone(), packer.clone(), metrics.clone())
+        .with_decoded_caching(options.decoded_caching)
+        .with_knobs(knobs.clone())
+        .shared();
+    let disk = disk.map(|d| {
+        Arc::new(DiskTier::start(
+            d.dir,
+            d.options,
+            d.validate,
+            packer,
+            budget.clone(),
+            metrics.clone(),
+        ))
+    });
+    let fetcher = Arc::new(BlockFetcher::new(
+        ram,
+        staging,
+        disk,
+        budget,
+        metrics.clone(),
+    ));
+
+    // Views, rendered on the GPU only where one is usable (nothing else renders).
+    let gpu = Gpu::open(&if options.views.is_empty() {
+        GpuOptions {
+            mode: GpuMode::Off,
+            ..options.gpu.clone()
+        }
+    } else {
+        options.gpu.clone()
+    });
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // A scheduled mount starts render threads for the largest worker option; the knob decides
+    // how many take jobs (the configured count while it is released).
+    let render_threads = match options.scheduler {
+        Some(_) => options
+            .render_threads
+            .max(Action::default().with(Head::Workers, 3).workers(cores)),
+        None => options.render_threads,
+    };
+    let (k, configured) = (knobs.clone(), options.render_threads);
+    let views = Arc::new(Views::start(
+        &options.views,
+        options.seed,
+        render_threads,
+        Arc::new(move || k.workers().unwrap_or(configured)),
+        Box::new(gpu.placed(knobs.clone(), telemetry.clone())),
+        source.clone(),
+        fetcher.clone(),
+    ));
+
+    let view_names: Vec<String> = options.views.iter().map(|v| v.name.clone()).collect();
+    let prefetcher = Arc::new(Prefetcher::start(
+        source.clone(),
+        fetcher.clone(),
+        metrics.clone(),
+        options.prefetch,
+        &view_names,
+        decode_ahead(&views, &telemetry),
+        options.order_hint.clone(),
+        knobs.clone(),
+    ));
+    let sampler = Sampler::start(
+        telemetry.clone(),
+        Sources {
+            probe: Some(probe(&metrics, &fetcher, &prefetcher, &views)),
+            source_root: options.source_root.clone(),
+        },
+    );
+    let scheduler = options.scheduler.clone().map(|s| {
+        let mask = scheduler_mask(&options, gpu.available(), !views.is_empty());
+        let ram = fetcher.ram().clone();
+        Scheduler::start(
+            s,
+            telemetry.clone(),
+            knobs.clone(),
+            Setup {
+                mask,
+                cores,
+                prefetch_threads: options.prefetch.threads,
+                keeps_decoded: Box::new(move || ram.decoded_choice().1.keeps()),
+            },
+        )
+    });
+    let board = Board {
+        scheduler,
+        metrics: metrics.clone(),
+        fetcher: fetcher.clone(),
+        prefetcher: prefetcher.clone(),
+        views: views.clone(),
+        telemetry,
+        gpu,
+        _sampler: sampler,
+    };
+    Fs::new(
+        options,
+        Parts {
+            source,
+            fetcher,
+            prefetcher,
+            views,
+            metrics,
+            board: Box::new(board),
+        },
+    )
+}
+
+/// Decoding ahead for prefetch (views only): while at least `DECODE_AHEAD_IDLE` of the CPU is
+/// idle and no render waits for a thread, so it only takes time nobody else wants.
+fn decode_ahead(views: &Arc<Views>, telemetry: &Arc<Telemetry>) -> Option<DecodeAhead> {
+    if views.is_empty() {
+        return None;
+    }
+    let (views, telemetry) = (views.clone(), telemetry.clone());
+    Some(Arc::new(move |_, path: &Path, source: &dyn SourceFile| {
+        let idle = telemetry.cpu_idle() >= DECODE_AHEAD_IDLE && views.renders_waiting() == 0;
+        idle && views.decode_ahead(path, source)
+    }))
+}
+
+/// What the scheduler may choose on this mount: GPU placements only with a usable GPU backend,
+/// decode knobs only with views, and no choice where an option is fixed by the user.
+fn scheduler_mask(options: &FsOptions, gpu: bool, views: bool) -> Mask {
+    let mut mask = Mask::new(gpu, views);
+    if let Some(codec) = options.codec {
+        mask.only(
+            Head::Codec,
+            CODECS.iter().position(|c| *c == codec).unwrap_or(0),
+        );
+    }
+    match options.decoded_caching {
+        DecodedCaching::Auto => {}
+        DecodedCaching::Off => mask.only(Head::Decoded, 0),
+        DecodedCaching::On => mask.only(Head::Decoded, 1),
+    }
+    mask
+}
+
+/// How telemetry reads this mount's pipeline: counters from the metrics, gauges from the cache,
+/// the prefetcher and the render queue. Every read is an atomic load or a short lock that no
+/// request path holds for long.
+fn probe(
+    metrics: &Arc<Metrics>,
+    fetcher: &Arc<BlockFetcher>,
+    prefetcher: &Prefetcher,
+    views: &Arc<Views>,
+) -> Probe {
+    let (metrics, fetcher, views) = (metrics.clone(), fetcher.clone(), views.clone());
+    let prefetch_queue = prefetcher.queue_share();
+    Box::new(move || {
+        Pipeline {
+            // Opens: one per item a loader fetches (files, shards, view tensors); reads of
+            // passthrough files never reach the daemon, opens always do.
+            requests: metrics.op(stats::Op::Open).requests.get(),
+            latency: metrics.read_latency.counts(),
+            stall_ns: metrics.fetch_stall_ns.get() + metrics.prep_stall_ns.get(),
+            hits: metrics.cache_hits.get(),
+            misses: metrics.cache_misses.get(),
+            source_bytes: metrics.source_bytes.get(),
+            source_busy_ns: metrics.source_busy_ns.get(),
+            source_latency: metrics.source_latency.counts(),
+            render_queue: views.render_queue_share(),
+            prefetch_queue: prefetch_queue(),
+            cache_fill: fetcher.ram().fill(),
+            disk_tier: fetcher.disk_gauges().is_some(),
+        }
+    })
+}
+
+/// What the control files show, gathered from every piece of the mount when one is opened. Also
+/// where the background pieces live: fields drop in order, the scheduler (which sets the knobs)
+/// before the sampler and the modules it drives.
+struct Board {
+    scheduler: Option<Scheduler>,
+    metrics: Arc<Metrics>,
+    fetcher: Arc<BlockFetcher>,
+    prefetcher: Arc<Prefetcher>,
+    views: Arc<Views>,
+    telemetry: Arc<Telemetry>,
+    gpu: Gpu,
+    _sampler: Sampler,
+}
+
+impl Report for Board {
+    fn gauges(&self, fs: Figures) -> Gauges {
+        let staging = self.fetcher.staging();
+        Gauges {
+            open_handles: fs.open_handles,
+            inodes: fs.inodes,
+            disk: self.fetcher.disk_gauges(),
+            staged_bytes: staging.bytes(),
+            staging_budget_bytes: staging.budget(),
+            prefetch_depth: self.prefetcher.depth() as u64,
+            prefetch_parked: self.prefetcher.parked() as u64,
+            memory: self.fetcher.ram().budget().gauges(),
+            ..self.fetcher.ram().gauges()
+        }
+    }
+
+    fn snapshot(&self, ino: u64, fs: Figures) -> Option<Vec<u8>> {
+        let mut samples = self.metrics.samples(&self.gauges(fs));
+        for view in self.views.iter() {
+            stats::view_samples(&view.spec.name, &view.metrics, &mut samples);
+        }
+        match ino {
+            STATS_FILE => {
+                let ram = self.fetcher.ram();
+                let choice = ram.codec_choice();
+                let codec = json!({
+                    "choice": choice.codec.to_string(),
+                    "reason": choice.reason.name(),
+                });
+                let (mode, reason) = ram.decoded_choice();
+                let decoded = json!({
+                    "mode": mode.name(),
+                    "keeping": reason.keeps(),
+                    "reason": reason.name(),
+                });
+                let documents = [
+                    ("cache.codec".to_owned(), codec),
+                    ("cache.decoded.policy".to_owned(), decoded),
+                    ("epochs".to_owned(), self.prefetcher.status()),
+                    ("telemetry".to_owned(), self.telemetry.to_json()),
+                    (
+                        "scheduler".to_owned(),
+                        self.scheduler
+                            .as_ref()
+                            .map_or(json!({"mode": "off"}), Scheduler::to_json),
+                    ),
+                    ("gpu".to_owned(), self.gpu.to_json()),
+                ]
+                .into_iter()
+                .chain(self.views.iter().map(|v: &View| {
+                    let path = format!("views.{}.failed_files", v.spec.name);
+                    (path, v.metrics.failed_files.to_json())
+                }))
+                .collect();
+                Some(stats::render_json(&samples, documents).into_bytes())
+            }
+            METRICS_FILE => Some(stats::render_prometheus(&samples).into_bytes()),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::action::{Action, Head};
+
+    #[test]
+    fn without_a_usable_gpu_the_scheduler_cannot_place_work_there() {
+        let o = FsOptions {
+            memory: crate::memory::MemoryPlan {
+                cache: 1 << 20,
+                staging: 0,
+                work: 1 << 20,
+            },
+            passthrough: false,
+            owner: (0, 0),
+            views: Vec::new(),
+            seed: 0,
+            render_threads: 1,
+            codec: None,
+            decoded_caching: DecodedCaching::Auto,
+            prefetch: crate::prefetch::PrefetchOptions {
+                enabled: false,
+                threads: 1,
+            },
+            order_hint: None,
+            scheduler: None,
+            source_root: None,
+            gpu: GpuOptions::default(),
+        };
+        let mask = scheduler_mask(&o, false, true);
+        let gpu_decode = Action::default().with(Head::Decode, 1);
+        let gpu_augment = Action::default().with(Head::Augment, 1);
+        assert!(!mask.admits(&gpu_decode) && !mask.admits(&gpu_augment));
+        assert!(mask.admits(&Action::default()));
+        let with_gpu = scheduler_mask(&o, true, true);
+        assert!(with_gpu.admits(&gpu_decode) && with_gpu.admits(&gpu_augment));
+    }
+}
