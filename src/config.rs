@@ -4,15 +4,21 @@
 //! line before anything is mounted (source, mountpoint and whether the source reaches it,
 //! /dev/fuse, sizes). Must never mount, spawn or change anything: it only reads and decides.
 
+use crate::cache::CacheConfig;
 use crate::cache::codec::{Codec, MAX_ZSTD_LEVEL};
 use crate::cache::policy::DecodedCaching;
+use crate::fuse::FuseConfig;
+use crate::memory::limits;
+use crate::memory::{MemoryPlan, Staging};
 use crate::mountinfo::Mount;
-use crate::prefetch::PrefetchOptions;
+use crate::prefetch::PrefetchConfig;
 use crate::scheduler::runtime::SchedulerOptions;
 use crate::scheduler::state::RewardWeights;
 use crate::view::ViewSpec;
+use crate::view::ViewsConfig;
 use crate::view::gpu::{DEFAULT_GPU_MEMORY, GpuMode, GpuOptions, MIN_GPU_MEMORY};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Why a configuration cannot be used. Each message is one line a user can act on.
 #[derive(Debug, thiserror::Error)]
@@ -49,56 +55,103 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// Everything a mount needs.
+/// Everything a mount needs: where, how it runs, and each component's own configuration.
 #[derive(Debug, Clone)]
 pub struct MountConfig {
     /// Dataset directory (canonical).
     pub source: PathBuf,
     /// Where the mount appears (canonical).
     pub mountpoint: PathBuf,
-    /// The hard memory budget of everything the mount holds for data (`--cache-mem`).
-    pub cache_mem: u64,
     /// Stay attached to the terminal instead of becoming a daemon.
     pub foreground: bool,
-    /// Offer kernel passthrough for fully cached files.
-    pub passthrough: bool,
-    /// Threads receiving FUSE requests.
-    pub fuse_threads: usize,
-    /// Threads serving requests that may wait on the source (lookups, opens, misses).
-    pub io_threads: usize,
-    /// Longest a request may wait on the source before it is answered EIO.
-    pub source_timeout: std::time::Duration,
-    /// Threads rendering view files (decode and ops): the CPU executor's pool.
-    pub render_threads: usize,
-    /// Let other users access the mount (off by default).
-    pub allow_other: bool,
     /// Where a daemon writes its log (none: discarded).
     pub log_file: Option<PathBuf>,
-    /// Tensor views under `.prepfs/views/`.
-    pub views: Vec<ViewSpec>,
-    /// Seed of the views' random augmentation.
-    pub seed: u64,
-    /// Codec of cached data; `None`: chosen adaptively.
-    pub codec: Option<Codec>,
-    /// Whether view renders keep decoded pixels in the cache.
-    pub decoded_caching: DecodedCaching,
-    /// Prefetch workers, or off.
-    pub prefetch: PrefetchOptions,
-    /// Byte budget of the prefetch staging buffer.
-    pub prefetch_buffer: Option<u64>,
-    /// An order file a sampler writes (absolute path), for prefetch to follow.
-    pub order_file: Option<PathBuf>,
-    /// Directory of the persistent disk tier, if any.
-    pub cache_dir: Option<PathBuf>,
-    /// Disk tier budget (`None`: half of the free space at mount).
-    pub cache_disk: Option<u64>,
-    /// Share (0..1) of the cache dir's filesystem kept free.
-    pub disk_min_free: f64,
-    /// Who sets the knobs, and how it learns.
-    pub scheduler: SchedulerOptions,
-    /// The views' GPU backend.
-    pub gpu: GpuOptions,
+    /// The kernel connection.
+    pub fuse: FuseConfig,
+    /// The cache tiers and the memory budget.
+    pub cache: CacheConfig,
+    /// Epoch inference and prefetch.
+    pub prefetch: PrefetchConfig,
+    /// Tensor views.
+    pub views: ViewsConfig,
+    /// Who sets the knobs, and how it learns (`None`: nobody; each module's own rule decides).
+    pub scheduler: Option<SchedulerOptions>,
 }
+
+impl MountConfig {
+    /// A mount of `source` at `mountpoint` with every component's defaults.
+    pub fn new(source: PathBuf, mountpoint: PathBuf) -> MountConfig {
+        MountConfig {
+            source,
+            mountpoint,
+            foreground: false,
+            log_file: None,
+            fuse: FuseConfig::default(),
+            cache: CacheConfig::default(),
+            prefetch: PrefetchConfig::default(),
+            views: ViewsConfig::default(),
+            scheduler: Some(SchedulerOptions::default()),
+        }
+    }
+
+    /// Checks what the parts of the configuration must satisfy together and against the
+    /// machine (its memory and cgroup); the warnings a user should see (close to the limits).
+    /// Never touches SOURCE or MOUNTPOINT (see `check_source`, `check_mountpoint`).
+    pub fn validate(&self) -> Result<Vec<String>, ConfigError> {
+        let mut warnings = Vec::new();
+        let invalid = ConfigError::Invalid;
+        if self.fuse.threads == 0 || self.fuse.io_threads == 0 {
+            return Err(invalid(
+                "--fuse-threads and --io-threads must be at least 1".into(),
+            ));
+        }
+        if !(MIN_SOURCE_TIMEOUT..=MAX_SOURCE_TIMEOUT).contains(&self.fuse.source_timeout) {
+            return Err(invalid(format!(
+                "--source-timeout {:?}: use 100ms to 60m",
+                self.fuse.source_timeout
+            )));
+        }
+        if self.views.render_threads == 0 || self.prefetch.threads == 0 {
+            return Err(invalid(
+                "--render-threads and --prefetch-threads must be at least 1".into(),
+            ));
+        }
+        check_views(&self.views.specs)?;
+        check_gpu_memory(self.views.gpu.memory)?;
+        if let Some(disk) = &self.cache.disk {
+            check_percent(disk.min_free * 100.0)?;
+        }
+        if let Some(w) = self.scheduler.as_ref().map(|s| &s.reward) {
+            check_reward(w.alpha, w.beta, w.stall)?;
+        }
+        let (host, cgroup) = (limits::host(), limits::cgroup());
+        if let Some(warning) = limits::check_budget(self.cache.budget, host, cgroup.as_ref())
+            .map_err(ConfigError::Invalid)?
+        {
+            warnings.push(warning);
+        }
+        Ok(warnings)
+    }
+
+    /// How the memory budget is split: the staging buffer prefetch asks for (none without
+    /// prefetch), and room for a read in flight per I/O, prefetch and render thread and for the
+    /// renders (render threads run only with views).
+    pub fn memory_plan(&self) -> MemoryPlan {
+        let staging = match (self.prefetch.enabled, self.prefetch.buffer) {
+            (false, _) => Staging::None,
+            (true, None) => Staging::Default(crate::prefetch::DEFAULT_BUFFER),
+            (true, Some(bytes)) => Staging::Asked(bytes),
+        };
+        let renders = self.views.renderers();
+        let readers = self.fuse.io_threads + self.prefetch.readers() + renders;
+        MemoryPlan::split(self.cache.budget, staging, readers, renders)
+    }
+}
+
+/// Shortest and longest `--source-timeout`: below 100 ms a busy disk would fail reads; past an
+/// hour a reader might as well hang.
+const MIN_SOURCE_TIMEOUT: Duration = Duration::from_millis(100);
+const MAX_SOURCE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Parses and checks the GPU options: `--gpu` (auto, on, off) and `--gpu-mem` (a size, at
 /// least `MIN_GPU_MEMORY`); the library paths, when given, must exist.
@@ -114,12 +167,7 @@ pub fn parse_gpu(
         Some(text) => parse_size(text)?,
         None => DEFAULT_GPU_MEMORY,
     };
-    if memory < MIN_GPU_MEMORY {
-        return Err(ConfigError::Invalid(format!(
-            "--gpu-mem {memory}: at least {}M (a launch must hold a useful batch)",
-            MIN_GPU_MEMORY >> 20
-        )));
-    }
+    check_gpu_memory(memory)?;
     for (flag, path) in [("--nvjpeg", &nvjpeg), ("--nvrtc", &nvrtc)] {
         if let Some(p) = path
             && !p.exists()
@@ -137,6 +185,17 @@ pub fn parse_gpu(
         nvjpeg: nvjpeg.map(absolute),
         nvrtc: nvrtc.map(absolute),
     })
+}
+
+/// Checks `--gpu-mem`: at least `MIN_GPU_MEMORY`.
+fn check_gpu_memory(bytes: u64) -> Result<(), ConfigError> {
+    if bytes < MIN_GPU_MEMORY {
+        return Err(ConfigError::Invalid(format!(
+            "--gpu-mem {bytes}: at least {}M (a launch must hold a useful batch)",
+            MIN_GPU_MEMORY >> 20
+        )));
+    }
+    Ok(())
 }
 
 /// Parses `--codec`: `auto` (adaptive: `None`) or a fixed codec.
@@ -194,58 +253,39 @@ pub fn check_reward(alpha: f64, beta: f64, stall: f64) -> Result<RewardWeights, 
     Ok(RewardWeights { alpha, beta, stall })
 }
 
-/// Parses `--view NAME=PIPELINE` definitions: names unique, at most `inode::MAX_VIEWS`.
+/// Parses `--view NAME=PIPELINE` definitions, checked together as `check_views` does.
 pub fn parse_views(definitions: &[String]) -> Result<Vec<ViewSpec>, ConfigError> {
-    if definitions.len() > crate::inode::MAX_VIEWS {
-        return Err(ConfigError::View(format!(
-            "{} views given; at most {} per mount",
-            definitions.len(),
-            crate::inode::MAX_VIEWS
-        )));
-    }
-    let mut views: Vec<ViewSpec> = Vec::new();
-    for definition in definitions {
-        let spec = ViewSpec::parse(definition).map_err(|e| ConfigError::View(e.to_string()))?;
-        if views.iter().any(|v| v.name == spec.name) {
-            return Err(ConfigError::View(format!(
-                "view {} is defined twice",
-                spec.name
-            )));
-        }
-        views.push(spec);
-    }
+    let views = definitions
+        .iter()
+        .map(|d| ViewSpec::parse(d).map_err(|e| ConfigError::View(e.to_string())))
+        .collect::<Result<Vec<_>, _>>()?;
+    check_views(&views)?;
     Ok(views)
 }
 
-/// Default number of FUSE threads: one per core, at least two.
-pub fn default_fuse_threads() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
+/// Checks a mount's views: names unique, at most `inode::MAX_VIEWS`.
+fn check_views(views: &[ViewSpec]) -> Result<(), ConfigError> {
+    if views.len() > crate::inode::MAX_VIEWS {
+        return Err(ConfigError::View(format!(
+            "{} views given; at most {} per mount",
+            views.len(),
+            crate::inode::MAX_VIEWS
+        )));
+    }
+    for (i, v) in views.iter().enumerate() {
+        if views[..i].iter().any(|w| w.name == v.name) {
+            return Err(ConfigError::View(format!(
+                "view {} is defined twice",
+                v.name
+            )));
+        }
+    }
+    Ok(())
 }
-
-/// Default render threads: one per core. Renders are pure CPU, so more threads than cores only
-/// add switching; fewer leave cores idle while loaders wait.
-pub fn default_render_threads() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get())
-}
-
-/// Default I/O threads: enough parallel source reads to keep network or slow storage busy.
-pub const DEFAULT_IO_THREADS: usize = 16;
-/// Prefetch workers: concurrent fetches and opens hide a few ms of per-request latency behind
-/// each other's transfers (two left a shuffled epoch's opens ahead behind the reader); each
-/// holds a block in flight twice (its buffer and the source's page cache), memory that a tight
-/// limit takes from the page cache.
-pub const DEFAULT_PREFETCH_THREADS: usize = 4;
-/// Prefetch staging buffer: a few dozen files or shards' first blocks ahead, small next to any
-/// cache budget worth having (`memory::MemoryPlan` keeps it to an eighth of a small budget).
-pub const DEFAULT_PREFETCH_BUFFER: u64 = 64 << 20;
-
-/// Default `--source-timeout`: a network filesystem's own retries (NFS retransmits over tens of
-/// seconds) fit inside it, and a reader of a dead source gets EIO, not a hang.
-pub const DEFAULT_SOURCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Parses a duration: `30s`, `500ms`, `2m`, or a number of seconds (`1.5`); between 100 ms and
 /// one hour.
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, ConfigError> {
+pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
     let bad = || {
         ConfigError::Invalid(format!(
             "invalid duration {text:?}: use seconds (30, 1.5), or a number with ms, s or m, \
@@ -263,10 +303,11 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, ConfigError> {
         (t, 1.0)
     };
     let seconds = number.trim().parse::<f64>().map_err(|_| bad())? * scale;
-    if !(0.1..=3600.0).contains(&seconds) {
+    let duration = Duration::try_from_secs_f64(seconds).map_err(|_| bad())?;
+    if !(MIN_SOURCE_TIMEOUT..=MAX_SOURCE_TIMEOUT).contains(&duration) {
         return Err(bad());
     }
-    Ok(std::time::Duration::from_secs_f64(seconds))
+    Ok(duration)
 }
 
 /// Parses `8G`, `512M`, `1.5G`, `4096`, `64KiB` (binary multiples).

@@ -14,10 +14,11 @@ use std::sync::Arc;
 use serde_json::json;
 
 use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed};
-use crate::cache::{BlockFetcher, DiskSetup, DiskTier, Packer, RamTier, Staging};
+use crate::cache::{BlockFetcher, CacheConfig, DiskSetup, DiskTier, Packer, RamTier, Staging};
+use crate::config::MountConfig;
 use crate::fs::{Figures, Fs, FsOptions, Parts, Report, View, Views};
 use crate::inode::{METRICS_FILE, STATS_FILE};
-use crate::memory::{MemoryBudget, Shed};
+use crate::memory::{MemoryBudget, MemoryPlan, Shed};
 use crate::prefetch::{DecodeAhead, Prefetcher};
 use crate::scheduler::action::{Action, CODECS, Head, Mask};
 use crate::scheduler::knobs::{Knobs, ScheduledCodec};
@@ -30,35 +31,43 @@ use crate::view::gpu::{Gpu, GpuMode, GpuOptions};
 /// Share of the machine's CPU that must be idle for prefetch to decode view images ahead.
 const DECODE_AHEAD_IDLE: f64 = 0.25;
 
-/// Builds the daemon of a mount over `source` (with a disk tier when `disk` is given, started in
-/// the background): every piece, wired, behind the `Fs` the FUSE adapter serves. Does no I/O on
-/// the source: the mount is ready at once.
-pub fn build(source: Arc<dyn Source>, options: FsOptions, disk: Option<DiskSetup>) -> Fs {
-    build_observed(source, options, disk, Arc::new(Telemetry::default()))
+/// Builds the daemon of `config`'s mount over `source`, its memory budget split as `plan` (see
+/// `MountConfig::memory_plan`), with a disk tier when `disk` is given (started in the
+/// background): every piece, wired, behind the `Fs` the FUSE adapter serves. Does no I/O on the
+/// source: the mount is ready at once.
+pub fn build(
+    source: Arc<dyn Source>,
+    config: &MountConfig,
+    plan: MemoryPlan,
+    disk: Option<DiskSetup>,
+) -> Fs {
+    build_observed(source, config, plan, disk, Arc::new(Telemetry::default()))
 }
 
 /// `build`, with the machine and pipeline figures kept in `telemetry` (tests set them).
 pub(crate) fn build_observed(
     source: Arc<dyn Source>,
-    options: FsOptions,
+    config: &MountConfig,
+    plan: MemoryPlan,
     disk: Option<DiskSetup>,
     telemetry: Arc<Telemetry>,
 ) -> Fs {
+    let (cache, views_config) = (&config.cache, &config.views);
     let metrics = Arc::new(Metrics::default());
     let knobs = Arc::new(Knobs::default());
-    let policy: Box<dyn CodecPolicy> = match options.codec {
+    let policy: Box<dyn CodecPolicy> = match cache.codec {
         Some(codec) => Box::new(Fixed(codec)),
         None => Box::new(ScheduledCodec(knobs.clone())),
     };
 
     // The memory budget and the tiers under it. What can be given back under pressure: staged
     // blocks first (the cheapest to fetch again), then decoded pixels.
-    let budget = MemoryBudget::new(options.memory);
+    let budget = MemoryBudget::new(plan);
     let packer = Arc::new(Packer::new(policy, telemetry.clone(), metrics.clone()));
     let staging = Arc::new(Staging::new(budget.clone(), metrics.clone()));
     budget.add_shed(Arc::downgrade(&(staging.clone() as Arc<dyn Shed>)));
     let ram = RamTier::new(budget.clone(), packer.clone(), metrics.clone())
-        .with_decoded_caching(options.decoded_caching)
+        .with_decoded_caching(cache.decoded)
         .with_knobs(knobs.clone())
         .shared();
     let disk = disk.map(|d| {
@@ -80,27 +89,26 @@ pub(crate) fn build_observed(
     ));
 
     // Views, rendered on the GPU only where one is usable (nothing else renders).
-    let gpu = Gpu::open(&if options.views.is_empty() {
+    let gpu = Gpu::open(&if views_config.specs.is_empty() {
         GpuOptions {
             mode: GpuMode::Off,
-            ..options.gpu.clone()
+            ..views_config.gpu.clone()
         }
     } else {
-        options.gpu.clone()
+        views_config.gpu.clone()
     });
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // A scheduled mount starts render threads for the largest worker option; the knob decides
     // how many take jobs (the configured count while it is released).
-    let render_threads = match options.scheduler {
-        Some(_) => options
-            .render_threads
-            .max(Action::default().with(Head::Workers, 3).workers(cores)),
-        None => options.render_threads,
+    let configured = views_config.render_threads;
+    let render_threads = match config.scheduler {
+        Some(_) => configured.max(Action::default().with(Head::Workers, 3).workers(cores)),
+        None => configured,
     };
-    let (k, configured) = (knobs.clone(), options.render_threads);
+    let k = knobs.clone();
     let views = Arc::new(Views::start(
-        &options.views,
-        options.seed,
+        &views_config.specs,
+        views_config.seed,
         render_threads,
         Arc::new(move || k.workers().unwrap_or(configured)),
         Box::new(gpu.placed(knobs.clone(), telemetry.clone())),
@@ -108,26 +116,26 @@ pub(crate) fn build_observed(
         fetcher.clone(),
     ));
 
-    let view_names: Vec<String> = options.views.iter().map(|v| v.name.clone()).collect();
+    let view_names: Vec<String> = views_config.specs.iter().map(|v| v.name.clone()).collect();
     let prefetcher = Arc::new(Prefetcher::start(
         source.clone(),
         fetcher.clone(),
         metrics.clone(),
-        options.prefetch,
+        &config.prefetch,
+        &config.mountpoint,
         &view_names,
         decode_ahead(&views, &telemetry),
-        options.order_hint.clone(),
         knobs.clone(),
     ));
     let sampler = Sampler::start(
         telemetry.clone(),
         Sources {
             probe: Some(probe(&metrics, &fetcher, &prefetcher, &views)),
-            source_root: options.source_root.clone(),
+            source_root: Some(config.source.clone()),
         },
     );
-    let scheduler = options.scheduler.clone().map(|s| {
-        let mask = scheduler_mask(&options, gpu.available(), !views.is_empty());
+    let scheduler = config.scheduler.clone().map(|s| {
+        let mask = scheduler_mask(cache, gpu.available(), !views.is_empty());
         let ram = fetcher.ram().clone();
         Scheduler::start(
             s,
@@ -136,7 +144,7 @@ pub(crate) fn build_observed(
             Setup {
                 mask,
                 cores,
-                prefetch_threads: options.prefetch.threads,
+                prefetch_threads: config.prefetch.threads,
                 keeps_decoded: Box::new(move || ram.decoded_choice().1.keeps()),
             },
         )
@@ -151,8 +159,15 @@ pub(crate) fn build_observed(
         gpu,
         _sampler: sampler,
     };
+    let owner = (
+        rustix::process::getuid().as_raw(),
+        rustix::process::getgid().as_raw(),
+    );
     Fs::new(
-        options,
+        FsOptions {
+            passthrough: config.fuse.passthrough,
+            owner,
+        },
         Parts {
             source,
             fetcher,
@@ -179,15 +194,15 @@ fn decode_ahead(views: &Arc<Views>, telemetry: &Arc<Telemetry>) -> Option<Decode
 
 /// What the scheduler may choose on this mount: GPU placements only with a usable GPU backend,
 /// decode knobs only with views, and no choice where an option is fixed by the user.
-fn scheduler_mask(options: &FsOptions, gpu: bool, views: bool) -> Mask {
+fn scheduler_mask(cache: &CacheConfig, gpu: bool, views: bool) -> Mask {
     let mut mask = Mask::new(gpu, views);
-    if let Some(codec) = options.codec {
+    if let Some(codec) = cache.codec {
         mask.only(
             Head::Codec,
             CODECS.iter().position(|c| *c == codec).unwrap_or(0),
         );
     }
-    match options.decoded_caching {
+    match cache.decoded {
         DecodedCaching::Auto => {}
         DecodedCaching::Off => mask.only(Head::Decoded, 0),
         DecodedCaching::On => mask.only(Head::Decoded, 1),
@@ -309,28 +324,7 @@ mod tests {
 
     #[test]
     fn without_a_usable_gpu_the_scheduler_cannot_place_work_there() {
-        let o = FsOptions {
-            memory: crate::memory::MemoryPlan {
-                cache: 1 << 20,
-                staging: 0,
-                work: 1 << 20,
-            },
-            passthrough: false,
-            owner: (0, 0),
-            views: Vec::new(),
-            seed: 0,
-            render_threads: 1,
-            codec: None,
-            decoded_caching: DecodedCaching::Auto,
-            prefetch: crate::prefetch::PrefetchOptions {
-                enabled: false,
-                threads: 1,
-            },
-            order_hint: None,
-            scheduler: None,
-            source_root: None,
-            gpu: GpuOptions::default(),
-        };
+        let o = CacheConfig::default();
         let mask = scheduler_mask(&o, false, true);
         let gpu_decode = Action::default().with(Head::Decode, 1);
         let gpu_augment = Action::default().with(Head::Augment, 1);

@@ -52,34 +52,13 @@ pub fn run(files: usize) -> Result<(), String> {
 
     config::check_fuse_device().map_err(|e| e.to_string())?;
     let canonical = config::check_source(&source).map_err(|e| e.to_string())?;
-    let cfg = MountConfig {
-        mountpoint: config::check_mountpoint(&mountpoint, &canonical).map_err(|e| e.to_string())?,
-        source: canonical,
-        cache_mem: DEMO_CACHE_BYTES,
-        foreground: true,
-        passthrough: rustix::process::geteuid().is_root(),
-        fuse_threads: config::default_fuse_threads(),
-        io_threads: config::DEFAULT_IO_THREADS,
-        source_timeout: config::DEFAULT_SOURCE_TIMEOUT,
-        render_threads: config::default_render_threads(),
-        allow_other: false,
-        log_file: None,
-        views: vec![crate::view::ViewSpec::parse(DEMO_VIEW).map_err(|e| e.to_string())?],
-        seed: 0,
-        codec: None,
-        decoded_caching: Default::default(),
-        prefetch: crate::prefetch::PrefetchOptions {
-            enabled: true,
-            threads: config::DEFAULT_PREFETCH_THREADS,
-        },
-        prefetch_buffer: None,
-        order_file: None,
-        cache_dir: None,
-        cache_disk: None,
-        disk_min_free: 0.05,
-        scheduler: Default::default(),
-        gpu: Default::default(),
-    };
+    let mut cfg = MountConfig::new(
+        canonical.clone(),
+        config::check_mountpoint(&mountpoint, &canonical).map_err(|e| e.to_string())?,
+    );
+    cfg.foreground = true;
+    cfg.cache.budget = DEMO_CACHE_BYTES;
+    cfg.views.specs = vec![crate::view::ViewSpec::parse(DEMO_VIEW).map_err(|e| e.to_string())?];
     let mounted = run::start(&cfg).map_err(|e| e.to_string())?;
     println!(
         "Mounted at {} ({:.1} MB dataset, {} MB cache budget)\n",

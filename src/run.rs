@@ -15,13 +15,10 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::cache::{CacheDir, DiskOptions, DiskSetup};
-use crate::config::DEFAULT_PREFETCH_BUFFER;
 use crate::config::{ConfigError, MountConfig};
-use crate::fs::{Fs, FsOptions};
+use crate::fs::Fs;
 use crate::fuse::{Adapter, Config, MountOption, Session, SessionACL, SessionUnmounter};
 use crate::memory::pressure::PressureWatch;
-use crate::memory::{MemoryPlan, Staging};
-use crate::prefetch::OrderHint;
 use crate::requests::RequestPool;
 use crate::source::{LocalSource, Source};
 
@@ -133,37 +130,13 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
     };
     let source = LocalSource::open(&cfg.source)
         .map_err(|e| mount_error(format!("source {}: {e}", cfg.source.display())))?;
-    let owner = (
-        rustix::process::getuid().as_raw(),
-        rustix::process::getgid().as_raw(),
-    );
     let source = Arc::new(source);
     let disk = disk_setup(cfg, source.clone())?;
-    let fs = Arc::new(crate::daemon::build(
-        source,
-        FsOptions {
-            memory: memory_plan(cfg),
-            passthrough: cfg.passthrough,
-            owner,
-            views: cfg.views.clone(),
-            seed: cfg.seed,
-            render_threads: cfg.render_threads,
-            codec: cfg.codec,
-            decoded_caching: cfg.decoded_caching,
-            prefetch: cfg.prefetch,
-            order_hint: cfg.order_file.clone().map(|file| OrderHint {
-                file,
-                mountpoint: cfg.mountpoint.clone(),
-            }),
-            scheduler: Some(cfg.scheduler.clone()),
-            source_root: Some(cfg.source.clone()),
-            gpu: cfg.gpu.clone(),
-        },
-        disk,
-    ));
-    let requests = RequestPool::new("prepfs-io", cfg.io_threads, REQUEST_QUEUE_DEPTH)
+    let fs = Arc::new(crate::daemon::build(source, cfg, cfg.memory_plan(), disk));
+    let fuse = &cfg.fuse;
+    let requests = RequestPool::new("prepfs-io", fuse.io_threads, REQUEST_QUEUE_DEPTH)
         .map_err(|e| mount_error(format!("cannot start I/O threads: {e}")))?;
-    let adapter = Adapter::new(fs.clone(), requests, cfg.passthrough, cfg.source_timeout);
+    let adapter = Adapter::new(fs.clone(), requests, fuse.passthrough, fuse.source_timeout);
 
     let options = vec![
         MountOption::RO,
@@ -177,12 +150,12 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
     let mut config = Config::default();
     config.mount_options = options;
     // The ACL sets allow_other on the mount when, and only when, the user asked for it.
-    config.acl = if cfg.allow_other {
+    config.acl = if fuse.allow_other {
         SessionACL::All
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(cfg.fuse_threads.max(1));
+    config.n_threads = Some(fuse.threads.max(1));
     config.clone_fd = true;
 
     let mut session = Session::new(adapter, &cfg.mountpoint, &config)
@@ -207,49 +180,26 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
         return Err(mount_error(e));
     }
     let plan = mounted.fs.memory().plan();
-    tracing::info!(source = %cfg.source.display(), mountpoint = %cfg.mountpoint.display(), cache_mem = cfg.cache_mem, cache = plan.cache, staging = plan.staging, work = plan.work, "mounted");
+    tracing::info!(source = %cfg.source.display(), mountpoint = %cfg.mountpoint.display(), cache_mem = cfg.cache.budget, cache = plan.cache, staging = plan.staging, work = plan.work, "mounted");
     Ok(mounted)
-}
-
-/// How `cfg`'s memory budget is split: the staging buffer it asks for (none without prefetch),
-/// and room for a read in flight per I/O, prefetch and render thread and for the renders (render
-/// threads run only with views).
-fn memory_plan(cfg: &MountConfig) -> MemoryPlan {
-    let staging = match (cfg.prefetch.enabled, cfg.prefetch_buffer) {
-        (false, _) => Staging::None,
-        (true, None) => Staging::Default(DEFAULT_PREFETCH_BUFFER),
-        (true, Some(bytes)) => Staging::Asked(bytes),
-    };
-    let renders = if cfg.views.is_empty() {
-        0
-    } else {
-        cfg.render_threads
-    };
-    let prefetchers = if cfg.prefetch.enabled {
-        cfg.prefetch.threads
-    } else {
-        0
-    };
-    let readers = cfg.io_threads + prefetchers + renders;
-    MemoryPlan::split(cfg.cache_mem, staging, readers, renders)
 }
 
 /// Opens and locks the disk tier's directory, if one was asked for. Its old entries are checked
 /// against `source` in the background.
 fn disk_setup(cfg: &MountConfig, source: Arc<LocalSource>) -> Result<Option<DiskSetup>, RunError> {
-    let Some(path) = &cfg.cache_dir else {
+    let Some(disk) = &cfg.cache.disk else {
         return Ok(None);
     };
-    let dir = CacheDir::open(path)?;
-    let budget = cfg.cache_disk.unwrap_or_else(|| {
+    let dir = CacheDir::open(&disk.dir)?;
+    let budget = disk.budget.unwrap_or_else(|| {
         rustix::fs::fstatvfs(&dir.fd).map_or(0, |s| s.f_bavail.saturating_mul(s.f_frsize) / 2)
     });
-    tracing::info!(path = %path.display(), budget, "disk tier");
+    tracing::info!(path = %disk.dir.display(), budget, "disk tier");
     Ok(Some(DiskSetup {
         dir,
         options: DiskOptions {
             budget,
-            min_free: cfg.disk_min_free,
+            min_free: disk.min_free,
         },
         validate: Box::new(move |p| source.stat(p).ok().map(|m| m.identity)),
     }))

@@ -20,12 +20,36 @@ pub mod staging;
 pub mod tier;
 
 pub use block::Block;
-pub use disk::{CacheDir, DiskError, DiskGauges, DiskOptions, DiskSetup, DiskTier};
+pub use disk::{CacheDir, DiskConfig, DiskError, DiskGauges, DiskOptions, DiskSetup, DiskTier};
 pub use fetcher::{BlockFetcher, Prefetched};
 pub use policy::{Choice, DecodedCaching, DecodedReason};
 pub use ram::{Packer, RamFile, RamTier, ReadBytes, Unpacked};
 pub use staging::Staging;
 pub use tier::{BlockKey, Tier};
+
+/// The cache's configuration (`--cache-mem`, `--codec`, `--decoded-cache`, and the disk tier's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheConfig {
+    /// The hard memory budget of everything the mount holds for data.
+    pub budget: u64,
+    /// Codec of cached data; `None`: chosen adaptively.
+    pub codec: Option<codec::Codec>,
+    /// Whether view renders keep decoded pixels in the RAM tier.
+    pub decoded: DecodedCaching,
+    /// The persistent disk tier, if any.
+    pub disk: Option<disk::DiskConfig>,
+}
+
+impl Default for CacheConfig {
+    fn default() -> CacheConfig {
+        CacheConfig {
+            budget: 1 << 30,
+            codec: None,
+            decoded: DecodedCaching::Auto,
+            disk: None,
+        }
+    }
+}
 
 /// Cache block size. Equal to the largest FUSE read (256 pages), so an aligned request touches
 /// one block and an unaligned one at most two.

@@ -17,61 +17,33 @@ pub use reader::FileReader;
 pub use views::{View, Views};
 
 use std::ffi::{OsStr, OsString};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::cache::codec::Codec;
-use crate::cache::policy::DecodedCaching;
 use crate::cache::{BLOCK_SIZE, BlockFetcher, RamFile, ReadBytes};
 use crate::error::FsError;
 use crate::inode::{
     self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE,
     VIEWS_DIR,
 };
-use crate::memory::{MemoryBudget, MemoryPlan};
-use crate::prefetch::{OrderHint, PrefetchOptions, Prefetcher};
-use crate::scheduler::runtime::SchedulerOptions;
+use crate::memory::MemoryBudget;
+use crate::prefetch::Prefetcher;
 use crate::shards::ShardedMap;
 use crate::source::{Deferred, Kind, Meta, Source, SourceFile, SpaceStats};
 use crate::stats::{Gauges, Metrics};
-use crate::view::ViewSpec;
-use crate::view::gpu::GpuOptions;
 
 /// How long the kernel may trust names and attributes of source entries. The tree is read-only
 /// through the mount; changes made in the source are picked up on open (see `open`).
 const SOURCE_TTL: Duration = Duration::from_secs(3600);
 
-/// Options of the core that the CLI can change.
-#[derive(Debug, Clone)]
+/// What file-system semantics take from the configuration.
+#[derive(Debug, Clone, Copy)]
 pub struct FsOptions {
-    /// The memory budget and its split: the RAM tier, prefetch staging, data in motion.
-    pub memory: MemoryPlan,
     /// Offer kernel passthrough for fully cached files (needs root and Linux >= 6.9).
     pub passthrough: bool,
     /// Owner shown for the virtual control files.
     pub owner: (u32, u32),
-    /// Tensor views shown under `.prepfs/views/` (at most `inode::MAX_VIEWS`).
-    pub views: Vec<ViewSpec>,
-    /// Seed of every view's random augmentation.
-    pub seed: u64,
-    /// Threads of the render pool (started only when there are views).
-    pub render_threads: usize,
-    /// Codec of cache entries: fixed, or `None` for the adaptive heuristic.
-    pub codec: Option<Codec>,
-    /// Whether view renders keep decoded pixels in the cache.
-    pub decoded_caching: DecodedCaching,
-    /// Prefetch workers, or off.
-    pub prefetch: PrefetchOptions,
-    /// An order file a sampler writes, for prefetch to follow.
-    pub order_hint: Option<OrderHint>,
-    /// The scheduler, or `None`: the modules' heuristics decide and nobody observes.
-    pub scheduler: Option<SchedulerOptions>,
-    /// The source directory's path (telemetry finds its block device there).
-    pub source_root: Option<PathBuf>,
-    /// The GPU backend of the views (`--gpu`, `--gpu-mem`, `--nvjpeg`, `--nvrtc`).
-    pub gpu: GpuOptions,
 }
 
 /// Attributes of one node, with how long the kernel may cache them.

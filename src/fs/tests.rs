@@ -8,8 +8,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::*;
 use crate::cache::BLOCK_SIZE;
+use crate::cache::codec::Codec;
+use crate::cache::policy::DecodedCaching;
+use crate::config::MountConfig;
 use crate::daemon::build;
 use crate::source::LocalSource;
+use crate::source::Source;
 use crate::source::faulty::{FaultPlan, FaultySource};
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -18,49 +22,49 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-fn options(budget: u64) -> FsOptions {
-    FsOptions {
-        decoded_caching: Default::default(),
-        // The RAM tier gets `budget`; no staging (prefetch is off), and room for reads in flight
-        // and renders beside it.
-        memory: crate::memory::MemoryPlan {
+/// A test mount: `config` as a user would give it, and the memory plan its pieces get.
+#[derive(Clone)]
+struct Setup {
+    config: MountConfig,
+    plan: crate::memory::MemoryPlan,
+}
+
+impl Setup {
+    fn build(self, source: Arc<dyn Source>) -> Fs {
+        build(source, &self.config, self.plan, None)
+    }
+}
+
+fn options(budget: u64) -> Setup {
+    let mut config = MountConfig::new("/src".into(), "/mnt/data".into());
+    config.cache.budget = budget;
+    config.cache.codec = Some(Codec::None);
+    // Prefetch reads ahead of the reader; these tests count source reads exactly.
+    config.prefetch.enabled = false;
+    config.prefetch.threads = 2;
+    config.views.render_threads = 2;
+    // Tests render on the CPU whatever the machine has.
+    config.views.gpu.mode = crate::view::gpu::GpuMode::Off;
+    config.scheduler = None;
+    Setup {
+        config,
+        // The RAM tier gets `budget`; no staging (prefetch is off), and room for reads in
+        // flight and renders beside it.
+        plan: crate::memory::MemoryPlan {
             cache: budget,
             staging: 0,
             work: 64 << 20,
-        },
-        passthrough: true,
-        owner: (0, 0),
-        views: Vec::new(),
-        seed: 0,
-        render_threads: 2,
-        codec: Some(Codec::None),
-        // Prefetch reads ahead of the reader; these tests count source reads exactly.
-        prefetch: crate::prefetch::PrefetchOptions {
-            enabled: false,
-            threads: 2,
-        },
-        order_hint: None,
-        scheduler: None,
-        source_root: None,
-        // Tests render on the CPU whatever the machine has.
-        gpu: crate::view::gpu::GpuOptions {
-            mode: crate::view::gpu::GpuMode::Off,
-            ..Default::default()
         },
     }
 }
 
 fn local_fs(dir: &Path, budget: u64) -> Fs {
-    build(
-        Arc::new(LocalSource::open(dir).expect("source opens")),
-        options(budget),
-        None,
-    )
+    options(budget).build(Arc::new(LocalSource::open(dir).expect("source opens")))
 }
 
 fn faulty_fs(dir: &Path, budget: u64) -> (Fs, Arc<FaultPlan>) {
     let (source, plan) = FaultySource::new(Arc::new(LocalSource::open(dir).expect("source opens")));
-    (build(Arc::new(source), options(budget), None), plan)
+    (options(budget).build(Arc::new(source)), plan)
 }
 
 fn ino_of(fs: &Fs, path: &str) -> u64 {
@@ -489,13 +493,9 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     let spec = crate::view::ViewSpec::parse("v=decode,resize(40),uint8(hwc)").expect("spec");
     let fs_with = |mode| {
         let mut o = options(1 << 30);
-        o.views = vec![spec.clone()];
-        o.decoded_caching = mode;
-        build(
-            Arc::new(LocalSource::open(dir.path()).expect("source")),
-            o,
-            None,
-        )
+        o.config.views.specs = vec![spec.clone()];
+        o.config.cache.decoded = mode;
+        o.build(Arc::new(LocalSource::open(dir.path()).expect("source")))
     };
     let read_view = |fs: &Fs, i: usize| {
         let ino = ino_of(fs, &format!(".prepfs/views/v/a{i}.jpg.npy"));
@@ -564,13 +564,9 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
 
     // Pixels that do not fit the budget are rejected; renders still succeed.
     let mut o = options(jpegs.iter().map(|j| j.len() as u64).sum::<u64>() + 1000);
-    o.views = vec![spec.clone()];
-    o.decoded_caching = DecodedCaching::On;
-    let tight = build(
-        Arc::new(LocalSource::open(dir.path()).expect("source")),
-        o,
-        None,
-    );
+    o.config.views.specs = vec![spec.clone()];
+    o.config.cache.decoded = DecodedCaching::On;
+    let tight = o.build(Arc::new(LocalSource::open(dir.path()).expect("source")));
     for (i, w) in want.iter().enumerate() {
         assert_eq!(&read_view(&tight, i), w);
     }
@@ -583,9 +579,9 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
 fn slow_prefetching_fs(
     files: u8,
     staging: u64,
-    order_hint: Option<crate::prefetch::OrderHint>,
+    order_file: Option<std::path::PathBuf>,
 ) -> (tempfile::TempDir, Fs, Arc<FaultPlan>) {
-    slow_prefetching_fs_sized(files, |_| 64 << 10, staging, order_hint)
+    slow_prefetching_fs_sized(files, |_| 64 << 10, staging, order_file)
 }
 
 /// As `slow_prefetching_fs`, file `fNN` holding `size(NN)` bytes.
@@ -593,7 +589,7 @@ fn slow_prefetching_fs_sized(
     files: u8,
     size: impl Fn(u8) -> usize,
     staging: u64,
-    order_hint: Option<crate::prefetch::OrderHint>,
+    order_file: Option<std::path::PathBuf>,
 ) -> (tempfile::TempDir, Fs, Arc<FaultPlan>) {
     let dir = tempfile::tempdir().expect("tempdir");
     for i in 0..files {
@@ -602,20 +598,11 @@ fn slow_prefetching_fs_sized(
     let (source, plan) =
         FaultySource::new(Arc::new(LocalSource::open(dir.path()).expect("source")));
     plan.read_delay_us.store(2000, Ordering::SeqCst);
-    let base = options(256 << 10);
-    let options = FsOptions {
-        prefetch: crate::prefetch::PrefetchOptions {
-            enabled: true,
-            threads: 2,
-        },
-        memory: crate::memory::MemoryPlan {
-            staging,
-            ..base.memory
-        },
-        order_hint,
-        ..base
-    };
-    let fs = build(Arc::new(source), options, None);
+    let mut setup = options(256 << 10);
+    setup.config.prefetch.enabled = true;
+    setup.config.prefetch.order_file = order_file;
+    setup.plan.staging = staging;
+    let fs = setup.build(Arc::new(source));
     (dir, fs, plan)
 }
 
@@ -715,11 +702,8 @@ fn a_prefetched_file_changed_in_the_source_is_served_at_its_new_version() {
 fn a_sampler_order_file_is_followed_where_no_pass_repeats_the_last() {
     let hint_dir = tempfile::tempdir().expect("tempdir");
     let order_file = hint_dir.path().join("order");
-    let hint = crate::prefetch::OrderHint {
-        file: order_file.clone(),
-        mountpoint: "/mnt/data".into(),
-    };
-    let (_dir, fs, _plan) = slow_prefetching_fs(60, 8 << 20, Some(hint));
+    // The test mount is at /mnt/data (see `options`).
+    let (_dir, fs, _plan) = slow_prefetching_fs(60, 8 << 20, Some(order_file.clone()));
     let mut rng = fastrand::Rng::with_seed(11);
     for _ in 0..3 {
         // A fresh shuffle each epoch, published before the epoch starts, as absolute paths.
@@ -820,21 +804,15 @@ fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
         FaultySource::new(Arc::new(LocalSource::open(dir.path()).expect("source")));
     plan.read_delay_us.store(2000, Ordering::SeqCst);
     let telemetry = Arc::new(crate::telemetry::Telemetry::default());
+    let mut setup = options(1 << 30);
+    setup.config.views.specs = vec![spec.clone()];
+    setup.config.cache.decoded = DecodedCaching::On;
+    setup.config.prefetch.enabled = true;
+    setup.plan.staging = 8 << 20;
     let fs = Arc::new(crate::daemon::build_observed(
         Arc::new(source),
-        FsOptions {
-            views: vec![spec.clone()],
-            decoded_caching: DecodedCaching::On,
-            prefetch: crate::prefetch::PrefetchOptions {
-                enabled: true,
-                threads: 2,
-            },
-            memory: crate::memory::MemoryPlan {
-                staging: 8 << 20,
-                ..options(1 << 30).memory
-            },
-            ..options(1 << 30)
-        },
+        &setup.config,
+        setup.plan,
         None,
         telemetry.clone(),
     ));
@@ -930,15 +908,10 @@ fn stats_say_whether_views_can_use_a_gpu_and_renders_are_unchanged() {
     let jpeg = crate::synthetic::photo(2).expect("jpeg");
     std::fs::write(dir.path().join("a.jpg"), &jpeg).expect("write");
     let spec = crate::view::ViewSpec::parse("v=decode,center_crop(32),uint8(hwc)").expect("spec");
-    let fs = build(
-        Arc::new(LocalSource::open(dir.path()).expect("source")),
-        FsOptions {
-            views: vec![spec.clone()],
-            gpu: crate::view::gpu::GpuOptions::default(),
-            ..options(1 << 20)
-        },
-        None,
-    );
+    let mut setup = options(1 << 20);
+    setup.config.views.specs = vec![spec.clone()];
+    setup.config.views.gpu = crate::view::gpu::GpuOptions::default();
+    let fs = setup.build(Arc::new(LocalSource::open(dir.path()).expect("source")));
     let control = fs
         .lookup(inode::ROOT, OsStr::new(".prepfs"))
         .expect("control");

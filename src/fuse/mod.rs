@@ -33,6 +33,42 @@ use crate::stats::Op;
 
 pub use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 
+/// Requests that may wait on the source run on this many threads by default: enough parallel
+/// source reads to keep network or slow storage busy.
+pub const DEFAULT_IO_THREADS: usize = 16;
+/// Default longest wait on the source: a network filesystem's own retries (NFS retransmits over
+/// tens of seconds) fit inside it, and a reader of a dead source gets EIO, not a hang.
+pub const DEFAULT_SOURCE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The kernel connection's configuration (`--fuse-threads`, `--io-threads`, `--source-timeout`,
+/// `--no-passthrough`, `--allow-other`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FuseConfig {
+    /// Threads receiving kernel requests.
+    pub threads: usize,
+    /// Threads serving requests that may wait on the source.
+    pub io_threads: usize,
+    /// Longest a request may wait on the source before it is answered EIO.
+    pub source_timeout: Duration,
+    /// Offer kernel passthrough for fully cached files (needs root and Linux >= 6.9).
+    pub passthrough: bool,
+    /// Let other users access the mount.
+    pub allow_other: bool,
+}
+
+impl Default for FuseConfig {
+    fn default() -> FuseConfig {
+        FuseConfig {
+            // One per core, at least two.
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
+            io_threads: DEFAULT_IO_THREADS,
+            source_timeout: DEFAULT_SOURCE_TIMEOUT,
+            passthrough: rustix::process::geteuid().is_root(),
+            allow_other: false,
+        }
+    }
+}
+
 /// How long an open of a file the cache holds whole waits for the source's answer before it is
 /// served from the cache as the version seen last: long next to a healthy source's stat
 /// (microseconds to milliseconds), short enough that a training job rides out an outage.

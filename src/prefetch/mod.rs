@@ -23,7 +23,7 @@ pub mod predict;
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
@@ -64,22 +64,45 @@ const HISTORY: usize = 32;
 /// Weight of the newest sample in the controller's moving averages.
 const EWMA: f64 = 0.1;
 
-/// Prefetch settings.
-#[derive(Debug, Clone, Copy)]
-pub struct PrefetchOptions {
+/// Prefetch workers by default: concurrent fetches and opens hide a few ms of per-request
+/// latency behind each other's transfers (two left a shuffled epoch's opens ahead behind the
+/// reader); each holds a block in flight, charged to the memory budget's work slice.
+pub const DEFAULT_THREADS: usize = 4;
+/// Staging buffer by default: a few dozen files or shards' first blocks ahead, small next to any
+/// cache budget worth having (`memory::MemoryPlan` keeps it to an eighth of a small budget).
+pub const DEFAULT_BUFFER: u64 = 64 << 20;
+
+/// Prefetch's configuration (`--no-prefetch`, `--prefetch-threads`, `--prefetch-buffer`,
+/// `--order-file`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefetchConfig {
     /// Whether to prefetch at all (epochs are tracked either way).
     pub enabled: bool,
     /// Worker threads (concurrent source fetches ahead of the readers).
     pub threads: usize,
+    /// The staging buffer asked for (`None`: `DEFAULT_BUFFER`, within its share of the budget).
+    pub buffer: Option<u64>,
+    /// An order file a sampler writes (an absolute path outside the mount), for prefetch to
+    /// follow.
+    pub order_file: Option<PathBuf>,
 }
 
-/// An order file a sampler writes (`--order-file`), and the mount it names paths under.
-#[derive(Debug, Clone)]
-pub struct OrderHint {
-    /// The file, outside the mount.
-    pub file: std::path::PathBuf,
-    /// The mountpoint, stripped from absolute paths in the file.
-    pub mountpoint: std::path::PathBuf,
+impl Default for PrefetchConfig {
+    fn default() -> PrefetchConfig {
+        PrefetchConfig {
+            enabled: true,
+            threads: DEFAULT_THREADS,
+            buffer: None,
+            order_file: None,
+        }
+    }
+}
+
+impl PrefetchConfig {
+    /// Threads that may hold a source read in flight (none without prefetch).
+    pub fn readers(&self) -> usize {
+        if self.enabled { self.threads } else { 0 }
+    }
 }
 
 /// A file set: the source tree (0) or view `n - 1`.
@@ -229,7 +252,9 @@ struct Shared {
     source: Arc<dyn Source>,
     fetcher: Arc<BlockFetcher>,
     metrics: Arc<Metrics>,
-    options: PrefetchOptions,
+    /// Whether workers run, and how many.
+    enabled: bool,
+    threads: usize,
     jobs: Mutex<Jobs>,
     work: Condvar,
     stop: AtomicBool,
@@ -274,18 +299,19 @@ pub struct Readahead {
 }
 
 impl Prefetcher {
-    /// Starts the planner and `options.threads` workers for the source tree and `views` views
+    /// Starts the planner and `config.threads` workers for the source tree and `views` views
     /// (named `view_names`, their images decoded ahead by `decode_ahead` once fetched), following
-    /// `hint`'s order file too when there is one.
+    /// `config`'s order file too when there is one (its paths name files in the mount at
+    /// `mountpoint`).
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         source: Arc<dyn Source>,
         fetcher: Arc<BlockFetcher>,
         metrics: Arc<Metrics>,
-        options: PrefetchOptions,
+        config: &PrefetchConfig,
+        mountpoint: &Path,
         view_names: &[String],
         decode_ahead: Option<DecodeAhead>,
-        hint: Option<OrderHint>,
         knobs: Arc<Knobs>,
     ) -> Prefetcher {
         let names: Vec<String> = std::iter::once("files".to_owned())
@@ -295,7 +321,8 @@ impl Prefetcher {
             source: source.clone(),
             fetcher,
             metrics: metrics.clone(),
-            options,
+            enabled: config.enabled,
+            threads: config.threads,
             jobs: Mutex::new(Jobs::default()),
             work: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -308,7 +335,10 @@ impl Prefetcher {
             parked: Parked::for_open_file_limit(),
             decode_ahead,
         });
-        let order_file = hint.map(|h| OrderFile::new(h.file, h.mountpoint));
+        let order_file = config
+            .order_file
+            .clone()
+            .map(|file| OrderFile::new(file, mountpoint.to_path_buf()));
         let slot = order_file.as_ref().map(OrderFile::slot);
         let sets: Vec<SetState> = names
             .into_iter()
@@ -324,8 +354,8 @@ impl Prefetcher {
             Ok(t) => threads.push(t),
             Err(e) => tracing::warn!(error = %e, "cannot start the prefetch planner; no prefetch"),
         }
-        if options.enabled {
-            for i in 0..options.threads.max(1) {
+        if config.enabled {
+            for i in 0..config.threads.max(1) {
                 let s = shared.clone();
                 match std::thread::Builder::new()
                     .name(format!("prepfs-prefetch-{i}"))
@@ -374,7 +404,7 @@ impl Prefetcher {
         offset: u64,
         len: u64,
     ) {
-        if !self.shared.options.enabled || entry.blocks() <= 1 || entry.is_complete() {
+        if !self.shared.enabled || entry.blocks() <= 1 || entry.is_complete() {
             return;
         }
         let end = offset + len;
@@ -568,7 +598,7 @@ impl SetState {
             );
             score.predicted(&out, self.opens);
         }
-        if shared.options.enabled {
+        if shared.enabled {
             self.plan(shared, set, &file);
         }
     }
@@ -577,7 +607,7 @@ impl SetState {
     /// depth while it holds the knob, else `controller_depth`).
     fn plan(&mut self, shared: &Shared, set: SetId, last: &Path) {
         let file_seconds = f64::from_bits(shared.file_seconds.load(Ordering::Relaxed));
-        let threads = shared.options.threads.max(1);
+        let threads = shared.threads.max(1);
         let depth = shared
             .knobs
             .depth()
@@ -750,7 +780,7 @@ fn work(shared: &Shared) {
                 if shared.stop.load(Ordering::Acquire) {
                     return;
                 }
-                let threads = shared.options.threads.max(1);
+                let threads = shared.threads.max(1);
                 let allowed = if shared.demand.load(Ordering::Acquire) > 0 {
                     (threads / 2).max(1)
                 } else {

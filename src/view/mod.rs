@@ -15,6 +15,43 @@ pub mod spec;
 pub use render::{RenderError, Rendered, Rgb};
 pub use spec::{Output, SpecError, ViewSpec};
 
+/// The views' configuration (`--view`, `--seed`, `--render-threads`, and the GPU backend's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ViewsConfig {
+    /// The views under `.prepfs/views/` (at most `inode::MAX_VIEWS`, names unique).
+    pub specs: Vec<ViewSpec>,
+    /// Seed of every view's random augmentation.
+    pub seed: u64,
+    /// Threads of the render pool (started only when there are views).
+    pub render_threads: usize,
+    /// The GPU backend (`--gpu`, `--gpu-mem`, `--nvjpeg`, `--nvrtc`).
+    pub gpu: gpu::GpuOptions,
+}
+
+impl Default for ViewsConfig {
+    fn default() -> ViewsConfig {
+        ViewsConfig {
+            specs: Vec::new(),
+            seed: 0,
+            // Renders are pure CPU: more threads than cores only add switching, fewer leave
+            // cores idle while loaders wait.
+            render_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            gpu: gpu::GpuOptions::default(),
+        }
+    }
+}
+
+impl ViewsConfig {
+    /// Render threads that run (none without views).
+    pub fn renderers(&self) -> usize {
+        if self.specs.is_empty() {
+            0
+        } else {
+            self.render_threads
+        }
+    }
+}
+
 /// Where renders run, in two steps so each can be placed (and the decoded pixels cached) apart.
 pub trait Executor: Send + Sync {
     /// Short name for logs and stats ("cpu").

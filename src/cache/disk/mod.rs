@@ -47,6 +47,17 @@ pub const MAX_BLOCKS: usize = 64 << 10;
 /// After running out of space, admission pauses this long before free space is checked again.
 const FULL_PAUSE: Duration = Duration::from_secs(10);
 
+/// The disk tier's configuration (`--cache-dir`, `--cache-disk`, `--disk-min-free`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiskConfig {
+    /// The cache directory (absolute).
+    pub dir: std::path::PathBuf,
+    /// Bytes of entries at most (`None`: half the free space in `dir` at mount).
+    pub budget: Option<u64>,
+    /// Share of the filesystem that must stay free (0..1): admission stops below it.
+    pub min_free: f64,
+}
+
 /// What the disk tier may use.
 #[derive(Debug, Clone)]
 pub struct DiskOptions {
