@@ -6,15 +6,17 @@
 //! subcommand calls one function elsewhere.
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{self, ConfigError, MountConfig};
+use crate::cache::{CacheConfig, DiskConfig};
+use crate::config::{self, MountConfig};
+use crate::fuse::FuseConfig;
 use crate::memory::limits;
-use crate::options::{self, Flag};
-use crate::prefetch::PrefetchOptions;
+use crate::options;
+use crate::prefetch::{self, PrefetchConfig};
 use crate::run::{self, RunError};
 use crate::scheduler::state::RewardWeights;
 use crate::scheduler::{
@@ -22,6 +24,7 @@ use crate::scheduler::{
     runtime::{Mode, SchedulerOptions},
 };
 use crate::stats::live::{self, Watch};
+use crate::view::ViewsConfig;
 use crate::warm::WarmRequest;
 
 /// prepfs: a read-only FUSE mount for training data, with a never-evict cache.
@@ -175,7 +178,7 @@ struct MountArgs {
     #[arg(long, value_name = "N")]
     fuse_threads: Option<usize>,
     /// Threads serving requests that may wait on the source (lookups, opens, cache misses).
-    #[arg(long, value_name = "N", default_value_t = config::DEFAULT_IO_THREADS)]
+    #[arg(long, value_name = "N", default_value_t = crate::fuse::DEFAULT_IO_THREADS)]
     io_threads: usize,
     /// Longest a request may wait on the source before it is answered EIO, e.g. 30s, 500ms
     /// (a hung network filesystem then fails the calls that touch it instead of hanging them).
@@ -209,7 +212,7 @@ struct MountArgs {
     #[arg(long)]
     no_prefetch: bool,
     /// Threads fetching files ahead of the readers.
-    #[arg(long, value_name = "N", default_value_t = config::DEFAULT_PREFETCH_THREADS)]
+    #[arg(long, value_name = "N", default_value_t = prefetch::DEFAULT_THREADS)]
     prefetch_threads: usize,
     /// Staging buffer for prefetched data the cache has no room for, e.g. 64M (part of
     /// --cache-mem, at most half of it; 0: prefetch only into the cache). Default 64M, at most an
@@ -330,9 +333,8 @@ fn warm(request: &WarmRequest) -> Result<(), RunError> {
 
 /// The command line with the mount helper's form (`prepfs SOURCE MOUNTPOINT -o OPTIONS`, as
 /// `mount -t fuse.prepfs` runs it through fuse3's mount.fuse3) made `prepfs mount ...`, and a
-/// mount's `-o` lists and `--config` files spelled out as the flags they mean: the file's first,
-/// so that the command line overrides them. Unknown option names fail here, with where they
-/// came from.
+/// mount's `-o` lists and `--config` files spelled out as the flags they mean (see
+/// `options::spell_out`; the known names are `mount`'s long flags).
 fn expand(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     let command = <Cli as clap::CommandFactory>::command();
     let mut args = args.into_iter();
@@ -356,57 +358,13 @@ fn expand(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
         .filter(|a| !a.is_hide_set())
         .filter_map(|a| a.get_long())
         .collect();
-    let check = |flag: &Flag, origin: &str| {
-        if flag.name == "config" || flag.name == "o" || !known.contains(&flag.name.as_str()) {
-            Err(format!("unknown mount option '{}' in {origin}", flag.name))
-        } else {
-            Ok(OsString::from(flag.words()))
-        }
-    };
-    let (mut from_files, mut words) = (Vec::new(), Vec::new());
-    let config = |path: &str, from_files: &mut Vec<OsString>| -> Result<(), String> {
-        for flag in options::from_file(Path::new(path))? {
-            from_files.push(check(&flag, path)?);
-        }
-        Ok(())
-    };
-    let mut rest = rest.into_iter().skip(1);
-    while let Some(word) = rest.next() {
-        let text = word.to_str().unwrap_or("");
-        let mut value = |flag: &str| {
-            rest.next()
-                .and_then(|v| v.into_string().ok())
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        let list = match text {
-            "-o" => value("-o")?,
-            _ if text.starts_with("-o") => text[2..].to_owned(),
-            "--config" => {
-                let path = value("--config")?;
-                config(&path, &mut from_files)?;
-                continue;
-            }
-            _ if text.starts_with("--config=") => {
-                config(&text["--config=".len()..], &mut from_files)?;
-                continue;
-            }
-            _ => {
-                words.push(word);
-                continue;
-            }
-        };
-        for flag in options::from_list(&list) {
-            match (flag.name.as_str(), &flag.value) {
-                ("config", Some(path)) => config(path, &mut from_files)?,
-                _ => words.push(check(&flag, "-o")?),
-            }
-        }
-    }
-    Ok([program, "mount".into()]
-        .into_iter()
-        .chain(from_files)
-        .chain(words)
-        .collect())
+    let words = options::spell_out(rest.into_iter().skip(1), &known)?;
+    Ok([program, "mount".into()].into_iter().chain(words).collect())
+}
+
+/// `path` made absolute against the current directory (as given if that fails).
+fn absolute(path: PathBuf) -> PathBuf {
+    std::path::absolute(&path).unwrap_or(path)
 }
 
 fn init_logging(default: &str) {
@@ -463,73 +421,71 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 config: _,
                 mount_options: _,
             } = *args;
-            let prefetch_buffer = prefetch_buffer
-                .map(|s| config::parse_size(&s))
-                .transpose()?;
-            let decoded_caching = config::parse_decoded_caching(&decoded_cache)?;
+            let decoded = config::parse_decoded_caching(&decoded_cache)?;
             let views = config::parse_views(&views)?;
             let codec = config::parse_codec(&codec)?;
             let cache_disk = cache_disk.map(|s| config::parse_size(&s)).transpose()?;
             let disk_min_free = config::check_percent(disk_min_free)?;
+            let cache_mem = cache_mem.map(|s| config::parse_size(&s)).transpose()?;
+            let prefetch_buffer = prefetch_buffer
+                .map(|s| config::parse_size(&s))
+                .transpose()?;
+            let source_timeout = config::parse_duration(&source_timeout)?;
             let scheduler = SchedulerOptions {
                 mode: Mode::parse(&scheduler).ok_or_else(|| {
                     RunError::Other(format!(
                         "--scheduler {scheduler}: expected policy, heuristic or random"
                     ))
                 })?,
-                policy: policy.map(|p| std::path::absolute(&p).unwrap_or(p)),
+                policy: policy.map(absolute),
                 learn,
-                save: save_policy.map(|p| std::path::absolute(&p).unwrap_or(p)),
+                save: save_policy.map(absolute),
                 reward: config::check_reward(reward_alpha, reward_beta, stall_penalty)?,
                 seed,
             };
             let gpu = config::parse_gpu(&gpu, gpu_mem.as_deref(), nvjpeg, nvrtc)?;
-            let (host, cgroup) = (limits::host(), limits::cgroup());
-            let cache_mem = match cache_mem {
-                Some(s) => {
-                    let budget = config::parse_size(&s)?;
-                    let warning = limits::check_budget(budget, host, cgroup.as_ref())
-                        .map_err(|e| RunError::Config(ConfigError::Invalid(e)))?;
-                    // Said once, by the command the user ran (the daemon child runs this too).
-                    if let Some(warning) = warning.filter(|_| !daemon_child) {
-                        eprintln!("prepfs: warning: {warning}");
-                    }
-                    budget
-                }
-                None => limits::default_budget(host, cgroup.as_ref()),
-            };
-            config::check_fuse_device()?;
-            let source = config::check_source(&source)?;
-            let cfg = MountConfig {
-                mountpoint: config::check_mountpoint(&mountpoint, &source)?,
-                source,
-                cache_mem,
-                foreground,
-                passthrough: !no_passthrough && rustix::process::geteuid().is_root(),
-                fuse_threads: fuse_threads.unwrap_or_else(config::default_fuse_threads),
+            let mut cfg = MountConfig::new(source, mountpoint);
+            cfg.foreground = foreground;
+            cfg.log_file = log_file.map(absolute);
+            cfg.fuse = FuseConfig {
+                threads: fuse_threads.map_or(cfg.fuse.threads, |n| n.max(1)),
                 io_threads: io_threads.max(1),
-                source_timeout: config::parse_duration(&source_timeout)?,
-                render_threads: render_threads
-                    .unwrap_or_else(config::default_render_threads)
-                    .max(1),
+                source_timeout,
+                passthrough: !no_passthrough && rustix::process::geteuid().is_root(),
                 allow_other,
-                log_file: log_file.map(|p| std::path::absolute(&p).unwrap_or(p)),
-                views,
-                seed,
+            };
+            cfg.cache = CacheConfig {
+                budget: cache_mem.unwrap_or_else(|| {
+                    limits::default_budget(limits::host(), limits::cgroup().as_ref())
+                }),
                 codec,
-                decoded_caching,
-                prefetch: PrefetchOptions {
-                    enabled: !no_prefetch,
-                    threads: prefetch_threads.max(1),
-                },
-                prefetch_buffer,
-                order_file: order_file.map(|p| std::path::absolute(&p).unwrap_or(p)),
-                cache_dir: cache_dir.map(|p| std::path::absolute(&p).unwrap_or(p)),
-                cache_disk,
-                disk_min_free,
-                scheduler,
+                decoded,
+                disk: cache_dir.map(|dir| DiskConfig {
+                    dir: absolute(dir),
+                    budget: cache_disk,
+                    min_free: disk_min_free,
+                }),
+            };
+            cfg.prefetch = PrefetchConfig {
+                enabled: !no_prefetch,
+                threads: prefetch_threads.max(1),
+                buffer: prefetch_buffer,
+                order_file: order_file.map(absolute),
+            };
+            cfg.views = ViewsConfig {
+                specs: views,
+                seed,
+                render_threads: render_threads.map_or(cfg.views.render_threads, |n| n.max(1)),
                 gpu,
             };
+            cfg.scheduler = Some(scheduler);
+            // Said once, by the command the user ran (the daemon child runs this too).
+            for warning in cfg.validate()?.iter().filter(|_| !daemon_child) {
+                eprintln!("prepfs: warning: {warning}");
+            }
+            config::check_fuse_device()?;
+            cfg.source = config::check_source(&cfg.source)?;
+            cfg.mountpoint = config::check_mountpoint(&cfg.mountpoint, &cfg.source)?;
             run::mount(&cfg, daemon_child)
         }
         Command::Umount { mountpoint, lazy } => run::unmount_path(&mountpoint, lazy),

@@ -7,6 +7,7 @@
 //! and reading the config file. Must never decide what an option means: the flags it produces go
 //! through the same parser and checks as typed ones.
 
+use std::ffi::OsString;
 use std::path::Path;
 
 /// Generic mount(8) options passed along by mount helpers and fstab: accepted and ignored, since
@@ -121,6 +122,64 @@ pub fn from_file(path: &Path) -> Result<Vec<Flag>, String> {
     Ok(flags)
 }
 
+/// The words of a `mount` command line after `mount` with every `-o` list and `--config` file
+/// spelled out as the flags they mean: the files' flags first, so that the command line
+/// overrides them. An option whose name is not in `known` (long flag names) fails here, saying
+/// where it came from.
+pub fn spell_out(
+    words: impl IntoIterator<Item = OsString>,
+    known: &[&str],
+) -> Result<Vec<OsString>, String> {
+    let check = |flag: &Flag, origin: &str| {
+        if flag.name == "config" || flag.name == "o" || !known.contains(&flag.name.as_str()) {
+            Err(format!("unknown mount option '{}' in {origin}", flag.name))
+        } else {
+            Ok(OsString::from(flag.words()))
+        }
+    };
+    let (mut from_files, mut typed) = (Vec::new(), Vec::new());
+    let config = |path: &str, from_files: &mut Vec<OsString>| -> Result<(), String> {
+        for flag in from_file(Path::new(path))? {
+            from_files.push(check(&flag, path)?);
+        }
+        Ok(())
+    };
+    let mut words = words.into_iter();
+    while let Some(word) = words.next() {
+        let text = word.to_str().unwrap_or("");
+        let mut value = |flag: &str| {
+            words
+                .next()
+                .and_then(|v| v.into_string().ok())
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        let list = match text {
+            "-o" => value("-o")?,
+            _ if text.starts_with("-o") => text[2..].to_owned(),
+            "--config" => {
+                let path = value("--config")?;
+                config(&path, &mut from_files)?;
+                continue;
+            }
+            _ if text.starts_with("--config=") => {
+                config(&text["--config=".len()..], &mut from_files)?;
+                continue;
+            }
+            _ => {
+                typed.push(word);
+                continue;
+            }
+        };
+        for flag in from_list(&list) {
+            match (flag.name.as_str(), &flag.value) {
+                ("config", Some(path)) => config(path, &mut from_files)?,
+                _ => typed.push(check(&flag, "-o")?),
+            }
+        }
+    }
+    Ok(from_files.into_iter().chain(typed).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,5 +224,40 @@ mod tests {
         assert!(from_file(&path).expect_err("bad").contains("cache_mem"));
         std::fs::write(&path, "cache_mem = \n").expect("write");
         assert!(from_file(&path).is_err());
+    }
+
+    #[test]
+    fn spelled_out_files_come_first_and_unknown_names_say_where_they_came_from() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("prepfs.toml");
+        std::fs::write(&path, "codec = \"lz4\"\n").expect("write");
+        let known = ["cache-mem", "codec", "allow-other"];
+        let line = |words: &[&str]| words.iter().map(OsString::from).collect::<Vec<_>>();
+        let config = format!("config={}", path.display());
+        let got = spell_out(
+            line(&[
+                "src",
+                "-o",
+                &format!("rw,cache_mem=8G,{config}"),
+                "--codec",
+                "zstd",
+            ]),
+            &known,
+        )
+        .expect("spells out");
+        assert_eq!(
+            got,
+            line(&["--codec=lz4", "src", "--cache-mem=8G", "--codec", "zstd"])
+        );
+        let err = spell_out(line(&["-o", "cache_size=8G"]), &known).expect_err("unknown");
+        assert_eq!(err, "unknown mount option 'cache-size' in -o");
+        std::fs::write(&path, "o = \"x\"\n").expect("write");
+        let err = spell_out(line(&["--config", &path.display().to_string()]), &known)
+            .expect_err("unknown");
+        assert!(err.contains("'o'") && err.contains("prepfs.toml"), "{err}");
+        assert_eq!(
+            spell_out(line(&["-o"]), &known).expect_err("no value"),
+            "-o needs a value"
+        );
     }
 }
