@@ -174,6 +174,9 @@ fn the_adaptive_codec_explains_its_choice() {
     read_all_and_compare(&t, &files);
 }
 
+/// The cache dir of a test: on the machine's disk, however full, so the tests that expect disk
+/// writes pass `--disk-min-free 0` (the floor itself is tested on a filesystem of its own, see
+/// `a_full_cache_filesystem_stops_admission_and_never_fails_a_read`).
 fn cache_dir(t: &TestMount) -> PathBuf {
     t.dir.path().join("cache")
 }
@@ -207,6 +210,8 @@ fn the_disk_tier_survives_sigkill_and_serves_the_next_mount_without_the_source()
         "1G",
         "--cache-mem",
         "64M",
+        "--disk-min-free",
+        "0",
     ];
     t.mount(&args);
     // Kill the daemon while the writer is busy: some entries written, others in flight.
@@ -275,7 +280,14 @@ fn damaged_disk_entries_are_misses_and_the_right_bytes_are_served() {
     fill(&t, &files);
     let dir = cache_dir(&t);
     let dir_arg = dir.to_str().expect("utf-8 path");
-    let args = ["--cache-dir", dir_arg, "--cache-disk", "1G"];
+    let args = [
+        "--cache-dir",
+        dir_arg,
+        "--cache-disk",
+        "1G",
+        "--disk-min-free",
+        "0",
+    ];
     t.mount(&args);
     read_all_and_compare(&t, &files);
     wait_for(&t, "all disk writes", |s| stat(s, "disk.entries") == 6.0);
@@ -473,7 +485,14 @@ fn an_empty_directory_is_adopted_as_it_is_and_serves_the_next_mount_from_disk() 
     std::fs::create_dir(&dir).expect("mkdir");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).expect("chmod");
     let dir_arg = dir.to_str().expect("utf-8 path");
-    let args = ["--cache-dir", dir_arg, "--cache-disk", "1G"];
+    let args = [
+        "--cache-dir",
+        dir_arg,
+        "--cache-disk",
+        "1G",
+        "--disk-min-free",
+        "0",
+    ];
     t.mount(&args);
     let marker = std::fs::symlink_metadata(dir.join("PREPFS-CACHE")).expect("marker written");
     assert!(marker.is_file());
@@ -536,7 +555,14 @@ fn a_fifo_in_the_cache_dir_is_a_miss_and_blocks_neither_the_scan_nor_a_read() {
     fill(&t, &files);
     let dir = cache_dir(&t);
     let dir_arg = dir.to_str().expect("utf-8 path");
-    let args = ["--cache-dir", dir_arg, "--cache-disk", "1G"];
+    let args = [
+        "--cache-dir",
+        dir_arg,
+        "--cache-disk",
+        "1G",
+        "--disk-min-free",
+        "0",
+    ];
     t.mount(&args);
     read_all_and_compare(&t, &files);
     wait_for(&t, "the block on disk", |s| stat(s, "disk.entries") == 1.0);
