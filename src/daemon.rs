@@ -13,18 +13,19 @@ use std::sync::Arc;
 
 use serde_json::json;
 
+use crate::cache::metrics::CacheMetrics;
 use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed};
 use crate::cache::{BlockFetcher, CacheConfig, DiskSetup, DiskTier, Packer, RamTier, Staging};
 use crate::config::MountConfig;
-use crate::fs::{Figures, Fs, FsOptions, Parts, Report, View, Views};
-use crate::inode::{METRICS_FILE, STATS_FILE};
+use crate::fs::metrics::Op;
+use crate::fs::{Figures, Fs, FsMetrics, FsOptions, Parts, Report, View, Views};
 use crate::memory::{MemoryBudget, MemoryPlan, Shed};
-use crate::prefetch::{DecodeAhead, Prefetcher};
+use crate::metrics::Samples;
+use crate::prefetch::{DecodeAhead, Prefetcher, ReaderWaits};
 use crate::scheduler::action::{Action, CODECS, Head, Mask};
 use crate::scheduler::knobs::{Knobs, ScheduledCodec};
 use crate::scheduler::runtime::{Scheduler, Setup};
 use crate::source::{Source, SourceFile};
-use crate::stats::{self, Gauges, Metrics};
 use crate::telemetry::{Pipeline, Probe, Sampler, Sources, Telemetry};
 use crate::view::gpu::{Gpu, GpuMode, GpuOptions};
 
@@ -53,7 +54,8 @@ pub(crate) fn build_observed(
     telemetry: Arc<Telemetry>,
 ) -> Fs {
     let (cache, views_config) = (&config.cache, &config.views);
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(CacheMetrics::default());
+    let fs_metrics = Arc::new(FsMetrics::default());
     let knobs = Arc::new(Knobs::default());
     let policy: Box<dyn CodecPolicy> = match cache.codec {
         Some(codec) => Box::new(Fixed(codec)),
@@ -120,7 +122,7 @@ pub(crate) fn build_observed(
     let prefetcher = Arc::new(Prefetcher::start(
         source.clone(),
         fetcher.clone(),
-        metrics.clone(),
+        waits(&fs_metrics),
         &config.prefetch,
         &config.mountpoint,
         &view_names,
@@ -130,7 +132,7 @@ pub(crate) fn build_observed(
     let sampler = Sampler::start(
         telemetry.clone(),
         Sources {
-            probe: Some(probe(&metrics, &fetcher, &prefetcher, &views)),
+            probe: Some(probe(&fs_metrics, &fetcher, &prefetcher, &views)),
             source_root: Some(config.source.clone()),
         },
     );
@@ -151,7 +153,7 @@ pub(crate) fn build_observed(
     });
     let board = Board {
         scheduler,
-        metrics: metrics.clone(),
+        metrics: fs_metrics.clone(),
         fetcher: fetcher.clone(),
         prefetcher: prefetcher.clone(),
         views: views.clone(),
@@ -173,7 +175,7 @@ pub(crate) fn build_observed(
             fetcher,
             prefetcher,
             views,
-            metrics,
+            metrics: fs_metrics,
             board: Box::new(board),
         },
     )
@@ -210,11 +212,20 @@ fn scheduler_mask(cache: &CacheConfig, gpu: bool, views: bool) -> Mask {
     mask
 }
 
-/// How telemetry reads this mount's pipeline: counters from the metrics, gauges from the cache,
-/// the prefetcher and the render queue. Every read is an atomic load or a short lock that no
-/// request path holds for long.
+/// How prefetch reads how long readers waited (the file system measures it).
+fn waits(metrics: &Arc<FsMetrics>) -> crate::prefetch::Waits {
+    let metrics = metrics.clone();
+    Box::new(move || ReaderWaits {
+        fetch_ns: metrics.fetch_stall_ns.get(),
+        prep_ns: metrics.prep_stall_ns.get(),
+    })
+}
+
+/// How telemetry reads this mount's pipeline: counters from the file system's and the cache's
+/// metrics, gauges from the cache, the prefetcher and the render queue. Every read is an atomic
+/// load or a short lock that no request path holds for long.
 fn probe(
-    metrics: &Arc<Metrics>,
+    metrics: &Arc<FsMetrics>,
     fetcher: &Arc<BlockFetcher>,
     prefetcher: &Prefetcher,
     views: &Arc<Views>,
@@ -222,21 +233,22 @@ fn probe(
     let (metrics, fetcher, views) = (metrics.clone(), fetcher.clone(), views.clone());
     let prefetch_queue = prefetcher.queue_share();
     Box::new(move || {
+        let cache = fetcher.metrics();
         Pipeline {
             // Opens: one per item a loader fetches (files, shards, view tensors); reads of
             // passthrough files never reach the daemon, opens always do.
-            requests: metrics.op(stats::Op::Open).requests.get(),
+            requests: metrics.op(Op::Open).requests.get(),
             latency: metrics.read_latency.counts(),
             stall_ns: metrics.fetch_stall_ns.get() + metrics.prep_stall_ns.get(),
-            hits: metrics.cache_hits.get(),
-            misses: metrics.cache_misses.get(),
-            source_bytes: metrics.source_bytes.get(),
-            source_busy_ns: metrics.source_busy_ns.get(),
-            source_latency: metrics.source_latency.counts(),
+            hits: cache.hits.get(),
+            misses: cache.misses.get(),
+            source_bytes: cache.source_bytes.get(),
+            source_busy_ns: cache.source_busy_ns.get(),
+            source_latency: cache.source_latency.counts(),
             render_queue: views.render_queue_share(),
             prefetch_queue: prefetch_queue(),
             cache_fill: fetcher.ram().fill(),
-            disk_tier: fetcher.disk_gauges().is_some(),
+            disk_tier: fetcher.has_disk(),
         }
     })
 }
@@ -246,7 +258,7 @@ fn probe(
 /// before the sampler and the modules it drives.
 struct Board {
     scheduler: Option<Scheduler>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<FsMetrics>,
     fetcher: Arc<BlockFetcher>,
     prefetcher: Arc<Prefetcher>,
     views: Arc<Views>,
@@ -256,64 +268,55 @@ struct Board {
 }
 
 impl Report for Board {
-    fn gauges(&self, fs: Figures) -> Gauges {
-        let staging = self.fetcher.staging();
-        Gauges {
-            open_handles: fs.open_handles,
-            inodes: fs.inodes,
-            disk: self.fetcher.disk_gauges(),
-            staged_bytes: staging.bytes(),
-            staging_budget_bytes: staging.budget(),
-            prefetch_depth: self.prefetcher.depth() as u64,
-            prefetch_parked: self.prefetcher.parked() as u64,
-            memory: self.fetcher.ram().budget().gauges(),
-            ..self.fetcher.ram().gauges()
+    /// Every figure of the mount now, each from the piece that owns it.
+    fn samples(&self, fs: Figures) -> Samples {
+        let mut out = Samples::default();
+        self.metrics.samples(&fs, &mut out);
+        self.fetcher
+            .metrics()
+            .samples(&self.fetcher.figures(), &mut out);
+        self.prefetcher.samples(&mut out);
+        self.fetcher.ram().budget().gauges().samples(&mut out);
+        for view in self.views.iter() {
+            view.metrics.samples(&view.spec.name, &mut out);
         }
+        out
     }
 
-    fn snapshot(&self, ino: u64, fs: Figures) -> Option<Vec<u8>> {
-        let mut samples = self.metrics.samples(&self.gauges(fs));
-        for view in self.views.iter() {
-            stats::view_samples(&view.spec.name, &view.metrics, &mut samples);
-        }
-        match ino {
-            STATS_FILE => {
-                let ram = self.fetcher.ram();
-                let choice = ram.codec_choice();
-                let codec = json!({
-                    "choice": choice.codec.to_string(),
-                    "reason": choice.reason.name(),
-                });
-                let (mode, reason) = ram.decoded_choice();
-                let decoded = json!({
-                    "mode": mode.name(),
-                    "keeping": reason.keeps(),
-                    "reason": reason.name(),
-                });
-                let documents = [
-                    ("cache.codec".to_owned(), codec),
-                    ("cache.decoded.policy".to_owned(), decoded),
-                    ("epochs".to_owned(), self.prefetcher.status()),
-                    ("telemetry".to_owned(), self.telemetry.to_json()),
-                    (
-                        "scheduler".to_owned(),
-                        self.scheduler
-                            .as_ref()
-                            .map_or(json!({"mode": "off"}), Scheduler::to_json),
-                    ),
-                    ("gpu".to_owned(), self.gpu.to_json()),
-                ]
-                .into_iter()
-                .chain(self.views.iter().map(|v: &View| {
-                    let path = format!("views.{}.failed_files", v.spec.name);
-                    (path, v.metrics.failed_files.to_json())
-                }))
-                .collect();
-                Some(stats::render_json(&samples, documents).into_bytes())
-            }
-            METRICS_FILE => Some(stats::render_prometheus(&samples).into_bytes()),
-            _ => None,
-        }
+    /// What stats.json shows that is not a number: the cache's policies, the epochs, telemetry,
+    /// the scheduler, the GPU, and the files each view failed to render.
+    fn documents(&self) -> Vec<(String, serde_json::Value)> {
+        let ram = self.fetcher.ram();
+        let choice = ram.codec_choice();
+        let codec = json!({
+            "choice": choice.codec.to_string(),
+            "reason": choice.reason.name(),
+        });
+        let (mode, reason) = ram.decoded_choice();
+        let decoded = json!({
+            "mode": mode.name(),
+            "keeping": reason.keeps(),
+            "reason": reason.name(),
+        });
+        [
+            ("cache.codec".to_owned(), codec),
+            ("cache.decoded.policy".to_owned(), decoded),
+            ("epochs".to_owned(), self.prefetcher.status()),
+            ("telemetry".to_owned(), self.telemetry.to_json()),
+            (
+                "scheduler".to_owned(),
+                self.scheduler
+                    .as_ref()
+                    .map_or(json!({"mode": "off"}), Scheduler::to_json),
+            ),
+            ("gpu".to_owned(), self.gpu.to_json()),
+        ]
+        .into_iter()
+        .chain(self.views.iter().map(|v: &View| {
+            let path = format!("views.{}.failed_files", v.spec.name);
+            (path, v.metrics.failed_files.to_json())
+        }))
+        .collect()
     }
 }
 

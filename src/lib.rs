@@ -14,6 +14,7 @@ pub mod fs;
 pub mod fuse;
 pub mod inode;
 pub mod memory;
+pub mod metrics;
 pub mod mountinfo;
 pub mod options;
 pub mod prefetch;

@@ -24,6 +24,7 @@ use serde_json::Value;
 
 use crate::fs::CACHED_XATTR;
 use crate::inode::dataset_path;
+use crate::metrics::Metric;
 use crate::stats::table;
 
 /// Read size: the mount's largest request, so each read is one FUSE request.
@@ -457,16 +458,20 @@ struct Room {
 
 impl Room {
     fn of(stats: &Value) -> Room {
-        let number = |path: &str| table::number(stats, path);
-        let ram = (number("cache.budget_bytes") - number("cache.bytes")).max(0.0)
-            * number("cache.capacity_ratio").max(1.0);
-        let disk = (number("disk.budget_bytes") - number("disk.bytes"))
-            .min(number("disk.free_bytes"))
+        use crate::cache::metrics::{
+            BUDGET_BYTES, BYTES, CAPACITY_RATIO, DISK_BUDGET_BYTES, DISK_BYTES,
+            DISK_CAPACITY_RATIO, DISK_FREE_BYTES, PACK_QUEUE,
+        };
+        let number = |metric: &Metric| table::number(stats, metric.path);
+        let ram =
+            (number(&BUDGET_BYTES) - number(&BYTES)).max(0.0) * number(&CAPACITY_RATIO).max(1.0);
+        let disk = (number(&DISK_BUDGET_BYTES) - number(&DISK_BYTES))
+            .min(number(&DISK_FREE_BYTES))
             .max(0.0)
-            * number("disk.capacity_ratio").max(1.0);
+            * number(&DISK_CAPACITY_RATIO).max(1.0);
         Room {
             bytes: ram.max(disk) as u64,
-            packing: number("cache.pack_queue") > 0.0,
+            packing: number(&PACK_QUEUE) > 0.0,
         }
     }
 }

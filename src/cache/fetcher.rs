@@ -17,15 +17,15 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 use super::block::{self, Block};
-use super::disk::{self, DiskGauges, DiskTier};
+use super::disk::{self, DiskTier};
 use super::ram::{RamFile, RamTier, ReadBytes, Unpacked};
 use super::staging::Staging;
 use super::tier::{BlockKey, Tier};
+use crate::cache::metrics::{CacheFigures, CacheMetrics};
 use crate::error::FsError;
 use crate::memory::MemoryBudget;
 use crate::shards::ShardedMap;
 use crate::source::{Identity, SourceFile, read_full};
-use crate::stats::Metrics;
 
 /// What `BlockFetcher::prefetch` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +86,7 @@ pub struct BlockFetcher {
     disk: Option<Arc<DiskTier>>,
     flights: ShardedMap<BlockKey, Arc<Flight>>,
     budget: Arc<MemoryBudget>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<CacheMetrics>,
 }
 
 impl BlockFetcher {
@@ -97,7 +97,7 @@ impl BlockFetcher {
         staging: Arc<Staging>,
         disk: Option<Arc<DiskTier>>,
         budget: Arc<MemoryBudget>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<CacheMetrics>,
     ) -> BlockFetcher {
         let lower = disk.iter().map(|d| d.clone() as Arc<dyn Tier>).collect();
         BlockFetcher {
@@ -118,7 +118,7 @@ impl BlockFetcher {
         staging: Arc<Staging>,
         lower: Vec<Arc<dyn Tier>>,
         budget: Arc<MemoryBudget>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<CacheMetrics>,
     ) -> BlockFetcher {
         BlockFetcher {
             ram,
@@ -224,9 +224,31 @@ impl BlockFetcher {
         }
     }
 
-    /// The disk tier's figures, when there is one.
-    pub fn disk_gauges(&self) -> Option<DiskGauges> {
-        self.disk.as_ref().map(|d| d.gauges())
+    /// Drops the cached blocks of a file version the source no longer has (it changed since),
+    /// counted as a stale detection.
+    pub fn drop_stale(&self, identity: &Identity) {
+        self.forget(identity);
+        self.metrics.stale_detections.inc();
+    }
+
+    /// Whether there is a disk tier.
+    pub fn has_disk(&self) -> bool {
+        self.disk.is_some()
+    }
+
+    /// What every tier holds now.
+    pub fn figures(&self) -> CacheFigures {
+        CacheFigures {
+            ram: self.ram.gauges(),
+            staged_bytes: self.staging.bytes(),
+            staged_budget_bytes: self.staging.budget(),
+            disk: self.disk.as_ref().map(|d| d.gauges()),
+        }
+    }
+
+    /// The cache's counters.
+    pub fn metrics(&self) -> &Arc<CacheMetrics> {
+        &self.metrics
     }
 
     /// Piece `range` of block `index` that the RAM tier did not have.
@@ -252,7 +274,7 @@ impl BlockFetcher {
             if let Some(block) = self.in_tier(self.staging.as_ref(), &key, &range) {
                 return Ok(ReadBytes::Shared(block, range));
             }
-            self.metrics.cache_misses.inc();
+            self.metrics.misses.inc();
             if let Some(block) = self.in_lower(&key, &range) {
                 return Ok(ReadBytes::Shared(block, range));
             }
@@ -270,7 +292,7 @@ impl BlockFetcher {
                     None => continue,
                 },
                 Some(result) => {
-                    self.metrics.cache_misses.inc();
+                    self.metrics.misses.inc();
                     return result.map(|block| ReadBytes::Shared(block, range));
                 }
             }
@@ -460,7 +482,7 @@ mod tests {
             staging,
             work: 64 << 20,
         });
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(CacheMetrics::default());
         let packer = Arc::new(Packer::new(
             Box::new(Fixed(codec)),
             Arc::new(Telemetry::default()),

@@ -13,6 +13,7 @@ mod block;
 pub mod codec;
 pub mod disk;
 mod fetcher;
+pub mod metrics;
 pub mod policy;
 pub mod ram;
 pub(crate) mod rows;

@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::Block;
 use super::block;
 use super::tier::{BlockKey, Tier};
+use crate::cache::metrics::CacheMetrics;
 use crate::memory::{MemoryBudget, Shed, Use};
 use crate::shards::ShardedMap;
 use crate::source::Identity;
-use crate::stats::Metrics;
 
 struct Staged {
     block: Arc<Block>,
@@ -38,12 +38,12 @@ pub struct Staging {
     budget: Arc<MemoryBudget>,
     generation: AtomicU64,
     blocks: ShardedMap<BlockKey, Arc<Staged>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<CacheMetrics>,
 }
 
 impl Staging {
     /// An empty buffer in `budget`'s staging slice (none: prefetch only into the cache).
-    pub fn new(budget: Arc<MemoryBudget>, metrics: Arc<Metrics>) -> Staging {
+    pub fn new(budget: Arc<MemoryBudget>, metrics: Arc<CacheMetrics>) -> Staging {
         Staging {
             budget,
             generation: AtomicU64::new(0),
@@ -72,7 +72,7 @@ impl Staging {
     pub fn retire(&self) {
         let ending = self.generation.fetch_add(1, Ordering::AcqRel);
         let freed = self.drop_where(|staged| staged.generation < ending);
-        self.metrics.prefetch_wasted_bytes.add(freed);
+        self.metrics.staged_wasted_bytes.add(freed);
     }
 
     /// Drops the blocks `stale` picks; the bytes given back.
@@ -114,7 +114,7 @@ impl Tier for Staging {
             self.remove(key, &staged);
             return None;
         }
-        self.metrics.prefetch_staged_reads.inc();
+        self.metrics.staged_reads.inc();
         if range.end >= block.data.len() {
             self.remove(key, &staged);
         }
@@ -175,7 +175,7 @@ mod tests {
             staging: slice,
             work: 0,
         });
-        Staging::new(budget, Arc::new(Metrics::default()))
+        Staging::new(budget, Arc::new(CacheMetrics::default()))
     }
 
     #[test]

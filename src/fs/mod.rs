@@ -7,6 +7,7 @@
 //! the cache. Must never block a caller of `read_cached` on the source, and never serve bytes of
 //! two versions of one file through one handle.
 
+pub mod metrics;
 mod reader;
 #[cfg(test)]
 mod tests;
@@ -14,6 +15,7 @@ mod views;
 
 pub use reader::FileReader;
 
+pub use metrics::{Figures, FsMetrics};
 pub use views::{View, Views};
 
 use std::ffi::{OsStr, OsString};
@@ -28,10 +30,10 @@ use crate::inode::{
     VIEWS_DIR,
 };
 use crate::memory::MemoryBudget;
+use crate::metrics::{Samples, render_json, render_prometheus};
 use crate::prefetch::Prefetcher;
 use crate::shards::ShardedMap;
 use crate::source::{Deferred, Kind, Meta, Source, SourceFile, SpaceStats};
-use crate::stats::{Gauges, Metrics};
 
 /// How long the kernel may trust names and attributes of source entries. The tree is read-only
 /// through the mount; changes made in the source are picked up on open (see `open`).
@@ -152,7 +154,7 @@ pub struct Fs {
     board: Box<dyn Report>,
     handles: ShardedMap<u64, Arc<Handle>>,
     next_fh: AtomicU64,
-    metrics: Arc<Metrics>,
+    metrics: Arc<FsMetrics>,
 }
 
 /// What `crate::daemon::build` hands a file system: the pieces its semantics use.
@@ -165,27 +167,19 @@ pub struct Parts {
     pub prefetcher: Arc<Prefetcher>,
     /// The view service.
     pub views: Arc<Views>,
-    /// Every counter of the mount.
-    pub metrics: Arc<Metrics>,
+    /// The file system's counters.
+    pub metrics: Arc<FsMetrics>,
     /// What the control files show.
     pub board: Box<dyn Report>,
 }
 
-/// The file system's own figures, for the control files.
-#[derive(Debug, Clone, Copy)]
-pub struct Figures {
-    /// Open file and directory handles.
-    pub open_handles: u64,
-    /// Inodes the kernel holds.
-    pub inodes: u64,
-}
-
-/// What the control files show, gathered from the pieces of the mount (see `crate::daemon`).
+/// What the control files show, gathered from the pieces of the mount (see `crate::daemon`):
+/// `stats.json` renders the samples and the documents, `metrics` the samples alone.
 pub trait Report: Send + Sync {
-    /// The cache, prefetch and memory figures, with the file system's own.
-    fn gauges(&self, fs: Figures) -> Gauges;
-    /// The content of control file `ino` now (`None`: not a control file).
-    fn snapshot(&self, ino: u64, fs: Figures) -> Option<Vec<u8>>;
+    /// Every figure of the mount now; `fs` holds the file system's own gauges.
+    fn samples(&self, fs: Figures) -> Samples;
+    /// What `stats.json` shows beside the samples that is not a number, each at its path.
+    fn documents(&self) -> Vec<(String, serde_json::Value)>;
 }
 
 impl Fs {
@@ -205,8 +199,8 @@ impl Fs {
         }
     }
 
-    /// The mount's metrics registry.
-    pub fn metrics(&self) -> &Metrics {
+    /// The file system's counters.
+    pub fn metrics(&self) -> &FsMetrics {
         &self.metrics
     }
 
@@ -301,7 +295,12 @@ impl Fs {
 
     /// The current content of control file `ino` (`None` for any other inode).
     fn snapshot(&self, ino: u64) -> Option<Vec<u8>> {
-        self.board.snapshot(ino, self.figures())
+        let text = match ino {
+            STATS_FILE => render_json(&self.board.samples(self.figures()), self.board.documents()),
+            METRICS_FILE => render_prometheus(&self.board.samples(self.figures())),
+            _ => return None,
+        };
+        Some(text.into_bytes())
     }
 
     fn figures(&self) -> Figures {
@@ -309,11 +308,6 @@ impl Fs {
             open_handles: self.handles.len() as u64,
             inodes: self.inodes.len() as u64,
         }
-    }
-
-    /// Cache and table figures for the stats files.
-    pub fn gauges(&self) -> Gauges {
-        self.board.gauges(self.figures())
     }
 
     /// Resolves `name` in directory `parent`.
@@ -449,8 +443,7 @@ impl Fs {
             if let Some(old) = *last
                 && old != identity
             {
-                self.fetcher.forget(&old);
-                self.metrics.stale_detections.inc();
+                self.fetcher.drop_stale(&old);
                 tracing::info!(path = %node.path.display(), "source file changed; old cache entry dropped");
             }
             *last = Some(identity);

@@ -67,6 +67,16 @@ fn faulty_fs(dir: &Path, budget: u64) -> (Fs, Arc<FaultPlan>) {
     (options(budget).build(Arc::new(source)), plan)
 }
 
+/// The cache's counters, which the fetcher owns.
+fn cache(fs: &Fs) -> &crate::cache::metrics::CacheMetrics {
+    fs.fetcher.metrics()
+}
+
+/// The RAM tier's gauges now.
+fn ram(fs: &Fs) -> crate::cache::metrics::RamGauges {
+    fs.fetcher.ram().gauges()
+}
+
 fn ino_of(fs: &Fs, path: &str) -> u64 {
     let mut ino = inode::ROOT;
     for part in path.split('/') {
@@ -149,7 +159,7 @@ fn eio_on_one_source_read_fails_that_call_only() {
         again.as_slice(),
         &data[BLOCK_SIZE as usize..BLOCK_SIZE as usize + 4096]
     );
-    assert_eq!(fs.metrics().source_errors.get(), 1);
+    assert_eq!(cache(&fs).source_errors.get(), 1);
 }
 
 #[test]
@@ -195,16 +205,16 @@ fn changed_file_is_served_fresh_on_next_open() {
     let fh = fs.open(ino, Intent::Read).expect("open").fh;
     assert_eq!(read_all(&fs, fh, old.len() as u64).expect("read"), old);
     fs.release(fh).expect("release");
-    let cached_before = fs.gauges().cache_bytes;
+    let cached_before = ram(&fs).bytes;
     assert!(cached_before > 0);
 
     let new = pattern(BLOCK_SIZE as usize + 17, 5);
     std::fs::write(&path, &new).expect("rewrite");
     let fh = fs.open(ino, Intent::Read).expect("reopen").fh;
     assert_eq!(read_all(&fs, fh, new.len() as u64).expect("read"), new);
-    assert_eq!(fs.metrics().stale_detections.get(), 1);
+    assert_eq!(cache(&fs).stale_detections.get(), 1);
     assert!(
-        fs.gauges().cache_bytes < cached_before + new.len() as u64,
+        ram(&fs).bytes < cached_before + new.len() as u64,
         "old entry dropped"
     );
 }
@@ -219,15 +229,15 @@ fn a_file_deleted_in_the_source_gives_its_cached_memory_back() {
     let fh = fs.open(ino, Intent::Read).expect("open").fh;
     read_all(&fs, fh, 300_000).expect("read");
     fs.release(fh).expect("release");
-    assert_eq!(fs.gauges().cache_files, 1);
+    assert_eq!(ram(&fs).files, 1);
     std::fs::remove_file(&path).expect("rm");
     assert_eq!(fs.getattr(ino).err(), Some(FsError::NotFound));
     assert_eq!(
-        fs.gauges().cache_bytes,
+        ram(&fs).bytes,
         0,
         "the vanished version's blocks are released"
     );
-    assert_eq!(fs.gauges().cache_files, 0);
+    assert_eq!(ram(&fs).files, 0);
 }
 
 #[test]
@@ -241,7 +251,7 @@ fn file_changed_during_reading_answers_eio_not_mixed_bytes() {
     // Rewrite in place (same inode): the second block now belongs to another version.
     std::fs::write(&path, pattern(2 * BLOCK_SIZE as usize, 7)).expect("rewrite");
     assert_eq!(fs.read(fh, BLOCK_SIZE, 4096).err(), Some(FsError::Io));
-    assert!(fs.metrics().stale_detections.get() >= 1);
+    assert!(cache(&fs).stale_detections.get() >= 1);
 }
 
 #[test]
@@ -259,12 +269,12 @@ fn corrupt_block_is_refetched_from_source() {
             panic!("file handle")
         };
         reader.entry().corrupt_for_test(0);
-        let errors = fs.metrics().integrity_errors.get();
+        let errors = cache(&fs).integrity_errors.get();
         assert!(
             fs.read_cached(fh, 0, 100).is_none(),
             "a corrupt block is never a hit"
         );
-        assert_eq!(fs.metrics().integrity_errors.get(), errors + 1);
+        assert_eq!(cache(&fs).integrity_errors.get(), errors + 1);
         let got = fs.read(fh, 0, 100).expect("refetch");
         assert_eq!(
             got.as_slice(),
@@ -327,15 +337,15 @@ fn full_budget_stops_admitting_and_keeps_serving() {
             fs.release(fh).expect("release");
         }
     }
-    let g = fs.gauges();
-    assert_eq!(g.cache_bytes, 300_000, "three files fit, nothing evicted");
+    let g = ram(&fs);
+    assert_eq!(g.bytes, 300_000, "three files fit, nothing evicted");
     assert_eq!(
-        fs.metrics().admission_rejected.get(),
+        cache(&fs).admission_rejected.get(),
         14,
         "7 files rejected in each of 2 rounds"
     );
     assert_eq!(
-        fs.metrics().cache_hits.get(),
+        cache(&fs).hits.get(),
         3,
         "round 2 hits exactly what was admitted"
     );
@@ -348,7 +358,7 @@ fn full_cache_reads_only_the_requested_bytes_from_the_source() {
     std::fs::write(dir.path().join("big"), pattern(3 * BLOCK_SIZE as usize, 2)).expect("write");
     let fs = local_fs(dir.path(), 0);
     for (name, len) in [("small", 100_000usize), ("big", 3 * BLOCK_SIZE as usize)] {
-        let before = fs.metrics().source_bytes.get();
+        let before = cache(&fs).source_bytes.get();
         let fh = fs.open(ino_of(&fs, name), Intent::Read).expect("open").fh;
         let mut got = Vec::new();
         while got.len() < len {
@@ -365,12 +375,12 @@ fn full_cache_reads_only_the_requested_bytes_from_the_source() {
             "{name}"
         );
         assert_eq!(
-            fs.metrics().source_bytes.get() - before,
+            cache(&fs).source_bytes.get() - before,
             len as u64,
             "{name}: 8 KiB reads of a never-admittable file read each byte from the source once"
         );
     }
-    assert_eq!(fs.gauges().cache_bytes, 0);
+    assert_eq!(ram(&fs).bytes, 0);
 }
 
 #[test]
@@ -522,11 +532,11 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     for (i, w) in want.iter().enumerate() {
         assert_eq!(&read_view(&fs, i), w, "first render of a{i}");
     }
-    let source_bytes = fs.metrics.source_bytes.get();
+    let source_bytes = cache(&fs).source_bytes.get();
     for (i, w) in want.iter().enumerate() {
         assert_eq!(&read_view(&fs, i), w, "render of a{i} from cached pixels");
     }
-    let m = &fs.metrics;
+    let m = cache(&fs);
     assert_eq!(
         (
             m.decoded_misses.get(),
@@ -540,9 +550,9 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
         source_bytes,
         "cached pixels need no fetch"
     );
-    let g = fs.gauges();
+    let g = ram(&fs);
     assert_eq!((g.decoded_entries, g.decoded_bytes), (3, pixel_bytes));
-    assert_eq!(g.cache_files, 3, "decoded entries are not counted as files");
+    assert_eq!(g.files, 3, "decoded entries are not counted as files");
 
     // A damaged cached copy is a miss: decoded again from the (cached) JPEG, and re-admitted.
     let identity = LocalSource::open(dir.path())
@@ -559,8 +569,8 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     for (i, w) in want.iter().enumerate() {
         assert_eq!(&read_view(&off, i), w);
     }
-    assert_eq!(off.metrics.decoded_declined.get(), 3);
-    assert_eq!(off.gauges().decoded_entries, 0);
+    assert_eq!(cache(&off).decoded_declined.get(), 3);
+    assert_eq!(ram(&off).decoded_entries, 0);
 
     // Pixels that do not fit the budget are rejected; renders still succeed.
     let mut o = options(jpegs.iter().map(|j| j.len() as u64).sum::<u64>() + 1000);
@@ -570,8 +580,8 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     for (i, w) in want.iter().enumerate() {
         assert_eq!(&read_view(&tight, i), w);
     }
-    assert_eq!(tight.metrics.decoded_rejected.get(), 3);
-    assert_eq!(tight.gauges().decoded_bytes, 0);
+    assert_eq!(cache(&tight).decoded_rejected.get(), 3);
+    assert_eq!(ram(&tight).decoded_bytes, 0);
 }
 
 /// `files` files of 64 KiB behind a source that takes 2 ms per read, a 256 KiB cache, a
@@ -669,12 +679,12 @@ fn replayed_order_is_prefetched_from_a_slow_source_into_the_staging_buffer() {
         read_pass(&fs, &order, |i| pattern(64 << 10, i));
     }
     let status = followed_at_epoch_3(&fs, "replay");
-    let m = fs.metrics();
-    assert!(m.prefetch_useful.get() > 0, "no prefetched file was opened");
+    let m = cache(&fs);
     assert!(
-        m.prefetch_staged_reads.get() > 0,
-        "nothing served from staging"
+        fs.prefetcher.metrics().useful.get() > 0,
+        "no prefetched file was opened"
     );
+    assert!(m.staged_reads.get() > 0, "nothing served from staging");
     assert_eq!(
         status["files"]["history"][1]["files"], 60,
         "epoch 2 recorded: {status}"
@@ -719,7 +729,7 @@ fn a_sampler_order_file_is_followed_where_no_pass_repeats_the_last() {
     }
     followed_at_epoch_3(&fs, "hint");
     assert!(
-        fs.metrics().prefetch_useful.get() > 0,
+        fs.prefetcher.metrics().useful.get() > 0,
         "no hinted file was prefetched in time"
     );
 }
@@ -733,16 +743,15 @@ fn without_room_for_their_bytes_files_are_opened_ahead_and_never_at_a_stale_vers
     }
     read_pass(&fs, &order[..10], |i| pattern(64 << 10, i));
     std::thread::sleep(Duration::from_millis(200));
-    let m = fs.metrics();
-    assert!(m.prefetch_opened_ahead.get() > 0, "nothing opened ahead");
     assert!(
-        m.prefetch_opens_saved.get() > 0,
+        fs.prefetcher.metrics().opened_ahead.get() > 0,
+        "nothing opened ahead"
+    );
+    assert!(
+        fs.prefetcher.metrics().opens_saved.get() > 0,
         "no open took a file opened ahead"
     );
-    assert!(
-        fs.gauges().prefetch_parked > 0,
-        "the next files wait opened"
-    );
+    assert!(fs.prefetcher.parked() > 0, "the next files wait opened");
     // Rewritten in place: the parked descriptor now names another version.
     rewrite_next_and_read_the_rest(dir.path(), &fs, &order, 10);
 }
@@ -778,7 +787,7 @@ fn shuffled_epochs_stage_the_smallest_remaining_files_first() {
         .filter(|i| !cached.contains(i))
         .collect();
     unread.sort_by_key(|&i| size(i));
-    let staged_reads = || fs.metrics().prefetch_staged_reads.get();
+    let staged_reads = || cache(&fs).staged_reads.get();
     let before = staged_reads();
     read_pass(&fs, &unread[..3], |i| pattern(size(i), i));
     assert_eq!(staged_reads() - before, 3, "the 3 smallest were staged");
@@ -841,15 +850,18 @@ fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
     }
     stop.store(true, Ordering::Relaxed);
     idle.join().expect("idle thread");
-    let m = fs.metrics();
+    let m = cache(&fs);
     let status = fs.prefetcher.status();
     assert_eq!(status["view:v"]["predictor"], "sorted", "{status}");
-    assert!(m.prefetch_decoded_ahead.get() > 0, "nothing decoded ahead");
+    assert!(
+        fs.prefetcher.metrics().decoded_ahead.get() > 0,
+        "nothing decoded ahead"
+    );
     assert!(
         m.decoded_hits.get() > 0,
         "no first render found its pixels decoded ahead"
     );
-    assert!(m.decoded_hits.get() <= m.prefetch_decoded_ahead.get());
+    assert!(m.decoded_hits.get() <= fs.prefetcher.metrics().decoded_ahead.get());
 }
 
 #[test]
@@ -949,4 +961,88 @@ fn stats_say_whether_views_can_use_a_gpu_and_renders_are_unchanged() {
             "no GPU: the CPU's bytes (center crops draw nothing)"
         );
     }
+}
+
+/// A mount with every piece on (a disk tier, prefetch, a view, a stats file opened) shows each
+/// figure at one path that is never also a branch, under one Prometheus name, with a row in
+/// docs/STATS.md that names both: the table cannot fall behind what the modules define.
+#[test]
+fn every_figure_of_a_full_mount_has_one_path_one_name_and_a_documented_row() {
+    use std::collections::{BTreeMap, BTreeSet};
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("a.jpg"),
+        crate::synthetic::photo(0).expect("jpeg"),
+    )
+    .expect("write");
+    let cache_dir = tempfile::tempdir().expect("cache dir");
+    let mut setup = options(64 << 20);
+    setup.config.views.specs =
+        vec![crate::view::ViewSpec::parse("v=decode,resize(40),uint8(hwc)").expect("spec")];
+    setup.config.prefetch.enabled = true;
+    let disk = crate::cache::DiskSetup {
+        dir: crate::cache::CacheDir::open(&cache_dir.path().join("c")).expect("cache dir opens"),
+        options: crate::cache::DiskOptions {
+            budget: 1 << 30,
+            min_free: 0.0,
+        },
+        validate: Box::new(|_| None),
+    };
+    let source: Arc<dyn Source> = Arc::new(LocalSource::open(dir.path()).expect("source"));
+    let fs = build(source, &setup.config, setup.plan, Some(disk));
+    let ino = ino_of(&fs, ".prepfs/views/v/a.jpg.npy");
+    let opened = fs.open(ino, Intent::Read).expect("open view");
+    read_all(&fs, opened.fh, 1 << 20).expect("read view");
+    fs.release(opened.fh).expect("release");
+
+    let samples = fs.board.samples(fs.figures());
+    let mut paths: BTreeSet<String> = BTreeSet::new();
+    for s in samples.iter() {
+        assert!(paths.insert(s.path.clone()), "{} is shown twice", s.path);
+    }
+    for (path, _) in fs.board.documents() {
+        assert!(paths.insert(path.clone()), "{path} is shown twice");
+    }
+    for p in &paths {
+        let branch = format!("{p}.");
+        let under: Vec<&String> = paths.iter().filter(|q| q.starts_with(&branch)).collect();
+        assert!(under.is_empty(), "{p} is a value and a branch of {under:?}");
+    }
+    for expected in [
+        "disk.writes",
+        "views.v.renders",
+        "prefetch.issued",
+        "memory.budget_bytes",
+    ] {
+        assert!(paths.contains(expected), "a full mount shows {expected}");
+    }
+
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/STATS.md"))
+        .expect("docs/STATS.md");
+    let rows: Vec<&str> = docs.lines().filter(|l| l.starts_with("| `")).collect();
+    let mut names: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut missing = BTreeSet::new();
+    for s in samples.iter() {
+        let m = s.metric;
+        let other = names.insert(m.prom, m.path);
+        assert!(
+            other.is_none_or(|p| p == m.path),
+            "{} names both {} and {other:?}",
+            m.prom,
+            m.path
+        );
+        // A labelled figure's row writes its `*` as `<name>`: the row names the part after it.
+        let path = m.path.rsplit_once('*').map_or(m.path, |(_, tail)| tail);
+        let named = |row: &&str| {
+            (row.contains(&format!("`{}`", m.prom)) || row.contains(&format!("`{}{{", m.prom)))
+                && row.contains(path)
+        };
+        if !rows.iter().any(named) {
+            missing.insert(format!("`{}` `{}`", m.path, m.prom));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/STATS.md has no row naming these paths and names: {missing:#?}"
+    );
 }

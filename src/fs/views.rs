@@ -24,7 +24,7 @@ use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
 use crate::memory::Work;
 use crate::source::{Identity, Kind, Meta, Source, SourceFile};
-use crate::stats::ViewMetrics;
+use crate::view::metrics::ViewMetrics;
 use crate::view::render::MAX_ENCODED_BYTES;
 use crate::view::{Executor, RenderError, Rgb, ViewSpec, plan, render};
 use crate::workers::{Active, WorkerPool};

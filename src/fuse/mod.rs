@@ -26,10 +26,10 @@ use fuser::{
 };
 
 use crate::error::FsError;
+use crate::fs::metrics::Op;
 use crate::fs::{Attr, Fs, Intent, Opened, Serve};
 use crate::requests::{self, Expiry, Once, RequestPool};
 use crate::source::Kind;
-use crate::stats::Op;
 
 pub use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 

@@ -16,6 +16,7 @@
 //! wait, on their own threads).
 
 pub mod limits;
+pub mod metrics;
 pub mod pressure;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -9,7 +9,7 @@
 
 use serde_json::{Value, json};
 
-use crate::stats::Gauges;
+use crate::cache::metrics::CacheFigures;
 
 /// Share of a pass that readers may wait on prepfs before it counts as a stall worth acting on.
 const STALLED: f64 = 0.05;
@@ -50,8 +50,8 @@ pub struct Capacity {
 }
 
 impl Capacity {
-    /// The capacity the stats gauges show now.
-    pub fn of(g: &Gauges) -> Capacity {
+    /// The capacity of tiers holding `now`.
+    pub fn of(now: &CacheFigures) -> Capacity {
         let ratio = |logical: u64, stored: u64| {
             if stored == 0 {
                 1.0
@@ -60,10 +60,10 @@ impl Capacity {
             }
         };
         Capacity {
-            ram_budget: g.cache_budget_bytes,
-            ram_ratio: ratio(g.cache_logical_bytes, g.cache_bytes),
-            disk_budget: g.disk.map(|d| d.budget_bytes),
-            disk_ratio: g.disk.map_or(1.0, |d| ratio(d.logical_bytes, d.bytes)),
+            ram_budget: now.ram.budget_bytes,
+            ram_ratio: ratio(now.ram.logical_bytes, now.ram.bytes),
+            disk_budget: now.disk.map(|d| d.budget_bytes),
+            disk_ratio: now.disk.map_or(1.0, |d| ratio(d.logical_bytes, d.bytes)),
         }
     }
 

@@ -16,8 +16,10 @@
 //! Must never serve bytes (the cache does, keyed by file version), never block an open or a read
 //! on planning, and never fetch past the cache's budget and the staging buffer's.
 
+pub mod diagnosis;
 pub mod epoch;
 mod hint;
+pub mod metrics;
 mod parked;
 pub mod predict;
 
@@ -34,12 +36,13 @@ use parking_lot::{Condvar, Mutex};
 use serde_json::{Value, json};
 
 use crate::cache::{BlockFetcher, Prefetched, RamFile};
+use crate::metrics::Samples;
 use crate::scheduler::knobs::Knobs;
 use crate::source::{Identity, Source, SourceFile};
-use crate::stats::Metrics;
-use crate::stats::diagnosis::{Capacity, PassFigures, diagnose};
+use diagnosis::{Capacity, PassFigures, diagnose};
 use epoch::{EpochTracker, FileKey, Opened};
 use hint::{Hint, OrderFile, OrderSlot, Polled};
+use metrics::PrefetchMetrics;
 use parked::Parked;
 use predict::{HORIZON, Predictor, Replay, Score, Tree};
 
@@ -165,17 +168,19 @@ struct Marks {
 }
 
 impl Marks {
-    fn now(m: &Metrics) -> Marks {
+    fn now(shared: &Shared) -> Marks {
+        let (cache, m) = (shared.fetcher.metrics(), &shared.metrics);
+        let waits = (shared.waits)();
         Marks {
-            hits: m.cache_hits.get(),
-            misses: m.cache_misses.get(),
-            fetch_stall_ns: m.fetch_stall_ns.get(),
-            prep_stall_ns: m.prep_stall_ns.get(),
-            source_bytes: m.source_bytes.get(),
-            useful: m.prefetch_useful.get(),
-            late: m.prefetch_late.get(),
-            wasted: m.prefetch_wasted.get(),
-            staged_reads: m.prefetch_staged_reads.get(),
+            hits: cache.hits.get(),
+            misses: cache.misses.get(),
+            fetch_stall_ns: waits.fetch_ns,
+            prep_stall_ns: waits.prep_ns,
+            source_bytes: cache.source_bytes.get(),
+            useful: m.useful.get(),
+            late: m.late.get(),
+            wasted: m.wasted.get(),
+            staged_reads: cache.staged_reads.get(),
         }
     }
 
@@ -251,7 +256,9 @@ pub fn controller_depth(rate: f64, file_seconds: f64, threads: usize) -> usize {
 struct Shared {
     source: Arc<dyn Source>,
     fetcher: Arc<BlockFetcher>,
-    metrics: Arc<Metrics>,
+    metrics: PrefetchMetrics,
+    /// How long readers have waited so far.
+    waits: Waits,
     /// Whether workers run, and how many.
     enabled: bool,
     threads: usize,
@@ -290,6 +297,19 @@ impl Drop for DemandGuard<'_> {
     }
 }
 
+/// How long readers have waited so far, summed over readers: on the source (fetch stall) and
+/// for view renders (prep stall). The file system measures them; a pass's record shows its share.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReaderWaits {
+    /// Nanoseconds demand reads of dataset files waited on the source.
+    pub fetch_ns: u64,
+    /// Nanoseconds view reads waited for their render.
+    pub prep_ns: u64,
+}
+
+/// Reads `ReaderWaits` now.
+pub type Waits = Box<dyn Fn() -> ReaderWaits + Send + Sync>;
+
 /// Per-handle state of sequential readahead.
 #[derive(Debug, Default)]
 pub struct Readahead {
@@ -307,7 +327,7 @@ impl Prefetcher {
     pub fn start(
         source: Arc<dyn Source>,
         fetcher: Arc<BlockFetcher>,
-        metrics: Arc<Metrics>,
+        waits: Waits,
         config: &PrefetchConfig,
         mountpoint: &Path,
         view_names: &[String],
@@ -320,7 +340,8 @@ impl Prefetcher {
         let shared = Arc::new(Shared {
             source: source.clone(),
             fetcher,
-            metrics: metrics.clone(),
+            metrics: PrefetchMetrics::default(),
+            waits,
             enabled: config.enabled,
             threads: config.threads,
             jobs: Mutex::new(Jobs::default()),
@@ -342,7 +363,7 @@ impl Prefetcher {
         let slot = order_file.as_ref().map(OrderFile::slot);
         let sets: Vec<SetState> = names
             .into_iter()
-            .map(|name| SetState::new(name, &source, &metrics, slot.as_ref()))
+            .map(|name| SetState::new(name, &source, Marks::now(&shared), slot.as_ref()))
             .collect();
         let (tx, rx) = sync_channel(EVENT_QUEUE);
         let mut threads = Vec::new();
@@ -383,7 +404,7 @@ impl Prefetcher {
             identity,
         };
         if let Err(TrySendError::Full(_)) = tx.try_send(event) {
-            self.shared.metrics.prefetch_events_dropped.inc();
+            self.shared.metrics.events_dropped.inc();
         }
     }
 
@@ -443,7 +464,7 @@ impl Prefetcher {
     /// open that takes it makes no round trip to the source.
     pub fn take_opened(&self, path: &Path, identity: Identity) -> Option<Arc<dyn SourceFile>> {
         let file = self.shared.parked.take(path, Some(identity))?;
-        self.shared.metrics.prefetch_opens_saved.inc();
+        self.shared.metrics.opens_saved.inc();
         Some(file)
     }
 
@@ -455,6 +476,19 @@ impl Prefetcher {
     /// Files opened ahead and not yet taken.
     pub fn parked(&self) -> usize {
         self.shared.parked.len()
+    }
+
+    /// Prefetch's samples for the stats files.
+    pub fn samples(&self, out: &mut Samples) {
+        let depth = self.depth() as u64;
+        self.shared
+            .metrics
+            .samples(depth, self.parked() as u64, out);
+    }
+
+    /// Prefetch's counters.
+    pub fn metrics(&self) -> &PrefetchMetrics {
+        &self.shared.metrics
     }
 
     /// Files the planner keeps queued ahead (the controller's or the scheduler's depth).
@@ -487,7 +521,7 @@ impl SetState {
     fn new(
         name: String,
         source: &Arc<dyn Source>,
-        metrics: &Metrics,
+        marks: Marks,
         hint: Option<&OrderSlot>,
     ) -> SetState {
         let mut predictors: Vec<(Box<dyn Predictor>, Score)> = vec![
@@ -511,7 +545,7 @@ impl SetState {
             rate: 0.0,
             last_open: None,
             epoch_started: Instant::now(),
-            marks: Marks::now(metrics),
+            marks,
             history: VecDeque::new(),
             diagnosis: Value::Null,
         }
@@ -523,13 +557,13 @@ impl SetState {
         let wasted = outcomes.values().filter(|o| **o == Outcome::Done).count();
         outcomes.retain(|_, o| matches!(o, Outcome::InFlight | Outcome::Parked));
         drop(outcomes);
-        shared.metrics.prefetch_wasted.add(wasted as u64);
+        shared.metrics.wasted.add(wasted as u64);
         shared.fetcher.staging().retire();
         for (p, score) in &mut self.predictors {
             p.forget_listings();
             score.new_pass();
         }
-        let now = Marks::now(&shared.metrics);
+        let now = Marks::now(shared);
         let pass = self.tracker.previous();
         let files = pass.map_or(0, |p| p.len());
         let known = &self.known;
@@ -551,9 +585,7 @@ impl SetState {
             self.epoch_started.elapsed().as_secs_f64(),
             working_set,
         );
-        let mut gauges = shared.fetcher.ram().gauges();
-        gauges.disk = shared.fetcher.disk_gauges();
-        self.diagnosis = diagnose(&figures, &Capacity::of(&gauges));
+        self.diagnosis = diagnose(&figures, &Capacity::of(&shared.fetcher.figures()));
         if self.history.len() == HISTORY {
             self.history.pop_front();
         }
@@ -574,8 +606,8 @@ impl SetState {
             Opened::First => {}
         }
         match shared.outcomes[set].lock().remove(&file) {
-            Some(Outcome::Done) => shared.metrics.prefetch_useful.inc(),
-            Some(Outcome::InFlight) => shared.metrics.prefetch_late.inc(),
+            Some(Outcome::Done) => shared.metrics.useful.inc(),
+            Some(Outcome::InFlight) => shared.metrics.late.inc(),
             Some(Outcome::Parked | Outcome::Settled) | None => {}
         }
         let now = Instant::now();
@@ -812,7 +844,7 @@ fn work(shared: &Shared) {
                     }
                     match shared.fetcher.prefetch(&entry, index, source.as_ref()) {
                         Ok(Prefetched::Fetched | Prefetched::Staged) => {
-                            shared.metrics.prefetch_blocks.inc();
+                            shared.metrics.blocks.inc();
                         }
                         Ok(Prefetched::Present) => {}
                         Ok(Prefetched::NoRoom) | Err(_) => break,
@@ -862,7 +894,7 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
                 }
                 match shared.fetcher.prefetch(&entry, index, source.as_ref()) {
                     Ok(Prefetched::Fetched | Prefetched::Staged) => {
-                        shared.metrics.prefetch_blocks.inc();
+                        shared.metrics.blocks.inc();
                         fetched = true;
                     }
                     Ok(Prefetched::Present) => {}
@@ -871,7 +903,7 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
                         break;
                     }
                     Err(_) => {
-                        shared.metrics.prefetch_failed.inc();
+                        shared.metrics.failed.inc();
                         break;
                     }
                 }
@@ -883,12 +915,12 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
                 && let Some(decode) = &shared.decode_ahead
                 && decode(set, file, source.as_ref())
             {
-                shared.metrics.prefetch_decoded_ahead.inc();
+                shared.metrics.decoded_ahead.inc();
                 decoded = true;
             }
             if no_room {
                 if opened_now {
-                    shared.metrics.prefetch_opened_ahead.inc();
+                    shared.metrics.opened_ahead.inc();
                 }
                 parked_now = true;
                 for closed in shared.parked.park(file.clone(), source) {
@@ -903,7 +935,7 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
         }
         Err(e) => {
             tracing::debug!(path = %file.display(), error = %e, "prefetch could not open a file");
-            shared.metrics.prefetch_failed.inc();
+            shared.metrics.failed.inc();
         }
     }
     let mut outcomes = shared.outcomes[set].lock();
@@ -919,7 +951,7 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
     }
     drop(outcomes);
     if fetched || decoded {
-        shared.metrics.prefetch_issued.inc();
+        shared.metrics.issued.inc();
     }
     if fetched {
         let old = f64::from_bits(shared.file_seconds.load(Ordering::Relaxed));

@@ -22,7 +22,7 @@ use super::heuristic;
 use super::knobs::Knobs;
 use super::online::Online;
 use super::state::{Observation, RewardWeights, STATE};
-use crate::stats::histogram::{Histogram, quantile_us};
+use crate::metrics::{Histogram, quantile_us};
 use crate::telemetry::Telemetry;
 
 /// Decision cadence: the telemetry's full-sample period.

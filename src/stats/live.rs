@@ -15,6 +15,10 @@ use indicatif::HumanBytes;
 use serde_json::Value;
 
 use super::table::{self, number};
+use crate::cache::metrics as cache;
+use crate::fs::metrics as fs;
+use crate::metrics::Metric;
+use crate::prefetch::metrics as prefetch;
 
 /// Moves the cursor home and clears the screen (VT100, understood by every terminal in use).
 const CLEAR: &str = "\x1b[H\x1b[2J";
@@ -103,15 +107,16 @@ struct Rates {
 
 impl Rates {
     fn between(now: &Value, before: Option<&Value>) -> Rates {
-        let delta = |path: &str| number(now, path) - before.map_or(0.0, |b| number(b, path));
-        let seconds = delta("uptime_seconds").max(1e-3);
-        let (hits, misses) = (delta("cache.hits"), delta("cache.misses"));
+        let delta_at = |path: &str| number(now, path) - before.map_or(0.0, |b| number(b, path));
+        let delta = |metric: &Metric| delta_at(metric.path);
+        let seconds = delta(&fs::UPTIME).max(1e-3);
+        let (hits, misses) = (delta(&cache::HITS), delta(&cache::MISSES));
         Rates {
-            served: delta("bytes_served") / seconds,
-            opens: delta("ops.open.requests") / seconds,
-            source: delta("source.bytes_read") / seconds,
-            fetch_stall: delta("stall.fetch_seconds") / seconds,
-            prep_stall: delta("stall.prep_seconds") / seconds,
+            served: delta(&fs::BYTES_SERVED) / seconds,
+            opens: delta_at(&fs::OP_REQUESTS.path_for("open")) / seconds,
+            source: delta(&cache::SOURCE_BYTES) / seconds,
+            fetch_stall: delta(&fs::FETCH_STALL) / seconds,
+            prep_stall: delta(&fs::PREP_STALL) / seconds,
             hit_rate: (hits + misses > 0.0).then(|| hits / (hits + misses)),
         }
     }
@@ -151,12 +156,12 @@ fn epochs(stats: &Value) -> Vec<String> {
 /// The dashboard drawn on a terminal.
 fn dashboard(now: &Value, before: Option<&Value>) -> String {
     let r = Rates::between(now, before);
-    let n = |path: &str| number(now, path);
+    let n = |metric: &Metric| number(now, metric.path);
     let mut out = String::new();
     let _ = writeln!(
         out,
         "up {:.0} s\n\nthroughput  {}/s served, {:.0} opens/s, source {}/s",
-        n("uptime_seconds"),
+        n(&fs::UPTIME),
         bytes(r.served),
         r.opens,
         bytes(r.source)
@@ -166,7 +171,7 @@ fn dashboard(now: &Value, before: Option<&Value>) -> String {
         "hit rate    {} now, {} since mount",
         r.hit_rate
             .map_or("-".to_owned(), |h| format!("{:.1}%", 100.0 * h)),
-        percent(n("cache.hits"), n("cache.hits") + n("cache.misses"))
+        percent(n(&cache::HITS), n(&cache::HITS) + n(&cache::MISSES))
     );
     let _ = writeln!(
         out,
@@ -176,21 +181,21 @@ fn dashboard(now: &Value, before: Option<&Value>) -> String {
     let _ = writeln!(
         out,
         "cache RAM   {} of {} ({}), holds {} of content (x{:.2}), {} files whole",
-        bytes(n("cache.bytes")),
-        bytes(n("cache.budget_bytes")),
-        percent(n("cache.bytes"), n("cache.budget_bytes")),
-        bytes(n("cache.logical_bytes")),
-        n("cache.capacity_ratio"),
-        n("cache.complete_files")
+        bytes(n(&cache::BYTES)),
+        bytes(n(&cache::BUDGET_BYTES)),
+        percent(n(&cache::BYTES), n(&cache::BUDGET_BYTES)),
+        bytes(n(&cache::LOGICAL_BYTES)),
+        n(&cache::CAPACITY_RATIO),
+        n(&cache::COMPLETE_FILES)
     );
     if now.get("disk").is_some() {
         let _ = writeln!(
             out,
             "cache disk  {} of {} ({}), x{:.2}",
-            bytes(n("disk.bytes")),
-            bytes(n("disk.budget_bytes")),
-            percent(n("disk.bytes"), n("disk.budget_bytes")),
-            n("disk.capacity_ratio")
+            bytes(n(&cache::DISK_BYTES)),
+            bytes(n(&cache::DISK_BUDGET_BYTES)),
+            percent(n(&cache::DISK_BYTES), n(&cache::DISK_BUDGET_BYTES)),
+            n(&cache::DISK_CAPACITY_RATIO)
         );
     }
     let codec = &now["cache"]["codec"];
@@ -215,12 +220,12 @@ fn dashboard(now: &Value, before: Option<&Value>) -> String {
     let _ = writeln!(
         out,
         "prefetch    depth {}, useful {} of {} issued ({}), staged {} of {}",
-        n("prefetch.depth"),
-        n("prefetch.useful"),
-        n("prefetch.issued"),
-        percent(n("prefetch.useful"), n("prefetch.issued")),
-        bytes(n("prefetch.staged.bytes")),
-        bytes(n("prefetch.staged.budget_bytes"))
+        n(&prefetch::DEPTH),
+        n(&prefetch::USEFUL),
+        n(&prefetch::ISSUED),
+        percent(n(&prefetch::USEFUL), n(&prefetch::ISSUED)),
+        bytes(n(&cache::STAGED_BYTES)),
+        bytes(n(&cache::STAGED_BUDGET_BYTES))
     );
     let _ = writeln!(out, "epochs      {}", epochs(now).join("; "));
     if let Some(sets) = now.get("epochs").and_then(Value::as_object) {
@@ -242,12 +247,12 @@ fn dashboard(now: &Value, before: Option<&Value>) -> String {
 /// value, then each set's epoch.
 fn line(now: &Value, before: Option<&Value>) -> String {
     let r = Rates::between(now, before);
-    let n = |path: &str| number(now, path);
+    let n = |metric: &Metric| number(now, metric.path);
     let bytes = |b: f64| bytes(b).to_string().replace(' ', "");
     format!(
         "uptime={:.1}s served={}/s opens={:.0}/s source={}/s hit_rate={} fetch_stall={:.2}s/s \
          prep_stall={:.2}s/s ram={} disk={} {}",
-        n("uptime_seconds"),
+        n(&fs::UPTIME),
         bytes(r.served),
         r.opens,
         bytes(r.source),
@@ -255,8 +260,8 @@ fn line(now: &Value, before: Option<&Value>) -> String {
             .map_or("-".to_owned(), |h| format!("{:.1}%", 100.0 * h)),
         r.fetch_stall,
         r.prep_stall,
-        percent(n("cache.bytes"), n("cache.budget_bytes")),
-        percent(n("disk.bytes"), n("disk.budget_bytes")),
+        percent(n(&cache::BYTES), n(&cache::BUDGET_BYTES)),
+        percent(n(&cache::DISK_BYTES), n(&cache::DISK_BUDGET_BYTES)),
         epochs(now).join(" ")
     )
 }

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use crate::metrics::quantile_us;
 use crate::scheduler::state::Observation;
-use crate::stats::histogram::quantile_us;
 
 /// Sampling period of the CPU figures: /proc/stat costs ~25 µs to read, so 10 samples a second
 /// are free.
@@ -339,7 +339,7 @@ mod tests {
         let c = calls.clone();
         let probe: Probe = Box::new(move || {
             let n = c.fetch_add(1, Ordering::Relaxed) + 1;
-            let h = crate::stats::histogram::Histogram::default();
+            let h = crate::metrics::Histogram::default();
             for _ in 0..n * 100 {
                 h.record(Duration::from_millis(1));
             }

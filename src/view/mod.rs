@@ -7,6 +7,7 @@
 
 pub mod fused;
 pub mod gpu;
+pub mod metrics;
 pub mod npy;
 pub mod plan;
 pub mod render;

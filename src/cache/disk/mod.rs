@@ -33,10 +33,10 @@ use super::codec::{self, Codec};
 use super::ram::Packer;
 use super::thread_cpu;
 use super::tier::{BlockKey, Tier};
+use crate::cache::metrics::CacheMetrics;
 use crate::memory::{MemoryBudget, Work};
 use crate::shards::ShardedMap;
 use crate::source::Identity;
-use crate::stats::Metrics;
 
 /// Blocks waiting for the writer at most (each up to 1 MiB, charged to the memory budget's work
 /// slice until written: a queue this deep keeps the disk busy without starving renders).
@@ -107,7 +107,7 @@ struct Inner {
     paused_until: Mutex<Option<Instant>>,
     stop: AtomicBool,
     budget: Arc<MemoryBudget>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<CacheMetrics>,
     /// Blocks queued for the writer, served from here until written: a block the RAM tier
     /// could not admit would otherwise be fetched from the source again by every read of it
     /// until its entry lands. Bounded by the write queue.
@@ -150,7 +150,7 @@ impl DiskTier {
         validate: Validate,
         packer: Arc<Packer>,
         budget: Arc<MemoryBudget>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<CacheMetrics>,
     ) -> DiskTier {
         let inner = Arc::new(Inner {
             dir,

@@ -332,7 +332,7 @@ impl RamFile {
         };
         match bytes {
             Some(b) => {
-                self.ram.metrics.cache_hits.inc();
+                self.ram.metrics.hits.inc();
                 Some(b)
             }
             None => {

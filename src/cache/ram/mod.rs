@@ -28,11 +28,11 @@ pub use packer::Packer;
 
 use super::codec::Codec;
 use super::policy::{self, Choice, DecodedCaching, DecodedReason};
+use crate::cache::metrics::{CacheMetrics, RamGauges};
 use crate::memory::{MemoryBudget, Shed, Use};
 use crate::scheduler::knobs::Knobs;
 use crate::shards::ShardedMap;
 use crate::source::Identity;
-use crate::stats::{Gauges, Metrics};
 
 /// What a cache entry holds; each kind has its own tallies under the one shared budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,7 +129,7 @@ impl Ledger {
 /// What every file of the RAM tier shares: the budget, the counters, the packer.
 pub(crate) struct Shared {
     ledger: Ledger,
-    metrics: Arc<Metrics>,
+    metrics: Arc<CacheMetrics>,
     packer: Arc<Packer>,
 }
 
@@ -149,7 +149,11 @@ pub struct RamTier {
 impl RamTier {
     /// An empty tier holding at most `budget`'s cache slice, packing with `packer`. Starts the
     /// packer thread (without it, entries stay raw).
-    pub fn new(budget: Arc<MemoryBudget>, packer: Arc<Packer>, metrics: Arc<Metrics>) -> RamTier {
+    pub fn new(
+        budget: Arc<MemoryBudget>,
+        packer: Arc<Packer>,
+        metrics: Arc<CacheMetrics>,
+    ) -> RamTier {
         let packer_thread = if packer.enabled() {
             let p = packer.clone();
             std::thread::Builder::new()
@@ -354,7 +358,7 @@ impl RamTier {
     }
 
     /// Current figures for the stats files.
-    pub fn gauges(&self) -> Gauges {
+    pub fn gauges(&self) -> RamGauges {
         let ledger = &self.shared.ledger;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (files, decoded) = (
@@ -364,20 +368,19 @@ impl RamTier {
         let by_codec: [u64; 3] =
             std::array::from_fn(|i| load(&files.by_codec[i]) + load(&decoded.by_codec[i]));
         let (pack_queue, repack_queue) = self.shared.packer.queued();
-        Gauges {
-            cache_bytes: load(&files.stored) + load(&decoded.stored),
-            cache_logical_bytes: load(&files.logical) + load(&decoded.logical),
-            cache_budget_bytes: ledger.budget.slice(Use::Cache),
-            cache_blocks: by_codec.iter().sum(),
-            cache_blocks_by_codec: by_codec,
-            cache_files: load(&files.entries),
-            cache_complete_files: load(&files.complete),
+        RamGauges {
+            bytes: load(&files.stored) + load(&decoded.stored),
+            logical_bytes: load(&files.logical) + load(&decoded.logical),
+            budget_bytes: ledger.budget.slice(Use::Cache),
+            blocks: by_codec.iter().sum(),
+            blocks_by_codec: by_codec,
+            files: load(&files.entries),
+            complete_files: load(&files.complete),
             decoded_entries: load(&decoded.complete),
             decoded_bytes: load(&decoded.stored),
             decoded_logical_bytes: load(&decoded.logical),
             pack_queue: pack_queue as u64,
             repack_queue: repack_queue as u64,
-            ..Gauges::default()
         }
     }
 }

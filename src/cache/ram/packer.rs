@@ -17,8 +17,8 @@ use parking_lot::{Condvar, Mutex};
 
 use super::file::{PackOutcome, RamFile};
 use crate::cache::codec::Codec;
+use crate::cache::metrics::CacheMetrics;
 use crate::cache::policy::{Choice, CodecPolicy, Signals, strength};
-use crate::stats::Metrics;
 use crate::telemetry::Telemetry;
 
 /// Blocks waiting in each queue at most: 64k entries of 16 bytes, up to 64 GiB of blocks.
@@ -38,7 +38,7 @@ struct Queues {
 pub struct Packer {
     policy: Box<dyn CodecPolicy>,
     telemetry: Arc<Telemetry>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<CacheMetrics>,
     queues: Mutex<Queues>,
     wake: Condvar,
     stop: AtomicBool,
@@ -50,7 +50,7 @@ impl Packer {
     pub fn new(
         policy: Box<dyn CodecPolicy>,
         telemetry: Arc<Telemetry>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<CacheMetrics>,
     ) -> Packer {
         // Until the packer's first decision, stats show the one taken on the signals of now.
         let last = policy.choose(&Signals {

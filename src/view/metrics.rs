@@ -1,0 +1,159 @@
+//! Metrics of one tensor view: opens, renders, images per second, decode / transform / total
+//! latency, errors, bytes out, and which files failed.
+//!
+//! Owns: these figures' definitions (path, Prometheus name, meaning) and their counters. Counting
+//! is lock-free except `FailedFiles`, which takes its lock only when a render fails and when a
+//! stats file is rendered, never on a successful request.
+
+use std::collections::BTreeMap;
+
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+use crate::metrics::{Counter, Histogram, Metric, RateMeter, Samples};
+
+/// Files remembered per view with their failures; more are counted in `errors` only.
+pub const MAX_FAILED_FILES: usize = 256;
+/// Files whose renders failed: path -> (failures, last error), at most `MAX_FAILED_FILES`.
+#[derive(Debug, Default)]
+pub struct FailedFiles(Mutex<BTreeMap<String, (u64, String)>>);
+
+impl FailedFiles {
+    /// Records one failure of `path`.
+    pub fn record(&self, path: &str, error: &str) {
+        let mut files = self.0.lock();
+        if let Some((count, last)) = files.get_mut(path) {
+            *count += 1;
+            *last = error.to_owned();
+        } else if files.len() < MAX_FAILED_FILES {
+            files.insert(path.to_owned(), (1, error.to_owned()));
+        }
+    }
+
+    /// `{path: {"errors": n, "last_error": "..."}}`.
+    pub fn to_json(&self) -> Value {
+        Value::Object(
+            self.0
+                .lock()
+                .iter()
+                .map(|(path, (count, error))| {
+                    (path.clone(), json!({"errors": count, "last_error": error}))
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Counters of one tensor view.
+#[derive(Debug, Default)]
+pub struct ViewMetrics {
+    /// Opens of the view's files.
+    pub opens: Counter,
+    /// Files rendered (one per open that was read).
+    pub renders: Counter,
+    /// Renders per second, recently.
+    pub render_rate: RateMeter,
+    /// Renders that failed (corrupt, truncated, not an image, too large): EIO.
+    pub errors: Counter,
+    /// Which files failed, and why.
+    pub failed_files: FailedFiles,
+    /// Bytes of .npy files produced.
+    pub bytes_out: Counter,
+    /// Time to decode one image.
+    pub decode_latency: Histogram,
+    /// Time to run the ops and write the output of one image (crop, resize, flip, normalize).
+    pub transform_latency: Histogram,
+    /// Time to render one file: read through the cache, decode, ops, encode.
+    pub render_latency: Histogram,
+}
+
+/// Opens of a view's files.
+pub const OPENS: Metric = Metric::counter(
+    "views.*.opens",
+    "view_opens_total",
+    "Opens of a view's files.",
+)
+.by("view");
+/// Files rendered.
+pub const RENDERS: Metric = Metric::counter(
+    "views.*.renders",
+    "view_renders_total",
+    "View files rendered.",
+)
+.by("view");
+/// Renders per second.
+pub const IMAGES_PER_S: Metric = Metric::gauge(
+    "views.*.images_per_s",
+    "view_images_per_second",
+    "View files rendered per second, mean of the last 5 whole seconds.",
+)
+.by("view");
+/// Failed renders.
+pub const ERRORS: Metric = Metric::counter(
+    "views.*.errors",
+    "view_errors_total",
+    "Renders that failed (answered EIO).",
+)
+.by("view");
+/// Bytes rendered.
+pub const BYTES_OUT: Metric = Metric::counter(
+    "views.*.bytes_out",
+    "view_bytes_out_total",
+    "Bytes of .npy files rendered.",
+)
+.by("view");
+/// Decode time.
+pub const DECODE_LATENCY: Metric = Metric::latency(
+    "views.*.decode_latency_us",
+    "view_decode_latency_microseconds",
+    "Time to decode one image, microseconds.",
+)
+.by("view");
+/// Transform time.
+pub const TRANSFORM_LATENCY: Metric = Metric::latency(
+    "views.*.transform_latency_us",
+    "view_transform_latency_microseconds",
+    "Time to crop, resize, flip, normalize and lay out one image, microseconds.",
+)
+.by("view");
+/// Render time.
+pub const RENDER_LATENCY: Metric = Metric::latency(
+    "views.*.render_latency_us",
+    "view_render_latency_microseconds",
+    "Time to render one view file (read, decode, ops, encode), microseconds.",
+)
+.by("view");
+
+impl ViewMetrics {
+    /// The samples of view `name`: under `views.<name>.` in stats.json, labelled `view` in
+    /// metrics.
+    pub fn samples(&self, name: &str, out: &mut Samples) {
+        out.put_for(&OPENS, name, self.opens.get() as f64);
+        out.put_for(&RENDERS, name, self.renders.get() as f64);
+        out.put_for(&IMAGES_PER_S, name, self.render_rate.per_second());
+        out.put_for(&ERRORS, name, self.errors.get() as f64);
+        out.put_for(&BYTES_OUT, name, self.bytes_out.get() as f64);
+        out.latency_for(&DECODE_LATENCY, name, &self.decode_latency);
+        out.latency_for(&TRANSFORM_LATENCY, name, &self.transform_latency);
+        out.latency_for(&RENDER_LATENCY, name, &self.render_latency);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_files_are_counted_by_path_and_bounded() {
+        let failed = FailedFiles::default();
+        failed.record("a/b.jpg", "cannot decode: x");
+        failed.record("a/b.jpg", "cannot decode: y");
+        for i in 0..MAX_FAILED_FILES + 10 {
+            failed.record(&format!("f{i}.jpg"), "not an image");
+        }
+        let json = failed.to_json();
+        assert_eq!(json["a/b.jpg"]["errors"], 2);
+        assert_eq!(json["a/b.jpg"]["last_error"], "cannot decode: y");
+        assert_eq!(json.as_object().map(|o| o.len()), Some(MAX_FAILED_FILES));
+    }
+}
