@@ -20,6 +20,9 @@ const UINT8_VS_DALI_ROI: f64 = 1.4;
 const DAEMON_MS_PER_IMAGE: f64 = 1.2;
 /// Issue 4: float32 view images/s over stock PyTorch.
 const FLOAT32_VS_STOCK: f64 = 2.5;
+/// Cores of CPU the rest of the machine may use during a run before its table says the run shared
+/// the machine: background daemons stay well under it; a compile or a test suite does not.
+const SHARED_MACHINE_CORES: f64 = 0.1;
 
 /// One pipeline over all its rounds. Each round's value aggregates its measured epochs (images
 /// over seconds, CPU over images); the pipeline's value is the median over rounds.
@@ -241,6 +244,13 @@ pub fn markdown(manifest: &Manifest, runs: &[ViewRun], summaries: &[Summary]) ->
             opt(s.decode_p50_ms),
             opt(s.render_p50_ms),
             s.decoded_mb.map_or("-".into(), |mb| format!("{mb:.0}")),
+        ));
+    }
+    let shared = summaries.iter().map(|s| s.others_busy).fold(0.0, f64::max);
+    if shared > SHARED_MACHINE_CORES {
+        md.push_str(&format!(
+            "\n**This run shared the machine**: other processes used up to {shared:.2} cores while \
+             a pipeline ran, so its numbers are lower than on a quiet machine, and unevenly so.\n"
         ));
     }
     md
