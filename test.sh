@@ -6,8 +6,10 @@
 #   2. the Python environment of the client tests (python/ensure-env: pinned requirements.lock,
 #      rebuilt when half made; $PREPFS_VENV, default ~/.cache/prepfs/venv);
 # then every test (unit tests, real-mount tests of the binary, PyTorch/TF clients, examples),
-# the epochs benchmark's quick mode (real PyTorch on throttled slow storage; asserts misses, not
-# timing), and the GPU backend's build with its NVRTC kernel compile (no GPU needed).
+# the epochs benchmark's quick mode (real PyTorch on throttled slow storage; asserts misses and
+# that every views pipeline delivers every image, not timing; its DALI pipelines are left out,
+# so DALI is installed only by the full benchmark), and the GPU backend's build with its NVRTC
+# kernel compile (no GPU needed).
 # Arguments go to `cargo test` (a test name filter); with arguments only that runs.
 # PREPFS_FRESH_VENV=1 builds the Python environment afresh in a temporary directory and removes
 # it at exit (CI does this on every submission, to prove the install path).

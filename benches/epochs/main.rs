@@ -8,17 +8,23 @@
 //! it. Each run lives in one memory cgroup (reader, and daemon for prepfs) and one blkio cgroup
 //! throttling reads of the loop device. Memory is fair: M = D x mem-ratio for the data; the limit
 //! is M plus the reader's own measured footprint, and prepfs gets `--cache-mem` = M minus the
-//! daemon's measured footprint. Results: a JSON file, SVG plots and a Markdown table (appended to
-//! BENCHMARKS.md), and the targets of issue 3 checked side by side. `--quick` is the CI smoke
-//! test: a small dataset, two epochs, and one assertion, that prepfs's misses in epoch 2 are
-//! within 5% of the never-evict optimum D - C. Timing is reported, never asserted.
+//! daemon's measured footprint. Results: JSON files, SVG plots and Markdown tables (appended to
+//! BENCHMARKS.md), and the targets of issue 3 checked side by side. The views comparison
+//! (`views`: tensor views against stock PyTorch, torchvision.io and DALI on the CPU, issues 4 and
+//! 25) runs on a dataset of its own (`--view-files`, 2,000 by default) and asks
+//! `python/ensure-env --bench` for DALI when a DALI pipeline is selected. `--quick` is the CI
+//! smoke test: small datasets, two epochs, and two checks: prepfs's misses in epoch 2 are within
+//! 5% of the never-evict optimum D - C, and every views pipeline (DALI's left out, so CI never
+//! installs it) delivers every image with no view error. Timing is reported, never asserted.
 
 mod dataset;
 mod prefetch;
 mod report;
 mod sandbox;
 mod slowfs;
+mod target;
 mod views;
+mod views_report;
 
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::path::{Path, PathBuf};
@@ -46,6 +52,9 @@ const RESULTS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/results"
 pub const IN_FLIGHT_HEADROOM: u64 = 16 << 20;
 /// The quick mode's bound on |prepfs misses - (D - C)| / (D - C) in epoch 2.
 const QUICK_MISS_TOLERANCE: f64 = 0.05;
+/// Images of the quick mode's views dataset: one full batch and a partial one, so CI checks
+/// every pipeline's delivery of both in seconds.
+const QUICK_VIEW_FILES: usize = 100;
 
 /// What reads the dataset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -113,8 +122,14 @@ pub struct Options {
     pub mem_ratio: f64,
     pub shard_bytes: u64,
     pub readers: Vec<Reader>,
-    /// Whether to run the views comparison (stock PyTorch vs tensor views).
+    /// Whether to run the views comparison (tensor views vs stock PyTorch, torchvision.io, DALI).
     pub views: bool,
+    /// Images of the views comparison's own dataset.
+    pub view_files: usize,
+    /// Rounds of the views comparison (each runs every pipeline once, order rotated).
+    pub rounds: usize,
+    /// The views comparison's pipelines, in the order of its first round.
+    pub pipelines: Vec<views::Pipeline>,
     /// Whether to run the prefetch comparison over a slow, latency-bound source.
     pub prefetch: bool,
     /// The prefetch comparison's scenarios to run (all when empty).
@@ -133,7 +148,9 @@ pub struct Options {
 
 const USAGE: &str = "usage: cargo bench --bench epochs -- [--quick] [--files N] [--epochs N] \
 [--read-mbps N] [--read-iops N] [--mem-ratio F] [--shard-mib N] [--readers plain,torch,shards,views,prefetch] \
-[--scenarios sorted,shuffled,fixed,torch,shards] [--staging-mib N] [--prefetch-threads N] [--seed N] [--workdir DIR] [--out DIR]";
+[--scenarios sorted,shuffled,fixed,torch,shards] [--staging-mib N] [--prefetch-threads N] \
+[--view-files N] [--rounds N] [--pipelines stock,tvio,dali,dali-roi,f32-off,u8-off,f32,u8] \
+[--seed N] [--workdir DIR] [--out DIR]";
 
 impl Options {
     fn parse() -> Result<Options, String> {
@@ -154,6 +171,13 @@ impl Options {
             shard_bytes: if quick { 8 << 20 } else { 64 << 20 },
             readers: vec![Reader::Plain, Reader::Torch, Reader::Shards],
             views: true,
+            view_files: if quick { QUICK_VIEW_FILES } else { 2000 },
+            rounds: if quick { 1 } else { 3 },
+            // The quick mode (CI) leaves out DALI: its install is the benchmark's alone.
+            pipelines: views::Pipeline::ALL
+                .into_iter()
+                .filter(|p| !(quick && p.needs_dali()))
+                .collect(),
             prefetch: false,
             scenarios: Vec::new(),
             staging_bytes: prefetch::STAGING,
@@ -192,6 +216,17 @@ impl Options {
                 "--scenarios" => o.scenarios = value.split(',').map(str::to_owned).collect(),
                 "--staging-mib" => o.staging_bytes = value.parse::<u64>().map_err(bad)? << 20,
                 "--prefetch-threads" => o.prefetch_threads = Some(value.parse().map_err(bad)?),
+                "--view-files" => o.view_files = value.parse().map_err(bad)?,
+                "--rounds" => o.rounds = value.parse().map_err(bad)?,
+                "--pipelines" => {
+                    o.pipelines = value
+                        .split(',')
+                        .map(|k| {
+                            views::Pipeline::from_key(k)
+                                .ok_or_else(|| format!("unknown pipeline {k}\n{USAGE}"))
+                        })
+                        .collect::<Result<_, _>>()?
+                }
                 "--workdir" => o.workdir = PathBuf::from(value),
                 "--out" => out = Some(PathBuf::from(value)),
                 "--readers" => {
@@ -214,6 +249,9 @@ impl Options {
         }
         if o.files == 0 || o.epochs < 2 || !(0.05..=1.0).contains(&o.mem_ratio) {
             return Err("need --files >= 1, --epochs >= 2 and 0.05 <= --mem-ratio <= 1".into());
+        }
+        if o.view_files == 0 || o.rounds == 0 || o.pipelines.is_empty() {
+            return Err("need --view-files >= 1, --rounds >= 1 and at least one pipeline".into());
         }
         o.out = out.unwrap_or_else(|| {
             if quick {
@@ -309,55 +347,70 @@ fn run() -> Result<(), String> {
     std::fs::create_dir_all(&opts.workdir)
         .map_err(|e| format!("{}: {e}", opts.workdir.display()))?;
     sandbox::clear_leftovers(&opts.workdir);
-    let python = ensure_python()?;
-    let (image, manifest) = dataset::prepare(&opts.workdir, opts.files, opts.shard_bytes)?;
-    let disk = SlowDisk::attach(&image, &opts.workdir.join("disk"), false)?;
-    eprintln!(
-        "epochs: {} files ({:.0} MB), {} shards ({:.0} MB) on {} at {} MB/s, {} IOPS",
-        manifest.files,
-        manifest.file_bytes as f64 / 1e6,
-        manifest.shards,
-        manifest.shard_bytes as f64 / 1e6,
-        disk.device.display(),
-        opts.read_bps / 1_000_000,
-        opts.read_iops
-    );
+    let python = ensure_python(opts.views && opts.pipelines.iter().any(|p| p.needs_dali()))?;
     let started = Instant::now();
-    let mut runs = Vec::new();
-    for &reader in &opts.readers {
-        let setup = calibrate(&opts, &python, &disk, reader, &manifest)?;
+    let mut main = None;
+    let (mut runs, mut prefetch_runs) = (Vec::new(), Vec::new());
+    if !opts.readers.is_empty() || opts.prefetch {
+        let (image, manifest) = dataset::prepare(&opts.workdir, opts.files, opts.shard_bytes)?;
+        let disk = SlowDisk::attach(&image, &opts.workdir.join("disk"), false)?;
         eprintln!(
-            "epochs: {}: D {:.0} MB, M {:.0} MB; reader footprint {:.0} MB, daemon {:.0} MB -> limit {:.0} MB, --cache-mem {:.0} MB",
-            reader.name(),
-            mb(setup.data_bytes),
-            mb(setup.data_memory),
-            mb(setup.reader_footprint),
-            mb(setup.daemon_footprint),
-            mb(setup.memory_limit),
-            mb(setup.cache_mem)
+            "epochs: {} files ({:.0} MB), {} shards ({:.0} MB) on {} at {} MB/s, {} IOPS",
+            manifest.files,
+            manifest.file_bytes as f64 / 1e6,
+            manifest.shards,
+            manifest.shard_bytes as f64 / 1e6,
+            disk.device.display(),
+            opts.read_bps / 1_000_000,
+            opts.read_iops
         );
-        for side in [Side::PageCache, Side::Prepfs] {
-            runs.push(run_epochs(&opts, &python, &disk, &setup, side)?);
+        for &reader in &opts.readers {
+            let setup = calibrate(&opts, &python, &disk, reader, &manifest)?;
+            eprintln!(
+                "epochs: {}: D {:.0} MB, M {:.0} MB; reader footprint {:.0} MB, daemon {:.0} MB -> limit {:.0} MB, --cache-mem {:.0} MB",
+                reader.name(),
+                mb(setup.data_bytes),
+                mb(setup.data_memory),
+                mb(setup.reader_footprint),
+                mb(setup.daemon_footprint),
+                mb(setup.memory_limit),
+                mb(setup.cache_mem)
+            );
+            for side in [Side::PageCache, Side::Prepfs] {
+                runs.push(run_epochs(&opts, &python, &disk, &setup, side)?);
+            }
         }
+        if opts.prefetch {
+            prefetch_runs = prefetch::run(&opts, &python, &disk, &manifest)?;
+        }
+        main = Some(manifest);
     }
-    let view_runs = if opts.views {
-        views::run(&opts, &python, &disk, &manifest)?
-    } else {
-        Vec::new()
-    };
-    let prefetch_runs = if opts.prefetch {
-        prefetch::run(&opts, &python, &disk, &manifest)?
-    } else {
-        Vec::new()
-    };
-    drop(disk);
+    let mut views = None;
+    if opts.views {
+        // Its own dataset (the same image when --view-files equals --files), unthrottled.
+        let (image, manifest) = dataset::prepare(&opts.workdir, opts.view_files, opts.shard_bytes)?;
+        let disk = SlowDisk::attach(&image, &opts.workdir.join("views-disk"), false)?;
+        let view_runs = views::run(&opts, &python, &disk, &manifest)?;
+        views = Some((manifest, view_runs));
+    }
     eprintln!(
         "epochs: measured in {:.0} s",
         started.elapsed().as_secs_f64()
     );
-    let outcome = report::write(&opts, &manifest, &runs, &view_runs, &prefetch_runs)?;
+    let outcome = report::write(
+        &opts,
+        main.as_ref(),
+        &runs,
+        views.as_ref().map(|(m, r)| (m, r.as_slice())),
+        &prefetch_runs,
+    )?;
     if opts.quick {
-        quick_check(&runs)?;
+        if !opts.readers.is_empty() {
+            quick_check(&runs)?;
+        }
+        if let Some((manifest, view_runs)) = &views {
+            views::quick_check(view_runs, manifest.files)?;
+        }
     }
     println!("{outcome}");
     Ok(())
@@ -392,8 +445,11 @@ fn preflight() -> Result<(), String> {
     Ok(())
 }
 
-fn ensure_python() -> Result<PathBuf, String> {
+/// The Python of the readers, from `python/ensure-env`; `bench`: with the benchmarks' peers
+/// (DALI), installed on first use.
+fn ensure_python(bench: bool) -> Result<PathBuf, String> {
     let status = Command::new(ENSURE_ENV)
+        .args(bench.then_some("--bench"))
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("cannot run {ENSURE_ENV}: {e}"))?;
@@ -427,7 +483,7 @@ fn calibrate(
         &daemon_group,
         opts,
         &disk.mountpoint,
-        0,
+        Some(0),
         &["--no-prefetch".into()],
     )?;
     let mut session = ReaderSession::start(
@@ -500,7 +556,7 @@ fn run_epochs(
             &group,
             opts,
             &disk.mountpoint,
-            setup.cache_mem,
+            Some(setup.cache_mem),
             &["--prefetch-buffer".into(), "0".into()],
         )?),
         Side::PageCache => None,
@@ -641,12 +697,12 @@ struct PrepfsMount {
 
 impl PrepfsMount {
     /// Mounts `source` (the slow disk's mount, or a slow filesystem over it) with
-    /// `--cache-mem cache_mem` and `extra` arguments.
+    /// `--cache-mem cache_mem` (the default budget when `None`) and `extra` arguments.
     fn start(
         group: &Cgroup,
         opts: &Options,
         source: &Path,
-        cache_mem: u64,
+        cache_mem: Option<u64>,
         extra: &[String],
     ) -> Result<PrepfsMount, String> {
         let mountpoint = opts.workdir.join("mnt");
@@ -655,9 +711,10 @@ impl PrepfsMount {
             source.display().to_string(),
             mountpoint.display().to_string(),
             "--foreground".into(),
-            "--cache-mem".into(),
-            cache_mem.to_string(),
         ];
+        if let Some(bytes) = cache_mem {
+            args.extend(["--cache-mem".into(), bytes.to_string()]);
+        }
         args.extend_from_slice(extra);
         let log = opts.workdir.join("prepfs.log");
         let (child, stop_daemon, unmount) =
@@ -672,6 +729,11 @@ impl PrepfsMount {
 
     fn stats(&self) -> Value {
         sandbox::read_stats(&self.mountpoint)
+    }
+
+    /// The daemon's process id (the cgroup's shell execs prepfs in place).
+    fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// The RAM tier's slice of the mount's budget (C).
@@ -700,6 +762,8 @@ struct EpochRecord {
 
 /// A running readers.py, stepped one epoch at a time.
 struct ReaderSession {
+    /// The line it printed when set up (`{"ready": true, ...}`).
+    ready: Value,
     child: Child,
     stdin: Option<ChildStdin>,
     lines: Lines<BufReader<ChildStdout>>,
@@ -740,6 +804,7 @@ impl ReaderSession {
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().ok_or("reader has no stdout")?;
         let mut session = ReaderSession {
+            ready: Value::Null,
             child,
             stdin,
             lines: BufReader::new(stdout).lines(),
@@ -749,6 +814,7 @@ impl ReaderSession {
         if ready["ready"] != Value::Bool(true) {
             return Err(format!("reader said {ready} instead of ready"));
         }
+        session.ready = ready;
         Ok(session)
     }
 
@@ -759,6 +825,11 @@ impl ReaderSession {
             }
             _ => Err(format!("reader exited ({})", self.reap()?)),
         }
+    }
+
+    /// The versions of the Python packages it runs, as it reported them when ready.
+    fn versions(&self) -> Value {
+        self.ready["versions"].clone()
     }
 
     fn next_epoch(&mut self) -> Result<EpochRecord, String> {

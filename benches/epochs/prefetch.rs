@@ -29,8 +29,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::dataset::Manifest;
-use crate::report::{Target, median};
 use crate::sandbox::{self, Cgroup, Guard, Limits, SlowDisk};
+use crate::target::{Target, median};
 use crate::{Options, PrepfsMount, Reader, ReaderSession, Setup};
 
 /// Latency of every open and every read of the slow source, ms (a nearby NFS server or a fast
@@ -323,7 +323,7 @@ fn run_one(
             &group,
             opts,
             &slow.mountpoint,
-            cache_mem,
+            Some(cache_mem),
             &extra,
         )?),
     };

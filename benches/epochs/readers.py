@@ -2,7 +2,7 @@
 
 Driven by benches/epochs (the harness), which starts this script inside the cgroups under test:
 
-    readers.py --kind plain|torch|view|shards --root DIR --epochs N --seed S
+    readers.py --kind plain|torch|tvio|dali|dali_roi|view|shards --root DIR --epochs N --seed S
 
 It prints one JSON line when set up ({"ready": ...}) and one after each epoch ({"epoch": ...}),
 and before each epoch waits for a line on stdin, so the harness can take its measurements
@@ -13,8 +13,16 @@ run and the prepfs run see exactly the same accesses.
   (`--order shuffled`), the same permutation every epoch (`fixed`), or walk order (`sorted`);
   `--think-ms` waits that long after each file, as a training step computes between samples;
   `--suffix .npy` reads a view's files instead of the JPEGs.
-- torch: the stock torchvision ImageFolder + DataLoader (RandomResizedCrop, flip, ToTensor,
-  Normalize; batch 32, shuffle, num_workers=2), iterated to the end.
+- torch: the stock torchvision ImageFolder + DataLoader (PIL, RandomResizedCrop(224), flip,
+  ToTensor, Normalize; shuffle, `--batch-size` (32), `--workers` (2)), iterated to the end.
+- tvio: the same with torchvision.io.decode_jpeg (libjpeg-turbo into a uint8 tensor) and the
+  transforms v2 (RandomResizedCrop(224), flip, ToDtype float32, Normalize) in the workers.
+- dali, dali_roi: NVIDIA DALI on the CPU (`device_id=None`, `--workers` threads):
+  fn.readers.file (reshuffled whole after every epoch), then `dali` decodes the whole image
+  (fn.decoders.image) and crops it (fn.random_resized_crop(224)), `dali_roi` decodes only a
+  random crop (fn.decoders.image_random_crop, same area and aspect ranges) and resizes it to
+  224x224; both flip and normalise to float32 CHW in fn.crop_mirror_normalize, and come out as
+  torch tensors through DALIGenericIterator.
 - view: the drop-in for `torch` over a prepfs tensor view: torchvision DatasetFolder over the
   view's .npy files with np.load as the loader, same DataLoader settings; the decode and the
   augmentation happen in the prepfs daemon.
@@ -29,6 +37,11 @@ import random
 import sys
 import tarfile
 import time
+
+
+# torchvision's Normalize constants (ImageNet), and the same on DALI's 0-255 scale.
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
 
 
 def emit(record):
@@ -75,15 +88,22 @@ def plain(args):
               "items": len(order), "bytes": nbytes})
 
 
+def versions(*modules):
+    """The versions of the imported `modules` that made this run's numbers, by module name."""
+    return {m: getattr(sys.modules[m], "__version__", "?") for m in modules if m in sys.modules}
+
+
 def dataset_epochs(args, dataset):
     """The epochs of a torchvision folder dataset through the stock DataLoader settings."""
     import torch
     from torch.utils.data import DataLoader
 
     nbytes = sum(os.path.getsize(path) for path, _ in dataset.samples)
-    loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2,
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
+                        num_workers=args.workers,
                         generator=torch.Generator().manual_seed(args.seed))
-    emit({"ready": True, "items": len(dataset)})
+    emit({"ready": True, "items": len(dataset),
+          "versions": versions("torch", "torchvision", "numpy", "PIL")})
     for epoch in range(1, args.epochs + 1):
         wait_for_go()
         started, items = time.perf_counter(), 0
@@ -100,9 +120,68 @@ def torch_loader(args):
         transforms.RandomResizedCrop(224),
         transforms.RandomHorizontalFlip(),
         transforms.ToTensor(),
-        transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+        transforms.Normalize(mean=MEAN, std=STD),
     ])
     dataset_epochs(args, datasets.ImageFolder(args.root, transform=transform))
+
+
+def tvio_loader(args):
+    import torch
+    from torchvision import datasets
+    from torchvision.io import ImageReadMode, decode_jpeg, read_file
+    from torchvision.transforms import v2
+
+    transform = v2.Compose([
+        v2.RandomResizedCrop(224, antialias=True),
+        v2.RandomHorizontalFlip(),
+        v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize(mean=MEAN, std=STD),
+    ])
+    dataset_epochs(args, datasets.DatasetFolder(
+        args.root, loader=lambda p: decode_jpeg(read_file(p), mode=ImageReadMode.RGB),
+        extensions=(".jpg",), transform=transform))
+
+
+def dali_loader(args, roi):
+    """DALI's CPU pipeline; `roi`: decode only the random crop (fn.decoders.image_random_crop)."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    # torchvision's RandomResizedCrop defaults, so every pipeline draws from the same crops.
+    area, ratio = [0.08, 1.0], [3.0 / 4.0, 4.0 / 3.0]
+
+    @pipeline_def(batch_size=args.batch_size, num_threads=args.workers, device_id=None,
+                  seed=args.seed)
+    def pipeline():
+        jpegs, labels = fn.readers.file(file_root=args.root, shuffle_after_epoch=True,
+                                        seed=args.seed, name="Reader")
+        if roi:
+            images = fn.decoders.image_random_crop(
+                jpegs, device="cpu", output_type=types.RGB, random_area=area,
+                random_aspect_ratio=ratio, num_attempts=10)
+            images = fn.resize(images, resize_x=224, resize_y=224)
+        else:
+            images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+            images = fn.random_resized_crop(images, size=224, random_area=area,
+                                            random_aspect_ratio=ratio)
+        images = fn.crop_mirror_normalize(
+            images, dtype=types.FLOAT, output_layout="CHW",
+            mean=[m * 255 for m in MEAN], std=[s * 255 for s in STD],
+            mirror=fn.random.coin_flip(probability=0.5))
+        return images, labels
+
+    pipe = pipeline()
+    pipe.build()
+    loader = DALIGenericIterator(pipe, ["images", "labels"], reader_name="Reader",
+                                 last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True)
+    emit({"ready": True, "items": pipe.epoch_size("Reader"),
+          "versions": versions("nvidia.dali", "torch", "numpy")})
+    for epoch in range(1, args.epochs + 1):
+        wait_for_go()
+        started, items = time.perf_counter(), 0
+        for batch in loader:
+            items += batch[0]["images"].shape[0]
+        emit({"epoch": epoch, "seconds": time.perf_counter() - started, "items": items})
 
 
 def view_loader(args):
@@ -133,15 +212,21 @@ def shards(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=["plain", "torch", "view", "shards"], required=True)
+    parser.add_argument("--kind", required=True,
+                        choices=["plain", "torch", "tvio", "dali", "dali_roi", "view", "shards"])
     parser.add_argument("--root", required=True)
     parser.add_argument("--epochs", type=int, required=True)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--order", choices=["shuffled", "fixed", "sorted"], default="shuffled")
     parser.add_argument("--think-ms", type=float, default=0.0)
     parser.add_argument("--suffix", default=".jpg", help="plain: the files to read")
+    parser.add_argument("--batch-size", type=int, default=32, help="torch, tvio, dali*, view")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="DataLoader workers (torch, tvio, view) or DALI threads")
     args = parser.parse_args()
-    {"plain": plain, "torch": torch_loader, "view": view_loader, "shards": shards}[args.kind](args)
+    {"plain": plain, "torch": torch_loader, "tvio": tvio_loader,
+     "dali": lambda a: dali_loader(a, roi=False), "dali_roi": lambda a: dali_loader(a, roi=True),
+     "view": view_loader, "shards": shards}[args.kind](args)
 
 
 if __name__ == "__main__":

@@ -1,40 +1,21 @@
-//! What the epochs benchmark tells: the JSON results file, the SVG plots, the Markdown tables
-//! appended to BENCHMARKS.md, and the targets of issues 3 and 4 evaluated from the side-by-side
-//! runs.
+//! What the epochs benchmark tells: the JSON results files, the SVG plots, the Markdown tables
+//! appended to BENCHMARKS.md, and the targets of issue 3 evaluated from the side-by-side runs
+//! (with those of the views comparison and of prefetch, which their own modules evaluate).
 //!
 //! Owns presentation only: every number comes from the runs it is given. Must never assert:
 //! a missed target is reported as missed, and the run still succeeds.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use plotters::prelude::*;
-use serde::Serialize;
 use serde_json::json;
 
 use crate::dataset::Manifest;
 use crate::prefetch::PrefetchRun;
-use crate::views::{Pipeline, ViewRun};
+use crate::target::{Target, median};
+use crate::views::ViewRun;
 use crate::{Options, Reader, Run, Side};
-
-/// One target, evaluated.
-#[derive(Debug, Serialize)]
-pub struct Target {
-    pub name: String,
-    pub measured: f64,
-    pub bound: String,
-    pub met: bool,
-}
-
-/// The median of `values` (0 when empty).
-pub fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
 
 fn find(runs: &[Run], reader: Reader, side: Side) -> Option<&Run> {
     runs.iter()
@@ -50,41 +31,9 @@ fn cold(run: &Run, f: impl Fn(&crate::Epoch) -> f64) -> f64 {
     run.epochs.first().map_or(0.0, f)
 }
 
-/// Median over epochs 2.. of a views run.
-fn warm_view(run: &ViewRun, f: impl Fn(&crate::views::ViewEpoch) -> f64) -> f64 {
-    median(run.epochs.iter().skip(1).map(f).collect())
-}
-
-fn find_view(view_runs: &[ViewRun], pipeline: Pipeline) -> Option<&ViewRun> {
-    view_runs.iter().find(|r| r.pipeline == pipeline)
-}
-
-/// The targets, for the readers and pipelines that ran.
-pub fn targets(runs: &[Run], view_runs: &[ViewRun]) -> Vec<Target> {
+/// The targets, for the readers that ran.
+pub fn targets(runs: &[Run]) -> Vec<Target> {
     let mut out = Vec::new();
-    if let (Some(stock), Some(view)) = (
-        find_view(view_runs, Pipeline::Stock),
-        find_view(view_runs, Pipeline::ViewFloat32),
-    ) {
-        let ratio =
-            warm_view(view, |e| e.items_per_s) / warm_view(stock, |e| e.items_per_s).max(1e-9);
-        out.push(Target {
-            name: "views, epochs 2+: float32 view images/s / stock PyTorch".into(),
-            measured: ratio,
-            bound: ">= 2.50".into(),
-            met: ratio >= 2.5,
-        });
-        if let Some(decoded) = find_view(view_runs, Pipeline::ViewFloat32Decoded) {
-            let ratio = warm_view(decoded, |e| e.items_per_s)
-                / warm_view(stock, |e| e.items_per_s).max(1e-9);
-            out.push(Target {
-                name: "views, epochs 2+: float32 view with decoded cache / stock PyTorch".into(),
-                measured: ratio,
-                bound: ">= 2.50".into(),
-                met: ratio >= 2.5,
-            });
-        }
-    }
     if let (Some(pc), Some(pf)) = (
         find(runs, Reader::Plain, Side::PageCache),
         find(runs, Reader::Plain, Side::Prepfs),
@@ -189,61 +138,108 @@ pub fn machine() -> String {
 }
 
 /// Writes results, plots and (full runs) the BENCHMARKS.md section; returns a summary to print.
+/// `main`: the dataset of the readers and prefetch runs, when they ran; `views`: the views
+/// comparison's dataset and runs, when it ran.
 pub fn write(
     opts: &Options,
-    manifest: &Manifest,
+    main: Option<&Manifest>,
     runs: &[Run],
-    view_runs: &[ViewRun],
+    views: Option<(&Manifest, &[ViewRun])>,
     prefetch_runs: &[PrefetchRun],
 ) -> Result<String, String> {
     std::fs::create_dir_all(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
     let date = shell("date -u +%Y-%m-%d");
-    let commit = shell("git -C \"$CARGO_MANIFEST_DIR\" rev-parse --short HEAD 2>/dev/null");
+    // A run of uncommitted changes says so: its numbers belong to no commit.
+    let commit = shell(
+        "cd \"$CARGO_MANIFEST_DIR\" && git rev-parse --short HEAD 2>/dev/null && \
+         { git diff --quiet HEAD 2>/dev/null || echo +uncommitted; }",
+    )
+    .replace('\n', "");
     let machine = machine();
-    let mut targets = targets(runs, view_runs);
-    targets.extend(crate::prefetch::targets(prefetch_runs, opts.read_bps));
-    let results = json!({
+    let header = json!({
         "date": date,
         "commit": commit,
         "machine": machine,
         "command": command(opts),
         "options": opts,
-        "dataset": manifest,
-        "runs": runs,
-        "views": view_runs,
-        "prefetch": prefetch_runs,
-        "targets": targets,
     });
-    let json_path = opts.out.join("epochs.json");
-    std::fs::write(
-        &json_path,
-        serde_json::to_vec_pretty(&results).map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| format!("{}: {e}", json_path.display()))?;
-    plot(
-        runs,
-        &opts.out.join("epoch_seconds.svg"),
-        "Epoch time (s)",
-        |e| e.seconds,
-    )?;
-    plot(
-        runs,
-        &opts.out.join("device_mb.svg"),
-        "Read from the slow device per epoch (MB)",
-        |e| e.device_bytes as f64 / 1e6,
-    )?;
-    let mut md = markdown(opts, manifest, runs, &date, &commit, &machine);
-    md.push_str(&views_markdown(view_runs));
-    md.push_str(&crate::prefetch::markdown(prefetch_runs, opts.read_bps));
+    // The run's header first, then `body`'s keys.
+    let write_json = |name: &str, body: serde_json::Value| -> Result<PathBuf, String> {
+        let mut all = header.clone();
+        if let (Some(all), Some(body)) = (all.as_object_mut(), body.as_object()) {
+            all.extend(body.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        let path = opts.out.join(name);
+        std::fs::write(
+            &path,
+            serde_json::to_vec_pretty(&all).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(path)
+    };
+    let mut md = format!(
+        "\n### Epochs, {date} (commit {commit})\n\n\
+         Command: `{}` (as root). Machine: {machine}.\n",
+        command(opts)
+    );
+    let mut targets = Vec::new();
+    let mut written = Vec::new();
+    if let Some(manifest) = main {
+        targets.extend(self::targets(runs));
+        targets.extend(crate::prefetch::targets(prefetch_runs, opts.read_bps));
+        written.push(write_json(
+            "epochs.json",
+            json!({
+                "dataset": manifest,
+                "runs": runs,
+                "prefetch": prefetch_runs,
+                "targets": targets,
+            }),
+        )?);
+        if !runs.is_empty() {
+            plot(
+                runs,
+                &opts.out.join("epoch_seconds.svg"),
+                "Epoch time (s)",
+                |e| e.seconds,
+            )?;
+            plot(
+                runs,
+                &opts.out.join("device_mb.svg"),
+                "Read from the slow device per epoch (MB)",
+                |e| e.device_bytes as f64 / 1e6,
+            )?;
+        }
+        md.push_str(&markdown(opts, manifest, runs));
+        md.push_str(&crate::prefetch::markdown(prefetch_runs, opts.read_bps));
+    }
+    if let Some((manifest, view_runs)) = views {
+        let summaries = crate::views_report::summarize(view_runs);
+        let view_targets = crate::views_report::targets(&summaries);
+        written.push(write_json(
+            "views.json",
+            json!({
+                "dataset": manifest,
+                "summaries": summaries,
+                "runs": view_runs,
+                "targets": view_targets,
+            }),
+        )?);
+        md.push_str(&crate::views_report::markdown(
+            manifest, view_runs, &summaries,
+        ));
+        targets.extend(view_targets);
+    }
     md.push_str(&targets_markdown(&targets));
     if !opts.quick {
         let mut text = std::fs::read_to_string(crate::BENCHMARKS_MD).unwrap_or_default();
         text.push_str(&md);
         std::fs::write(crate::BENCHMARKS_MD, text).map_err(|e| format!("BENCHMARKS.md: {e}"))?;
     }
+    let written: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
     Ok(format!(
-        "{md}\nResults: {} (plots beside it)",
-        json_path.display()
+        "{md}\nResults: {} (plots beside them)",
+        written.join(", ")
     ))
 }
 
@@ -255,26 +251,17 @@ fn command(opts: &Options) -> String {
     }
 }
 
-fn markdown(
-    opts: &Options,
-    manifest: &Manifest,
-    runs: &[Run],
-    date: &str,
-    commit: &str,
-    machine: &str,
-) -> String {
+/// The readers' dataset, setup and table.
+fn markdown(opts: &Options, manifest: &Manifest, runs: &[Run]) -> String {
     let mb = |b: f64| b / 1e6;
     let mut md = format!(
-        "\n### Epochs, {date} (commit {commit})\n\n\
-         Command: `{}` (as root). Machine: {machine}.\n\n\
-         Dataset: {} JPEGs, D = {:.0} MB; {} tar shards, {:.0} MB. Slow storage: ext4 image on a \
+        "\nDataset: {} JPEGs, D = {:.0} MB; {} tar shards, {:.0} MB. Slow storage: ext4 image on a \
          loop device (direct I/O), reads throttled to {} MB/s and {} IOPS by the blkio cgroup; \
          page cache dropped before each run. Memory: one cgroup per run holding the reader (and \
          the prepfs daemon), limit = M + the reader's measured working set, M = {:.2} x D; prepfs \
          --cache-mem = M - the daemon's measured working set - {} MiB kept free for the kernel's side of reads in flight, at most \
          the limit less prepfs's 64 MiB headroom, of which the RAM tier gets C (the rest is prepfs's working memory for reads in \
          flight; no prefetch staging). Epochs 2+ are medians.\n\n",
-        command(opts),
         manifest.files,
         mb(manifest.file_bytes as f64),
         manifest.shards,
@@ -328,44 +315,6 @@ fn targets_markdown(targets: &[Target]) -> String {
             t.measured,
             t.bound,
             if t.met { "yes" } else { "**no**" }
-        ));
-    }
-    md
-}
-
-/// The views comparison table (empty when it did not run).
-fn views_markdown(view_runs: &[ViewRun]) -> String {
-    let Some(stock) = find_view(view_runs, Pipeline::Stock) else {
-        return String::new();
-    };
-    let stock_rate = warm_view(stock, |e| e.items_per_s).max(1e-9);
-    let mut md = String::from(
-        "\nViews: the stock PyTorch pipeline vs DatasetFolder + np.load over a prepfs view, \
-         DataLoader(batch 32, shuffle, num_workers=2) on both, same images and cores, no \
-         throttling, caches warm from epoch 2 (prepfs --cache-mem holds the dataset). CPU is \
-         everything the pipeline ran (loader, workers, daemon), from its cpuacct cgroup. Epochs \
-         2+ are medians; latencies are the daemon's p50 over the run.\n\n\
-         | pipeline | images/s | vs stock | CPU ms/image | decode p50 ms | transform p50 ms | render p50 ms |\n\
-         |---|---:|---:|---:|---:|---:|---:|\n",
-    );
-    for run in view_runs {
-        let rate = warm_view(run, |e| e.items_per_s);
-        let cpu = warm_view(run, |e| e.cpu_seconds * 1e3 / e.items.max(1) as f64);
-        let latency = |name: &str| {
-            run.epochs
-                .last()
-                .and_then(|e| e.view_stats.as_ref())
-                .and_then(|s| s[name]["p50"].as_f64())
-                .map_or("-".into(), |us| format!("{:.2}", us / 1e3))
-        };
-        md.push_str(&format!(
-            "| {}{} | {rate:.0} | {:.2} | {cpu:.2} | {} | {} | {} |\n",
-            run.pipeline.name(),
-            run.spec.map_or(String::new(), |s| format!(" `{s}`")),
-            rate / stock_rate,
-            latency("decode_latency_us"),
-            latency("transform_latency_us"),
-            latency("render_latency_us"),
         ));
     }
     md

@@ -4,19 +4,23 @@
 //! Owns every piece of system state the harness creates. Each piece is registered for teardown
 //! the moment it exists and torn down when its guard drops, on panic, or on SIGINT/SIGTERM/SIGHUP
 //! (a signal thread runs every pending teardown, then exits 130); `clear_leftovers` removes what a
-//! killed run left behind. Must never touch anything it did not create (names carry `PREFIX`).
+//! killed run left behind. Must never touch anything it did not create (cgroup names carry
+//! `PREFIX` and a tag of the run's working directory, so a run never removes the groups of one
+//! running beside it in another directory).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Prefix of every cgroup this harness creates.
 pub const PREFIX: &str = "prepfs-epochs";
+/// `PREFIX` and the working directory's tag: the start of this run's cgroup names.
+static GROUP_PREFIX: OnceLock<String> = OnceLock::new();
 const MEMORY_ROOT: &str = "/sys/fs/cgroup/memory";
 const BLKIO_ROOT: &str = "/sys/fs/cgroup/blkio";
 const CPUACCT_ROOT: &str = "/sys/fs/cgroup/cpuacct";
@@ -190,9 +194,23 @@ pub fn must(cmd: &mut Command) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-/// Removes what an interrupted or killed earlier run left: mounts under `workdir`, loop devices
-/// on `workdir`'s images, and this harness's cgroups.
+/// The start of the names of the cgroups of runs in `workdir`: `PREFIX` and a hash of its path.
+fn group_prefix_of(workdir: &Path) -> String {
+    let path = std::path::absolute(workdir).unwrap_or_else(|_| workdir.to_owned());
+    let tag = xxhash_rust::xxh3::xxh3_64(path.as_os_str().as_encoded_bytes());
+    format!("{PREFIX}-{:08x}", tag as u32)
+}
+
+/// This run's cgroup name prefix, fixed by the first `clear_leftovers`.
+fn group_prefix() -> &'static str {
+    GROUP_PREFIX.get().map_or(PREFIX, String::as_str)
+}
+
+/// Makes `workdir` this run's (its cgroups are named after it; the first call decides) and
+/// removes what an interrupted or killed earlier run in it left: mounts under it, loop devices
+/// on its images, and its cgroups. Call before creating any cgroup.
 pub fn clear_leftovers(workdir: &Path) {
+    let prefix = GROUP_PREFIX.get_or_init(|| group_prefix_of(workdir));
     let mut mounts: Vec<PathBuf> = mount_points()
         .into_iter()
         .filter(|m| m.starts_with(workdir))
@@ -217,11 +235,62 @@ pub fn clear_leftovers(workdir: &Path) {
     }
     for root in [MEMORY_ROOT, BLKIO_ROOT, CPUACCT_ROOT] {
         for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
-            if entry.file_name().to_string_lossy().starts_with(PREFIX) {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{prefix}-"))
+            {
                 remove_cgroup(&entry.path());
             }
         }
     }
+}
+
+/// CPU time process `pid` and all its threads used so far, user and system, in seconds
+/// (/proc/PID/stat utime + stime; 0 if it is gone).
+pub fn process_cpu_seconds(pid: u32) -> f64 {
+    // SAFETY: sysconf(3) reads a constant of the system; no memory effects.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name (which may hold spaces), from field 3 on: utime and
+            // stime are fields 14 and 15.
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let utime: u64 = fields.get(11)?.parse().ok()?;
+            let stime: u64 = fields.get(12)?.parse().ok()?;
+            Some((utime + stime) as f64 / ticks)
+        })
+        .unwrap_or(0.0)
+}
+
+/// CPU time the machine's cores were not idle so far, in seconds: every process, interrupts, and
+/// time the hypervisor gave to others (steal); /proc/stat's `cpu` line without idle and iowait
+/// (guest time is already in user).
+pub fn machine_cpu_seconds() -> f64 {
+    // SAFETY: as in `process_cpu_seconds`.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|stat| {
+            let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+            let fields: Vec<u64> = line
+                .split_whitespace()
+                .skip(1)
+                .map(|f| f.parse().unwrap_or(0))
+                .collect();
+            // user nice system idle iowait irq softirq steal
+            let busy: u64 = fields
+                .iter()
+                .take(8)
+                .enumerate()
+                .filter(|(i, _)| *i != 3 && *i != 4)
+                .map(|(_, v)| v)
+                .sum();
+            Some(busy as f64 / ticks)
+        })
+        .unwrap_or(0.0)
 }
 
 /// The parsed `.prepfs/stats.json` of the mount at `mountpoint` (null if unreadable).
@@ -326,9 +395,9 @@ pub struct Cgroup {
 }
 
 impl Cgroup {
-    /// Creates `PREFIX-name` in the three hierarchies with `limits`.
+    /// Creates `PREFIX-<workdir tag>-name` in the three hierarchies with `limits`.
     pub fn create(name: &str, limits: &Limits) -> Result<Cgroup, String> {
-        let dir = format!("{PREFIX}-{name}");
+        let dir = format!("{}-{name}", group_prefix());
         let memory = Path::new(MEMORY_ROOT).join(&dir);
         let blkio = Path::new(BLKIO_ROOT).join(&dir);
         let cpuacct = Path::new(CPUACCT_ROOT).join(&dir);

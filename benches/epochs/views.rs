@@ -1,21 +1,25 @@
-//! The views comparison (issue 4): the stock PyTorch pipeline against the same training loop over
-//! a prepfs tensor view, side by side on the same images and the same cores, from a warm cache.
+//! The views comparison (issues 4 and 25): prepfs tensor views against the input pipelines a
+//! training job would otherwise run, side by side on the same images and the same 2 cores.
 //!
-//! - stock: torchvision ImageFolder over the ext4 mount (PIL decode, RandomResizedCrop, flip,
-//!   ToTensor, Normalize in the DataLoader's 2 workers), its page cache warm after epoch 1.
-//! - prepfs float32 / uint8: DatasetFolder + np.load over `.prepfs/views/<view>/images` of one
-//!   prepfs mount whose cache holds the whole dataset; the daemon decodes and augments on the
-//!   same cores as the loader. The float32 view is the drop-in for the stock transforms; uint8
-//!   leaves ToTensor/Normalize to the training step (4x fewer bytes). This mount keeps no
-//!   decoded pixels (`--decoded-cache off`), so every render decodes.
-//! - prepfs float32, decoded cache: the float32 view on a second mount with `--decoded-cache on`
-//!   and a budget of 6x the dataset, so epochs 2+ run only the ops after the decode: memory
-//!   traded for CPU.
+//! Pipelines (`Pipeline`), each producing shuffled batches of 64 RandomResizedCrop(224) + flip
+//! images as torch tensors:
+//! - stock: torchvision ImageFolder (PIL decode, ToTensor, Normalize) in a DataLoader with 2
+//!   workers; tvio: torchvision.io.decode_jpeg + transforms v2, same DataLoader;
+//! - DALI on the CPU (`device_id=None`, 2 threads): whole-image decode + random_resized_crop, and
+//!   `fn.decoders.image_random_crop`, which decodes only the crop;
+//! - prepfs float32 and uint8 views (DatasetFolder + np.load over `.prepfs/views/<view>`), on a
+//!   mount with `--decoded-cache off` (every render decodes: ImageNet-sized data whose pixels do
+//!   not fit) and on a mount with the defaults (budget and `--decoded-cache auto`).
 //!
-//! Each pipeline runs in its own cpuacct cgroup (with the daemon, for prepfs), so CPU seconds per
-//! image count everything the pipeline costs. No throttling and no memory limit: this measures
-//! preprocessing, not storage. Epoch 1 warms the caches; epochs 2+ are the result. Owns these
-//! runs only; reporting is in `report`. Must never assert on timing.
+//! Each pipeline runs in a fresh process (and, for a view, a fresh mount) inside its own cpuacct
+//! cgroup that also holds the prepfs daemon, so CPU per image counts everything the pipeline
+//! costs; the daemon's own share comes from its utime + stime. One warm-up epoch fills the caches
+//! (page cache, prepfs's RAM tier); the epochs after it are measured. CPU is counted from the end
+//! of the previous epoch, so work a pipeline does between epochs (prefetch, render-ahead) is not
+//! free. Rounds repeat every pipeline with the order rotated by one each round, so drift on the
+//! machine spreads over all of them. No throttling and no memory limit: this measures
+//! preprocessing, not storage. Owns these runs only; reporting is in `report`. Must never assert
+//! on timing.
 
 use std::path::Path;
 
@@ -23,18 +27,17 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::dataset::Manifest;
-use crate::sandbox::{Cgroup, Limits, SlowDisk};
+use crate::sandbox::{self, Cgroup, Limits, SlowDisk};
 use crate::{Options, PrepfsMount, ReaderSession};
 
 /// The drop-in view: what the stock transforms produce, as float32 CHW.
 pub const FLOAT32_VIEW: &str = "train=decode,random_resized_crop(224),hflip,normalize(imagenet)";
 /// The same augmentation as uint8 CHW; normalisation left to the training step.
 pub const UINT8_VIEW: &str = "train_u8=decode,random_resized_crop(224),hflip,uint8";
-/// Cache memory beyond the dataset's size (block rounding, small files' tails).
-const CACHE_SLACK: u64 = 64 << 20;
-/// Budget of the decoded-cache mount, in dataset sizes: JPEGs (1x) plus their pixels, ~6x
-/// their size raw and ~3.5x once packed.
-const DECODED_BUDGET: u64 = 6;
+/// Images per batch, as in the issue's measurements (ResNet-50 on one device).
+const BATCH: usize = 64;
+/// DataLoader workers, DALI threads: one per core of the 2-core machine the targets are set on.
+const WORKERS: usize = 2;
 
 /// Which pipeline a run measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -42,24 +45,103 @@ const DECODED_BUDGET: u64 = 6;
 pub enum Pipeline {
     /// ImageFolder + PIL + torchvision transforms in the workers.
     Stock,
-    /// DatasetFolder + np.load over the float32 view.
+    /// torchvision.io.decode_jpeg + transforms v2 in the workers.
+    TorchvisionIo,
+    /// DALI CPU: whole-image decode, then random_resized_crop.
+    Dali,
+    /// DALI CPU: `fn.decoders.image_random_crop` (decodes only the crop), then resize.
+    DaliRoi,
+    /// The float32 view on a mount with `--decoded-cache off`.
+    ViewFloat32Off,
+    /// The uint8 view on a mount with `--decoded-cache off`.
+    ViewUint8Off,
+    /// The float32 view on a mount with the defaults.
     ViewFloat32,
-    /// DatasetFolder + np.load over the uint8 view.
+    /// The uint8 view on a mount with the defaults.
     ViewUint8,
-    /// The float32 view with decoded pixels cached.
-    ViewFloat32Decoded,
 }
 
 impl Pipeline {
+    /// Every pipeline, in the order of the first round and of the table.
+    pub const ALL: [Pipeline; 8] = [
+        Pipeline::Stock,
+        Pipeline::TorchvisionIo,
+        Pipeline::Dali,
+        Pipeline::DaliRoi,
+        Pipeline::ViewFloat32Off,
+        Pipeline::ViewUint8Off,
+        Pipeline::ViewFloat32,
+        Pipeline::ViewUint8,
+    ];
+
+    /// Its name for `--pipelines`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Pipeline::Stock => "stock",
+            Pipeline::TorchvisionIo => "tvio",
+            Pipeline::Dali => "dali",
+            Pipeline::DaliRoi => "dali-roi",
+            Pipeline::ViewFloat32Off => "f32-off",
+            Pipeline::ViewUint8Off => "u8-off",
+            Pipeline::ViewFloat32 => "f32",
+            Pipeline::ViewUint8 => "u8",
+        }
+    }
+
+    /// The pipeline whose `key` is `key`.
+    pub fn from_key(key: &str) -> Option<Pipeline> {
+        Pipeline::ALL.into_iter().find(|p| p.key() == key)
+    }
+
     /// Its name in tables.
     pub fn name(self) -> &'static str {
         match self {
-            Pipeline::Stock => "stock PyTorch (ImageFolder + transforms)",
-            Pipeline::ViewFloat32 => "prepfs view, float32 (drop-in)",
-            Pipeline::ViewUint8 => "prepfs view, uint8",
-            Pipeline::ViewFloat32Decoded => "prepfs view, float32, decoded cache (6x budget)",
+            Pipeline::Stock => "stock PyTorch (ImageFolder, PIL, ToTensor, Normalize)",
+            Pipeline::TorchvisionIo => "torchvision.io.decode_jpeg + transforms v2",
+            Pipeline::Dali => "DALI CPU (decoders.image + random_resized_crop)",
+            Pipeline::DaliRoi => "DALI CPU (decoders.image_random_crop: decodes only the crop)",
+            Pipeline::ViewFloat32Off => "prepfs float32 view, --decoded-cache off",
+            Pipeline::ViewUint8Off => "prepfs uint8 view, --decoded-cache off",
+            Pipeline::ViewFloat32 => "prepfs float32 view, defaults (--decoded-cache auto)",
+            Pipeline::ViewUint8 => "prepfs uint8 view, defaults (--decoded-cache auto)",
         }
     }
+
+    /// The `readers.py --kind` that runs it.
+    fn reader(self) -> &'static str {
+        match self {
+            Pipeline::Stock => "torch",
+            Pipeline::TorchvisionIo => "tvio",
+            Pipeline::Dali => "dali",
+            Pipeline::DaliRoi => "dali_roi",
+            Pipeline::ViewFloat32Off
+            | Pipeline::ViewUint8Off
+            | Pipeline::ViewFloat32
+            | Pipeline::ViewUint8 => "view",
+        }
+    }
+
+    /// The view it reads and the prepfs options beyond it, for the prepfs pipelines.
+    fn view(self) -> Option<(&'static str, &'static [&'static str])> {
+        const OFF: &[&str] = &["--decoded-cache", "off"];
+        match self {
+            Pipeline::ViewFloat32Off => Some((FLOAT32_VIEW, OFF)),
+            Pipeline::ViewUint8Off => Some((UINT8_VIEW, OFF)),
+            Pipeline::ViewFloat32 => Some((FLOAT32_VIEW, &[])),
+            Pipeline::ViewUint8 => Some((UINT8_VIEW, &[])),
+            Pipeline::Stock | Pipeline::TorchvisionIo | Pipeline::Dali | Pipeline::DaliRoi => None,
+        }
+    }
+
+    /// Whether it needs the benchmarks' peers (`python/ensure-env --bench`).
+    pub fn needs_dali(self) -> bool {
+        matches!(self, Pipeline::Dali | Pipeline::DaliRoi)
+    }
+}
+
+/// The view name of a `--view` spec (`name=ops`).
+fn view_name(spec: &str) -> &str {
+    spec.split_once('=').map_or(spec, |(name, _)| name)
 }
 
 /// One epoch of one pipeline.
@@ -69,131 +151,207 @@ pub struct ViewEpoch {
     pub seconds: f64,
     pub items: u64,
     pub items_per_s: f64,
-    /// CPU seconds of every process of the pipeline (loader, workers, daemon) in the epoch.
+    /// CPU seconds of every process of the pipeline (loader, workers, DALI threads, daemon)
+    /// from the end of the previous epoch to the end of this one.
     pub cpu_seconds: f64,
-    /// The view's statistics from prepfs after the epoch (latencies, errors).
-    pub view_stats: Option<Value>,
+    /// The prepfs daemon's share of `cpu_seconds`.
+    pub daemon_cpu_seconds: Option<f64>,
+    /// CPU seconds the rest of the machine used meanwhile: other load that skews the numbers.
+    pub others_cpu_seconds: f64,
+    /// prepfs's stats.json after the epoch (view latencies and errors, decoded pixels).
+    pub prepfs_stats: Option<Value>,
 }
 
-/// All epochs of one pipeline.
+/// One pipeline in one round: its warm-up epoch first, then the measured ones.
 #[derive(Debug, Clone, Serialize)]
 pub struct ViewRun {
     pub pipeline: Pipeline,
+    /// Round number, from 1.
+    pub round: usize,
+    /// The `--view` spec, for the prepfs pipelines.
     pub spec: Option<&'static str>,
+    /// Versions of the Python packages that ran it, as the reader reported them.
+    pub versions: Value,
     pub epochs: Vec<ViewEpoch>,
 }
 
-/// Runs the three pipelines, `opts.epochs` epochs each.
+impl ViewRun {
+    /// The epochs after the warm-up.
+    pub fn measured(&self) -> &[ViewEpoch] {
+        self.epochs.get(1..).unwrap_or(&[])
+    }
+}
+
+/// Runs `opts.rounds` rounds of `opts.pipelines` over the views dataset on `disk`, the order
+/// rotated by one each round.
 pub fn run(
     opts: &Options,
     python: &Path,
     disk: &SlowDisk,
     manifest: &Manifest,
 ) -> Result<Vec<ViewRun>, String> {
-    let unlimited = Limits {
-        memory: None,
-        throttle: None,
-    };
-    let images = |root: &Path| root.join("images");
-    let stock_group = Cgroup::create("views-stock", &unlimited)?;
-    let stock = epochs(
-        opts,
-        &stock_group,
-        python,
-        "torch",
-        &images(&disk.mountpoint),
-        Pipeline::Stock,
-        None,
-    )?;
-    drop(stock_group);
-
-    let group = Cgroup::create("views-prepfs", &unlimited)?;
-    let cache_mem = manifest.file_bytes + CACHE_SLACK;
-    let extra = [
-        "--view",
-        FLOAT32_VIEW,
-        "--view",
-        UINT8_VIEW,
-        "--decoded-cache",
-        "off",
-    ]
-    .map(String::from);
-    let mount = PrepfsMount::start(&group, opts, &disk.mountpoint, cache_mem, &extra)?;
-    let mut runs = vec![ViewRun {
-        pipeline: Pipeline::Stock,
-        spec: None,
-        epochs: stock,
-    }];
-    // One pipeline over view `spec` of `mount`.
-    let view_run = |mount: &PrepfsMount, pipeline, spec: &'static str| {
-        let name = spec.split_once('=').map_or(spec, |(n, _)| n);
-        let root = mount.mountpoint.join(".prepfs/views").join(name);
-        let epochs = epochs(
-            opts,
-            &group,
-            python,
-            "view",
-            &images(&root),
-            pipeline,
-            Some((mount, name)),
-        )?;
-        Ok::<_, String>(ViewRun {
-            pipeline,
-            spec: Some(spec),
-            epochs,
-        })
-    };
-    runs.push(view_run(&mount, Pipeline::ViewFloat32, FLOAT32_VIEW)?);
-    runs.push(view_run(&mount, Pipeline::ViewUint8, UINT8_VIEW)?);
-    mount.stop();
-
-    let cache_mem = manifest.file_bytes * DECODED_BUDGET + CACHE_SLACK;
-    let extra = ["--view", FLOAT32_VIEW, "--decoded-cache", "on"].map(String::from);
-    let mount = PrepfsMount::start(&group, opts, &disk.mountpoint, cache_mem, &extra)?;
-    runs.push(view_run(
-        &mount,
-        Pipeline::ViewFloat32Decoded,
-        FLOAT32_VIEW,
-    )?);
-    mount.stop();
+    eprintln!(
+        "epochs: views: {} images ({:.0} KB mean), {} rounds of {} pipelines, 1 warm-up + {} measured epochs each",
+        manifest.files,
+        manifest.file_bytes as f64 / manifest.files.max(1) as f64 / 1e3,
+        opts.rounds,
+        opts.pipelines.len(),
+        opts.epochs - 1
+    );
+    let mut runs = Vec::new();
+    for round in 0..opts.rounds {
+        let count = opts.pipelines.len();
+        for i in 0..count {
+            let pipeline = opts.pipelines[(i + round) % count];
+            runs.push(run_pipeline(opts, python, disk, pipeline, round + 1)?);
+        }
+    }
     Ok(runs)
 }
 
-/// `opts.epochs` epochs of readers.py `kind` over `root` in `group`, with CPU time per epoch.
-fn epochs(
+/// `opts.epochs` epochs of `pipeline` in a cgroup of its own, with a fresh mount for a view.
+fn run_pipeline(
     opts: &Options,
-    group: &Cgroup,
     python: &Path,
-    kind: &str,
-    root: &Path,
+    disk: &SlowDisk,
     pipeline: Pipeline,
-    view: Option<(&PrepfsMount, &str)>,
-) -> Result<Vec<ViewEpoch>, String> {
-    let mut session = ReaderSession::start(group, python, kind, root, opts.epochs, opts.seed, &[])?;
-    let mut out = Vec::new();
+    round: usize,
+) -> Result<ViewRun, String> {
+    let group = Cgroup::create(
+        &format!("views-{}", pipeline.key()),
+        &Limits {
+            memory: None,
+            throttle: None,
+        },
+    )?;
+    let mount = match pipeline.view() {
+        Some((spec, options)) => {
+            let mut extra = vec!["--view".to_owned(), spec.to_owned()];
+            extra.extend(options.iter().map(|o| (*o).to_owned()));
+            Some(PrepfsMount::start(
+                &group,
+                opts,
+                &disk.mountpoint,
+                None,
+                &extra,
+            )?)
+        }
+        None => None,
+    };
+    let root = match (&mount, pipeline.view()) {
+        (Some(m), Some((spec, _))) => m.mountpoint.join(".prepfs/views").join(view_name(spec)),
+        _ => disk.mountpoint.clone(),
+    };
+    let extra = [
+        "--batch-size".to_owned(),
+        BATCH.to_string(),
+        "--workers".to_owned(),
+        WORKERS.to_string(),
+    ];
+    let mut session = ReaderSession::start(
+        &group,
+        python,
+        pipeline.reader(),
+        &root.join("images"),
+        opts.epochs,
+        opts.seed + round as u64,
+        &extra,
+    )?;
+    let daemon_cpu = || {
+        mount
+            .as_ref()
+            .map(|m| sandbox::process_cpu_seconds(m.pid()))
+    };
+    let marks = || {
+        (
+            group.cpu_seconds(),
+            daemon_cpu(),
+            sandbox::machine_cpu_seconds(),
+        )
+    };
+    let mut before = marks();
+    let mut epochs = Vec::new();
     for _ in 0..opts.epochs {
-        let cpu_before = group.cpu_seconds();
         let record = session.next_epoch()?;
-        let cpu_seconds = group.cpu_seconds() - cpu_before;
-        let view_stats = view.map(|(mount, name)| mount.stats()["views"][name].clone());
+        let after = marks();
+        let cpu_seconds = after.0 - before.0;
         let epoch = ViewEpoch {
             epoch: record.epoch,
             seconds: record.seconds,
             items: record.items,
             items_per_s: record.items as f64 / record.seconds.max(1e-9),
             cpu_seconds,
-            view_stats,
+            daemon_cpu_seconds: after.1.zip(before.1).map(|(now, then)| now - then),
+            others_cpu_seconds: (after.2 - before.2 - cpu_seconds).max(0.0),
+            prepfs_stats: mount.as_ref().map(PrepfsMount::stats),
         };
+        before = after;
+        let per_image = |s: f64| s * 1e3 / epoch.items.max(1) as f64;
         eprintln!(
-            "epochs: views: {:<40} epoch {}: {:6.2} s, {:6.0} images/s, {:.2} CPU ms/image",
+            "epochs: views: round {round} {:<62} epoch {}: {:6.2} s, {:6.0} images/s, {:.2} CPU ms/image{}",
             pipeline.name(),
             epoch.epoch,
             epoch.seconds,
             epoch.items_per_s,
-            epoch.cpu_seconds * 1e3 / epoch.items.max(1) as f64
+            per_image(epoch.cpu_seconds),
+            epoch
+                .daemon_cpu_seconds
+                .map(|d| format!(" (daemon {:.2})", per_image(d)))
+                .unwrap_or_default()
         );
-        out.push(epoch);
+        epochs.push(epoch);
     }
+    let versions = session.versions();
     session.finish()?;
-    Ok(out)
+    if let Some(m) = mount {
+        m.stop();
+    }
+    Ok(ViewRun {
+        pipeline,
+        round,
+        spec: pipeline.view().map(|(spec, _)| spec),
+        versions,
+        epochs,
+    })
+}
+
+/// The CI smoke test's check of the views runs: every measured epoch of every pipeline delivered
+/// every image, and no view reported a render error. Behaviour, never timing.
+pub fn quick_check(runs: &[ViewRun], images: usize) -> Result<(), String> {
+    if runs.is_empty() {
+        return Err("quick check: the views comparison ran no pipeline".into());
+    }
+    for run in runs {
+        if run.measured().is_empty() {
+            return Err(format!(
+                "quick check: {} has no epoch after the warm-up",
+                run.pipeline.name()
+            ));
+        }
+        for epoch in &run.epochs {
+            if epoch.items != images as u64 {
+                return Err(format!(
+                    "quick check failed: {} epoch {} delivered {} of {images} images",
+                    run.pipeline.name(),
+                    epoch.epoch,
+                    epoch.items
+                ));
+            }
+            if let (Some(stats), Some(spec)) = (&epoch.prepfs_stats, run.spec) {
+                let errors = stats["views"][view_name(spec)]["errors"].as_u64();
+                if errors != Some(0) {
+                    return Err(format!(
+                        "quick check failed: {} epoch {}: view errors {errors:?}",
+                        run.pipeline.name(),
+                        epoch.epoch
+                    ));
+                }
+            }
+        }
+    }
+    eprintln!(
+        "epochs: quick check: {} views runs delivered all {images} images every epoch, no view errors: ok",
+        runs.len()
+    );
+    Ok(())
 }
