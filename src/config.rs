@@ -4,8 +4,8 @@
 //! line before anything is mounted (source, mountpoint and whether the source reaches it,
 //! /dev/fuse, sizes). Must never mount, spawn or change anything: it only reads and decides.
 
-use crate::cache::codec::{Codec, MAX_ZSTD_LEVEL};
 use crate::cache::policy::DecodedCaching;
+use crate::control::codec::{Codec, MAX_ZSTD_LEVEL};
 use crate::mountinfo::Mount;
 use crate::prefetch::PrefetchOptions;
 use crate::scheduler::runtime::SchedulerOptions;

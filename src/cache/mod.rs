@@ -40,8 +40,8 @@ use disk::DiskTier;
 use packer::Packer;
 use policy::CodecPolicy;
 
+use crate::control::knobs::Knobs;
 use crate::memory::{MemoryBudget, Shed, Use};
-use crate::scheduler::knobs::Knobs;
 use crate::shards::ShardedMap;
 use crate::source::Identity;
 use crate::stats::{Gauges, Metrics};

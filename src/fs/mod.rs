@@ -20,8 +20,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::cache::codec::Codec;
-use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed};
+use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed, ScheduledCodec};
 use crate::cache::{BLOCK_SIZE, CachedFile, DiskSetup, NeverEvictCache, ReadBytes, Unpacked};
+use crate::control::action::{Action, CODECS, Head, Mask};
+use crate::control::knobs::Knobs;
 use crate::error::FsError;
 use crate::inode::{
     self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE,
@@ -29,8 +31,6 @@ use crate::inode::{
 };
 use crate::memory::{MemoryBudget, MemoryPlan};
 use crate::prefetch::{DecodeAhead, OrderHint, PrefetchOptions, Prefetcher, Readahead};
-use crate::scheduler::action::{Action, CODECS, Head, Mask};
-use crate::scheduler::knobs::{Knobs, ScheduledCodec};
 use crate::scheduler::runtime::{Scheduler, SchedulerOptions, Setup};
 use crate::shards::ShardedMap;
 use crate::source::{Deferred, Kind, Meta, Source, SourceFile, SpaceStats};

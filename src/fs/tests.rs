@@ -910,7 +910,7 @@ fn a_pass_waiting_on_a_source_larger_than_the_cache_is_diagnosed_as_short_of_cac
 
 #[test]
 fn without_a_usable_gpu_the_scheduler_cannot_place_work_there() {
-    use crate::scheduler::action::{Action, Head};
+    use crate::control::action::{Action, Head};
     let o = options(1 << 20);
     let mask = super::scheduler_mask(&o, false, true);
     let gpu_decode = Action::default().with(Head::Decode, 1);

@@ -34,7 +34,7 @@ use parking_lot::{Condvar, Mutex};
 use serde_json::{Value, json};
 
 use crate::cache::{CachedFile, NeverEvictCache, Prefetched};
-use crate::scheduler::knobs::Knobs;
+use crate::control::knobs::Knobs;
 use crate::source::{Identity, Source, SourceFile};
 use crate::stats::Metrics;
 use crate::stats::diagnosis::{Capacity, PassFigures, diagnose};

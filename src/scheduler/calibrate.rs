@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::sim::{Calibration, CodecCost};
-use crate::cache::codec::Codec;
 use crate::cache::rows::{delta, undelta};
+use crate::control::codec::Codec;
 use crate::view::ViewSpec;
 use crate::view::render::{decode, transform};
 

@@ -16,12 +16,14 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
-use super::action::{Action, Head, LOGITS, Mask, pick};
 use super::artifact::Payload;
 use super::heuristic;
-use super::knobs::Knobs;
+use super::logits::pick;
 use super::online::Online;
-use super::state::{Observation, RewardWeights, STATE};
+use super::state::{RewardWeights, STATE, state_vector};
+use crate::control::action::{Action, Head, LOGITS, Mask};
+use crate::control::knobs::Knobs;
+use crate::control::observation::Observation;
 use crate::stats::histogram::{Histogram, quantile_us};
 use crate::telemetry::Telemetry;
 
@@ -347,7 +349,7 @@ impl Decider {
         let reward = self.options.reward.reward(&obs);
         // The state describes the knobs as they were during the interval just observed.
         let knobs_were = self.current.unwrap_or_else(|| self.heuristic(&obs));
-        let state = obs.state(&knobs_were);
+        let state = state_vector(&obs, &knobs_were);
         if let Some(learner) = &mut self.learner {
             learner.reward(reward);
         }

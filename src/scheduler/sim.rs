@@ -14,10 +14,10 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
-use super::action::{Action, Head, Mask, Placement};
 use super::heuristic::{self, Context};
-use super::state::{GpuObservation, Observation};
 use crate::cache::policy::{DecodedCaching, keep_decoded};
+use crate::control::action::{Action, Head, Mask, Placement};
+use crate::control::observation::{GpuObservation, Observation};
 
 /// Simulated seconds per `step`: the mount's decision interval.
 pub const INTERVAL_S: f64 = 0.2;
@@ -134,7 +134,7 @@ impl Default for Calibration {
 }
 
 impl Calibration {
-    /// The cost of codec option `i` (`action::CODECS` order); `None` for no codec.
+    /// The cost of codec option `i` (`control::action::CODECS` order); `None` for no codec.
     fn codec(&self, i: u8) -> Option<&CodecCost> {
         match i {
             1 => Some(&self.lz4),
@@ -1085,7 +1085,8 @@ fn permutation(n: usize, rng: &mut Rng) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::action;
+    use crate::control::action::LOGITS;
+    use crate::scheduler::logits::pick;
 
     fn run(scenario: &Scenario, action: Action, steps: usize) -> (f64, Observation) {
         let mut sim = Simulator::new(scenario.clone(), 1);
@@ -1201,8 +1202,7 @@ mod tests {
             let mut sim = Simulator::new(s, rng.next_u64());
             let mask = sim.mask();
             for i in 0..15 {
-                let a =
-                    action::pick(&[0.0; action::LOGITS], &mask, Some(&mut || rng.f64())).unwrap();
+                let a = pick(&[0.0; LOGITS], &mask, Some(&mut || rng.f64())).unwrap();
                 let o = sim.step(&a);
                 let shares = [
                     o.cpu_busy,

@@ -7,11 +7,13 @@
 //! seed: every random number comes from seeded `sim::Rng`s. Must never touch the machine: the
 //! simulator is its only environment.
 
-use super::action::{self, Action, LOGITS, Mask};
+use super::logits::{log_probs, pick};
 use super::network::{Network, Normalisation};
 use super::ppo::{Learner, PpoConfig, Transition, UpdateStats};
 use super::sim::{self, Calibration, Policy, Rng, Scenario, Simulator};
-use super::state::{Observation, RewardWeights, STATE};
+use super::state::{RewardWeights, STATE, state_vector};
+use crate::control::action::{Action, LOGITS, Mask};
+use crate::control::observation::Observation;
 
 /// Episodes run (half random, half heuristic) to fit the normalisation and the reward scale.
 const FIT_EPISODES: usize = 8;
@@ -154,14 +156,14 @@ pub fn greedy(
 ) -> impl Fn(&Observation, &Action, &Mask, usize) -> Action + use<> {
     let (network, normalisation) = (network.clone(), normalisation.clone());
     move |obs: &Observation, current: &Action, mask: &Mask, _: usize| {
-        let (logits, _) = network.forward(&normalisation.apply(&obs.state(current)));
-        action::pick(&logits, mask, None).unwrap_or(*current)
+        let (logits, _) = network.forward(&normalisation.apply(&state_vector(obs, current)));
+        pick(&logits, mask, None).unwrap_or(*current)
     }
 }
 
 /// Log-probability of `action` under `logits` (sum over heads).
 fn log_prob(logits: &[f32; LOGITS], mask: &Mask, action: &Action) -> f32 {
-    let lp = action::log_probs(logits, mask);
+    let lp = log_probs(logits, mask);
     action.logit_indices().iter().map(|i| lp[*i]).sum()
 }
 
@@ -216,9 +218,9 @@ fn fit(
         let mut current = start();
         let mut obs = sim.step(&current);
         for i in 0..FIT_STEPS {
-            states.push(obs.state(&current));
+            states.push(state_vector(&obs, &current));
             current = if k % 2 == 0 {
-                action::pick(&[0.0; LOGITS], &mask, Some(&mut || draw.f64())).unwrap_or(current)
+                pick(&[0.0; LOGITS], &mask, Some(&mut || draw.f64())).unwrap_or(current)
             } else {
                 heuristic(&obs, &current, &mask, i)
             };
@@ -275,10 +277,9 @@ pub fn train_on(
             let mut segment = Vec::with_capacity(per_env);
             for _ in 0..per_env {
                 let mask = env.mask;
-                let state = normalisation.apply(&env.obs.state(&env.current));
+                let state = normalisation.apply(&state_vector(&env.obs, &env.current));
                 let (logits, value) = net.forward(&state);
-                let action =
-                    action::pick(&logits, &mask, Some(&mut || draw.f64())).unwrap_or(env.current);
+                let action = pick(&logits, &mask, Some(&mut || draw.f64())).unwrap_or(env.current);
                 let obs = env.sim.step(&action);
                 let raw = cfg.reward.reward(&obs);
                 env.reward_sum += raw;
@@ -290,7 +291,7 @@ pub fn train_on(
                 if done {
                     // A time limit, not an end: the value of what follows is folded into the
                     // last reward (value is in scaled units, rewards are not).
-                    let next = normalisation.apply(&env.obs.state(&env.current));
+                    let next = normalisation.apply(&state_vector(&env.obs, &env.current));
                     reward += gamma * net.forward(&next).1 / reward_scale as f32;
                     finished.push((env.reward_sum / env.steps as f64, env.heuristic));
                     *env = Env::new(scenarios(&mut rng), rng.next_u64(), cfg);
@@ -306,7 +307,7 @@ pub fn train_on(
                 });
             }
             let last = net
-                .forward(&normalisation.apply(&env.obs.state(&env.current)))
+                .forward(&normalisation.apply(&state_vector(&env.obs, &env.current)))
                 .1;
             segments.push((segment, last));
             env_steps += per_env;
@@ -339,7 +340,7 @@ pub fn train_on(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::action::{Head, Placement};
+    use crate::control::action::{Head, Placement};
 
     /// A CPU saturated by background load next to an idle GPU, and no cache room (so decoded
     /// caching cannot help): moving decode to the GPU is the one way to lower latency.

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::scheduler::state::Observation;
+use crate::control::observation::Observation;
 use crate::stats::histogram::quantile_us;
 
 /// Sampling period of the CPU figures: /proc/stat costs ~25 µs to read, so 10 samples a second
