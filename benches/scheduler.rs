@@ -16,7 +16,8 @@
 
 use std::time::Instant;
 
-use prepfs::scheduler::sim::{self, Scenario};
+use prepfs::scheduler::sim::baselines::{self, Policy};
+use prepfs::scheduler::sim::scenario::Scenario;
 use prepfs::scheduler::train::{self, TrainConfig, Trained};
 
 /// Evaluation seeds per scenario: five paired runs (df = 4).
@@ -115,9 +116,9 @@ fn main() {
     ] {
         for gpu in [false, true] {
             let s = base.clone().with_gpu(gpu);
-            let heuristic = sim::heuristic_policy(&s);
-            let round_robin = sim::round_robin(&s);
-            let policies: [&sim::Policy; 4] = [&ppo, &heuristic, &sim::static_cpu, &round_robin];
+            let heuristic = baselines::heuristic_policy(&s);
+            let round_robin = baselines::round_robin(&s);
+            let policies: [&Policy; 4] = [&ppo, &heuristic, &baselines::static_cpu, &round_robin];
             let runs: Vec<Vec<train::Evaluation>> = policies
                 .iter()
                 .map(|p| {

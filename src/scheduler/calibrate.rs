@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::sim::{Calibration, CodecCost};
+use super::sim::calibration::{Calibration, CodecCost};
 use crate::cache::rows::{delta, undelta};
 use crate::control::codec::Codec;
 use crate::view::ViewSpec;

@@ -10,7 +10,7 @@ use plotters::prelude::*;
 
 use super::artifact::{Metadata, Payload};
 use super::calibrate::calibrate;
-use super::sim::Calibration;
+use super::sim::calibration::Calibration;
 use super::train::{CurvePoint, TrainConfig, train};
 
 /// `prepfs policy calibrate`.

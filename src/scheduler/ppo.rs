@@ -18,7 +18,7 @@ use burn::tensor::activation::log_softmax;
 
 use super::logits::MASKED;
 use super::network::{Dense, HIDDEN, Network};
-use super::sim::Rng;
+use super::rng::Rng;
 use super::state::STATE;
 use crate::control::action::{Action, Head, LOGITS, Mask};
 

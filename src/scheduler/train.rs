@@ -4,13 +4,17 @@
 //! in turn, PPO updates, the learning curve with the heuristic's reward on the same episodes
 //! for reference), the state normalisation and reward scale it fits before training, and
 //! `evaluate`, which the tests and the benchmark use to compare policies. Deterministic for a
-//! seed: every random number comes from seeded `sim::Rng`s. Must never touch the machine: the
-//! simulator is its only environment.
+//! seed: every random number comes from seeded `scheduler::rng::Rng`s. Must never touch the
+//! machine: the simulator is its only environment.
 
 use super::logits::{log_probs, pick};
 use super::network::{Network, Normalisation};
 use super::ppo::{Learner, PpoConfig, Transition, UpdateStats};
-use super::sim::{self, Calibration, Policy, Rng, Scenario, Simulator};
+use super::rng::Rng;
+use super::sim::baselines::{self, Policy};
+use super::sim::calibration::Calibration;
+use super::sim::engine::Simulator;
+use super::sim::scenario::Scenario;
 use super::state::{RewardWeights, STATE, state_vector};
 use crate::control::action::{Action, LOGITS, Mask};
 use crate::control::observation::Observation;
@@ -100,7 +104,7 @@ pub struct Evaluation {
 
 /// The knobs for the first interval of every run, before any policy has seen an observation.
 fn start() -> Action {
-    sim::static_cpu(
+    baselines::static_cpu(
         &Observation::default(),
         &Action::default(),
         &Mask::default(),
@@ -181,7 +185,7 @@ struct Env {
 
 impl Env {
     fn new(scenario: Scenario, seed: u64, cfg: &TrainConfig) -> Env {
-        let heuristic = sim::heuristic_policy(&scenario);
+        let heuristic = baselines::heuristic_policy(&scenario);
         let reference = run(&heuristic, &scenario, seed, cfg.episode_steps, &cfg.reward);
         let mut sim = Simulator::new(scenario, seed);
         let current = start();
@@ -211,7 +215,7 @@ fn fit(
     for k in 0..FIT_EPISODES {
         let scenario = scenarios(rng);
         let seed = rng.next_u64();
-        let heuristic = sim::heuristic_policy(&scenario);
+        let heuristic = baselines::heuristic_policy(&scenario);
         let mut draw = Rng::new(seed ^ 0xF17);
         let mut sim = Simulator::new(scenario, seed);
         let mask = sim.mask();
@@ -384,7 +388,7 @@ mod tests {
             "{chosen:?}, rewards {rewards:?}"
         );
         let learned = evaluate(&policy, &scenario, 7, 100);
-        let fixed = evaluate(&sim::static_cpu, &scenario, 7, 100);
+        let fixed = evaluate(&baselines::static_cpu, &scenario, 7, 100);
         assert!(
             learned.mean_latency_s < fixed.mean_latency_s,
             "{learned:?} vs {fixed:?}"
@@ -431,7 +435,7 @@ mod tests {
             start().with(Head::Decode, 1).with(Head::Augment, 1)
         };
         let on_gpu = evaluate(&gpu, &scenario, 1, 30);
-        let on_cpu = evaluate(&sim::static_cpu, &scenario, 1, 30);
+        let on_cpu = evaluate(&baselines::static_cpu, &scenario, 1, 30);
         assert!(on_gpu.mean_latency_s < on_cpu.mean_latency_s);
         assert!(on_gpu.mean_reward > on_cpu.mean_reward);
         assert!(on_cpu.p99_s >= on_cpu.mean_latency_s && on_cpu.stall_share > 0.0);
