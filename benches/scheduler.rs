@@ -1,7 +1,7 @@
 //! Scheduler benchmark: the PPO policy against the heuristic, a static CPU-only setup and
 //! round-robin placement, in the simulator.
 //!
-//! Run with `cargo bench --bench scheduler [-- OPTIONS]`. It trains a policy
+//! Run with `cargo bench --features train --bench scheduler [-- OPTIONS]`. It trains a policy
 //! with the default `TrainConfig` (random scenarios around the default calibration), or loads
 //! one with `--policy FILE.json` (a serde_json `train::Trained`), then runs every policy on
 //! cpu_bound, io_bound and load_shift, each with and without a GPU, for 5 seeds each, and prints

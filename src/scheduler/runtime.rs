@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use super::artifact::Payload;
 use super::heuristic;
 use super::logits::pick;
+#[cfg(feature = "train")]
 use super::online::Online;
 use super::state::{RewardWeights, STATE, state_vector};
 use crate::control::action::{Action, Head, LOGITS, Mask};
@@ -82,6 +83,16 @@ pub struct SchedulerOptions {
     pub reward: RewardWeights,
     /// Seed of random actions (random mode, exploration while learning).
     pub seed: u64,
+}
+
+impl SchedulerOptions {
+    /// Refuses what this build cannot do: `--learn` needs the `train` feature.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.learn && !cfg!(feature = "train") {
+            return Err(format!("--learn: {}", super::WITHOUT_TRAIN));
+        }
+        Ok(())
+    }
 }
 
 impl Default for SchedulerOptions {
@@ -291,6 +302,39 @@ fn load(options: &SchedulerOptions) -> Option<Loaded> {
             tracing::warn!(policy = %source, error = %e, "policy unusable; the modules' heuristics decide");
             None
         }
+    }
+}
+
+/// Online fine-tuning in a build without the trainer: no learner ever exists (`validate` refuses
+/// `--learn`), so this type has no value and its methods cannot run.
+#[cfg(not(feature = "train"))]
+enum Online {}
+
+#[cfg(not(feature = "train"))]
+impl Online {
+    fn new(_: &Payload, _: u64) -> Option<Online> {
+        tracing::warn!("{}; the policy acts unchanged", super::WITHOUT_TRAIN);
+        None
+    }
+
+    fn act(&mut self, _: &[f32; STATE], _: &Mask) -> Option<Action> {
+        match *self {}
+    }
+
+    fn reward(&mut self, _: f64) {
+        match *self {}
+    }
+
+    fn discard(&mut self) {
+        match *self {}
+    }
+
+    fn payload(&self) -> &Payload {
+        match *self {}
+    }
+
+    fn to_json(&self) -> Value {
+        match *self {}
     }
 }
 
