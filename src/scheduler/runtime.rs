@@ -3,8 +3,8 @@
 //! heuristics when it cannot decide in time or sensibly.
 //!
 //! Owns: the decision loop, its fallbacks (no sample yet, late, invalid or non-finite decision,
-//! no usable policy), the reward it observes, online fine-tuning (`--learn`) and the scheduler's
-//! stats document. Must never touch a request path or block a module: knobs are atomics, and
+//! no usable policy), the reward it observes, online fine-tuning (`--learn`, in a build with the
+//! `train` feature) and the scheduler's stats document. Must never touch a request path or block a module: knobs are atomics, and
 //! nothing here is awaited by a reader.
 
 use std::path::PathBuf;
