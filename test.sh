@@ -5,11 +5,12 @@
 #      util-linux's flock, python3-venv;
 #   2. the Python environment of the client tests (python/ensure-env: pinned requirements.lock,
 #      rebuilt when half made; $PREPFS_VENV, default ~/.cache/prepfs/venv);
-# then every test (unit tests, real-mount tests of the binary, PyTorch/TF clients, examples),
-# the epochs benchmark's quick mode (real PyTorch on throttled slow storage; asserts misses and
-# that every views pipeline delivers every image, not timing; its DALI pipelines are left out,
-# so DALI is installed only by the full benchmark), and the GPU backend's build with its NVRTC
-# kernel compile (no GPU needed).
+# then every test of the default build (unit tests, real-mount tests of the binary, PyTorch/TF
+# clients, examples), the epochs benchmark's quick mode (real PyTorch on throttled slow storage;
+# asserts misses and that every views pipeline delivers every image, not timing; its DALI
+# pipelines are left out, so DALI is installed only by the full benchmark), the scheduler's
+# trainer tests (`--features train`: PPO, the simulator, calibration, online learning), and the
+# GPU backend's build with its NVRTC kernel compile (no GPU needed).
 # Arguments go to `cargo test` (a test name filter); with arguments only that runs.
 # PREPFS_FRESH_VENV=1 builds the Python environment afresh in a temporary directory and removes
 # it at exit (CI does this on every submission, to prove the install path).
@@ -60,6 +61,11 @@ if [ $# -eq 0 ]; then
   # needs no release build of its own (one compile of the dependencies for the whole suite).
   say "epochs benchmark, quick mode"
   cargo test --locked --bench epochs -- --quick
+  # The trainer is a cargo feature the default build (tested above, as users install it) leaves
+  # out; its tests are the scheduler's unit tests with it. This compiles burn and the few
+  # dependencies whose features burn widens, not the whole tree again.
+  say "scheduler trainer feature: PPO, simulator, calibration and online learning tests"
+  cargo test --locked --features train --lib scheduler
   # The GPU backend (--features cuda) builds without CUDA anywhere, and its kernel compiles
   # through NVRTC, which the venv's pip CUDA libraries provide (no GPU needed): required here,
   # so a missing NVRTC fails instead of skipping. The GPU-only checks are benches/gpu/check.sh.

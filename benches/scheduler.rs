@@ -1,7 +1,7 @@
 //! Scheduler benchmark: the PPO policy against the heuristic, a static CPU-only setup and
 //! round-robin placement, in the simulator.
 //!
-//! Run with `cargo bench --bench scheduler [-- OPTIONS]`. It trains a policy
+//! Run with `cargo bench --features train --bench scheduler [-- OPTIONS]`. It trains a policy
 //! with the default `TrainConfig` (random scenarios around the default calibration), or loads
 //! one with `--policy FILE.json` (a serde_json `train::Trained`), then runs every policy on
 //! cpu_bound, io_bound and load_shift, each with and without a GPU, for 5 seeds each, and prints
@@ -16,7 +16,8 @@
 
 use std::time::Instant;
 
-use prepfs::scheduler::sim::{self, Scenario};
+use prepfs::scheduler::sim::baselines::{self, Policy};
+use prepfs::scheduler::sim::scenario::Scenario;
 use prepfs::scheduler::train::{self, TrainConfig, Trained};
 
 /// Evaluation seeds per scenario: five paired runs (df = 4).
@@ -115,9 +116,9 @@ fn main() {
     ] {
         for gpu in [false, true] {
             let s = base.clone().with_gpu(gpu);
-            let heuristic = sim::heuristic_policy(&s);
-            let round_robin = sim::round_robin(&s);
-            let policies: [&sim::Policy; 4] = [&ppo, &heuristic, &sim::static_cpu, &round_robin];
+            let heuristic = baselines::heuristic_policy(&s);
+            let round_robin = baselines::round_robin(&s);
+            let policies: [&Policy; 4] = [&ppo, &heuristic, &baselines::static_cpu, &round_robin];
             let runs: Vec<Vec<train::Evaluation>> = policies
                 .iter()
                 .map(|p| {

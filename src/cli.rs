@@ -443,6 +443,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 reward: config::check_reward(reward_alpha, reward_beta, stall_penalty)?,
                 seed,
             };
+            scheduler.validate().map_err(RunError::Other)?;
             let gpu = config::parse_gpu(&gpu, gpu_mem.as_deref(), nvjpeg, nvrtc)?;
             let mut cfg = MountConfig::new(source, mountpoint);
             cfg.foreground = foreground;

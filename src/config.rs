@@ -5,8 +5,8 @@
 //! /dev/fuse, sizes). Must never mount, spawn or change anything: it only reads and decides.
 
 use crate::cache::CacheConfig;
-use crate::cache::codec::{Codec, MAX_ZSTD_LEVEL};
 use crate::cache::policy::DecodedCaching;
+use crate::control::codec::{Codec, MAX_ZSTD_LEVEL};
 use crate::fuse::FuseConfig;
 use crate::memory::limits;
 use crate::memory::{MemoryPlan, Staging};

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use crate::cache::metrics::CacheMetrics;
-use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed};
+use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed, ScheduledCodec};
 use crate::cache::{BlockFetcher, CacheConfig, DiskSetup, DiskTier, Packer, RamTier, Staging};
 use crate::config::MountConfig;
 use crate::fs::metrics::Op;
@@ -22,8 +22,8 @@ use crate::fs::{Figures, Fs, FsMetrics, FsOptions, Parts, Report, View, Views};
 use crate::memory::{MemoryBudget, MemoryPlan, Shed};
 use crate::metrics::Samples;
 use crate::prefetch::{DecodeAhead, Prefetcher, ReaderWaits};
-use crate::scheduler::action::{Action, CODECS, Head, Mask};
-use crate::scheduler::knobs::{Knobs, ScheduledCodec};
+use crate::control::action::{Action, CODECS, Head, Mask};
+use crate::control::knobs::Knobs;
 use crate::scheduler::runtime::{Scheduler, Setup};
 use crate::source::{Source, SourceFile};
 use crate::telemetry::{Pipeline, Probe, Sampler, Sources, Telemetry};
@@ -323,7 +323,7 @@ impl Report for Board {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::action::{Action, Head};
+    use crate::control::action::{Action, Head};
 
     #[test]
     fn without_a_usable_gpu_the_scheduler_cannot_place_work_there() {

@@ -7,6 +7,7 @@
 pub mod cache;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod daemon;
 pub mod demo;
 pub mod error;

@@ -1,6 +1,7 @@
 //! The scheduler through real mounts: knobs changed at random every decision never change a
 //! byte; a broken policy file falls back to the heuristics with a warning; telemetry and the
-//! scheduler's figures appear in stats.json.
+//! scheduler's figures appear in stats.json; a build without the `train` feature refuses
+//! training with one line.
 
 mod common;
 
@@ -195,4 +196,56 @@ fn telemetry_and_the_shipped_policy_show_in_stats() {
         "{s}"
     );
     assert!(s["action"]["codec"].is_string(), "{s}");
+}
+
+/// A build without the `train` feature (the default) still checks and runs trained policies
+/// (the mounts above), and refuses training with one line, before anything is mounted.
+#[cfg(not(feature = "train"))]
+#[test]
+fn a_build_without_train_refuses_training_with_one_line_and_still_shows_the_policy() {
+    const WITHOUT: &str =
+        "this prepfs was built without the `train` feature: cargo build --features train";
+    let t = TestMount::new();
+    let out_file = t.dir.path().join("trained.json");
+    let refused: [Vec<std::ffi::OsString>; 3] = [
+        vec![
+            "policy".into(),
+            "train".into(),
+            "--out".into(),
+            out_file.clone().into(),
+        ],
+        vec![
+            "policy".into(),
+            "calibrate".into(),
+            "--out".into(),
+            out_file.clone().into(),
+        ],
+        vec![
+            "mount".into(),
+            t.src.clone().into(),
+            t.mnt.clone().into(),
+            "--foreground".into(),
+            "--scheduler".into(),
+            "policy".into(),
+            "--learn".into(),
+        ],
+    ];
+    for args in refused {
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        let out = common::run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("prepfs: ") && err.contains(WITHOUT),
+            "{err}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    assert!(!out_file.exists(), "nothing written");
+    assert!(!common::is_mounted(&t.mnt), "nothing mounted");
+    let shown = common::run(&["policy".as_ref(), "show".as_ref()]);
+    assert_eq!(shown.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(text.starts_with("shipped policy: valid"), "{text}");
 }

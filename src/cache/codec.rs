@@ -1,27 +1,16 @@
-//! Codecs of cached bytes: none, lz4 and zstd at a level, plus the compressibility probe.
+//! Codecs applied to cached bytes: compression, decompression and the stored tag of each
+//! `control::codec::Codec`, plus the compressibility probe.
 //!
-//! Owns: the codec tag and its one-byte encoding (shared by the RAM and disk tiers), bounded
-//! compression and decompression, and the cheap test that decides whether bytes are worth
-//! compressing at all. Decompression always writes into a buffer of the recorded length and fails
-//! unless it fills it exactly, so a corrupt payload can neither grow memory nor yield short data.
-//! Must never choose a codec (that is the policy's job) and never verify checksums (the caller
-//! checks the decompressed bytes against the checksum it stored).
+//! Owns: the codec's one-byte encoding (shared by the RAM and disk tiers), bounded compression
+//! and decompression, and the cheap test that decides whether bytes are worth compressing at
+//! all. Decompression always writes into a buffer of the recorded length and fails unless it
+//! fills it exactly, so a corrupt payload can neither grow memory nor yield short data. Must never
+//! choose a codec (that is the policy's job) and never verify checksums (the caller checks the
+//! decompressed bytes against the checksum it stored).
 
-use std::fmt;
-
-/// The highest zstd level prepfs accepts: beyond 19 zstd needs far more memory per context.
-pub const MAX_ZSTD_LEVEL: u8 = 19;
-
-/// How one block of cached bytes is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Codec {
-    /// The bytes as they are.
-    None,
-    /// lz4 block format (lz4_flex): cheapest to decompress (~4 GB/s).
-    Lz4,
-    /// zstd at a level in 1..=MAX_ZSTD_LEVEL.
-    Zstd(u8),
-}
+// The type these operations belong to, under the name the cache's modules use for it.
+pub use crate::control::codec::Codec;
+use crate::control::codec::MAX_ZSTD_LEVEL;
 
 /// A payload that does not decompress to the recorded length, or a tag that names no codec.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -51,20 +40,6 @@ impl Codec {
             1 => Ok(Codec::Lz4),
             t if (0x11..=0x10 + MAX_ZSTD_LEVEL).contains(&t) => Ok(Codec::Zstd(t - 0x10)),
             t => Err(CodecError::UnknownTag(t)),
-        }
-    }
-
-    /// Parses `none`, `lz4`, `zstd` (level 3) or `zstd-N`.
-    pub fn parse(text: &str) -> Option<Codec> {
-        match text {
-            "none" => Some(Codec::None),
-            "lz4" => Some(Codec::Lz4),
-            "zstd" => Some(Codec::Zstd(3)),
-            _ => text
-                .strip_prefix("zstd-")
-                .and_then(|l| l.parse::<u8>().ok())
-                .filter(|l| (1..=MAX_ZSTD_LEVEL).contains(l))
-                .map(Codec::Zstd),
         }
     }
 
@@ -99,16 +74,6 @@ impl Codec {
             return Err(CodecError::Corrupt);
         }
         Ok(out)
-    }
-}
-
-impl fmt::Display for Codec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Codec::None => f.write_str("none"),
-            Codec::Lz4 => f.write_str("lz4"),
-            Codec::Zstd(level) => write!(f, "zstd-{level}"),
-        }
     }
 }
 
@@ -256,17 +221,12 @@ mod tests {
     }
 
     #[test]
-    fn tags_and_names_round_trip() {
+    fn tags_round_trip() {
         for codec in codecs() {
             assert_eq!(Codec::from_tag(codec.tag()), Ok(codec));
-            assert_eq!(Codec::parse(&codec.to_string()), Some(codec));
         }
-        assert_eq!(Codec::parse("zstd"), Some(Codec::Zstd(3)));
         for bad in [2u8, 0x10, 0x11 + MAX_ZSTD_LEVEL, 0xff] {
             assert_eq!(Codec::from_tag(bad), Err(CodecError::UnknownTag(bad)));
-        }
-        for bad in ["zstd-0", "zstd-20", "gzip", ""] {
-            assert_eq!(Codec::parse(bad), None, "{bad}");
         }
     }
 

@@ -2,12 +2,16 @@
 //! pixels are worth their memory; each decision with its reason.
 //!
 //! Owns: those decisions, from live signals (the machine's CPU idle share, the source's observed
-//! bandwidth, the decode time of the image at hand). The interface is one call, `CodecPolicy::choose`, so the
-//! scheduler can take the decision over later while the heuristic stays as its fallback. Must
-//! never compress anything itself and never block: it is called from background threads that
-//! pack entries and from the stats snapshot.
+//! bandwidth, the decode time of the image at hand). The interface is one call,
+//! `CodecPolicy::choose`, so the scheduler takes the decision over through its codec knob
+//! (`ScheduledCodec`) while the heuristic stays as its fallback. Must never compress anything
+//! itself and never block: it is called from background threads that pack entries and from the
+//! stats snapshot.
+
+use std::sync::Arc;
 
 use super::codec::Codec;
+use crate::control::knobs::Knobs;
 
 /// What the policy sees when it decides.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -33,7 +37,7 @@ pub enum Reason {
     /// The source is as fast as decompression: a heavier codec would make hits cost about what
     /// misses cost, so only the cheap one is worth it.
     FastSource,
-    /// The scheduler holds the codec knob (see `scheduler::knobs`).
+    /// The scheduler holds the codec knob (see `control::knobs`).
     Scheduler,
 }
 
@@ -60,8 +64,8 @@ pub struct Choice {
     pub reason: Reason,
 }
 
-/// Decides the codec of new cache entries. Implemented by the heuristic below and, later, by the
-/// scheduler.
+/// Decides the codec of new cache entries. Implemented by a fixed codec, the heuristic below and
+/// the scheduler's knob.
 pub trait CodecPolicy: Send + Sync {
     /// The codec for entries packed now.
     fn choose(&self, signals: &Signals) -> Choice;
@@ -127,6 +131,27 @@ impl CodecPolicy for Heuristic {
 
     fn target(&self) -> Codec {
         BEST
+    }
+}
+
+/// The adaptive codec policy of a scheduled mount: the scheduler's codec while it holds the
+/// knob, the cache's heuristic otherwise.
+pub struct ScheduledCodec(pub Arc<Knobs>);
+
+impl CodecPolicy for ScheduledCodec {
+    fn choose(&self, signals: &Signals) -> Choice {
+        match self.0.codec() {
+            Some(codec) => Choice {
+                codec,
+                reason: Reason::Scheduler,
+            },
+            None => Heuristic.choose(signals),
+        }
+    }
+
+    fn target(&self) -> Codec {
+        // Idle-time upgrades follow whoever holds the knob now.
+        self.0.codec().unwrap_or_else(|| Heuristic.target())
     }
 }
 
@@ -308,5 +333,21 @@ mod tests {
         assert!(strength(Codec::None) < strength(Codec::Lz4));
         assert!(strength(Codec::Lz4) < strength(Codec::Zstd(1)));
         assert!(strength(Codec::Zstd(1)) < strength(Heuristic.target()));
+    }
+
+    #[test]
+    fn the_scheduler_codec_holds_while_the_knob_is_held_then_the_heuristic() {
+        use crate::control::action::{Action, Head};
+        let knobs = Arc::new(Knobs::default());
+        knobs.apply(&Action::default().with(Head::Codec, 1), 2);
+        let policy = ScheduledCodec(knobs.clone());
+        let busy = Signals {
+            cpu_idle: 0.0,
+            source_bytes_per_s: None,
+        };
+        assert_eq!(policy.choose(&busy).reason, Reason::Scheduler);
+        assert_eq!(policy.target(), Codec::Lz4);
+        knobs.release();
+        assert_eq!(policy.choose(&busy), Heuristic.choose(&busy));
     }
 }

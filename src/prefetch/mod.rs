@@ -37,7 +37,7 @@ use serde_json::{Value, json};
 
 use crate::cache::{BlockFetcher, Prefetched, RamFile};
 use crate::metrics::Samples;
-use crate::scheduler::knobs::Knobs;
+use crate::control::knobs::Knobs;
 use crate::source::{Identity, Source, SourceFile};
 use diagnosis::{Capacity, PassFigures, diagnose};
 use epoch::{EpochTracker, FileKey, Opened};

@@ -158,7 +158,7 @@ impl Payload {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::action::LOGITS;
+    use crate::control::action::LOGITS;
     use crate::scheduler::network::{Dense, HIDDEN};
     use crate::scheduler::state::STATE;
 

@@ -10,9 +10,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::sim::{Calibration, CodecCost};
-use crate::cache::codec::Codec;
+use super::sim::calibration::{Calibration, CodecCost};
 use crate::cache::rows::{delta, undelta};
+use crate::control::codec::Codec;
 use crate::view::ViewSpec;
 use crate::view::render::{decode, transform};
 

@@ -2,18 +2,25 @@
 //! `train` (PPO in the simulator, writing a policy file, its learning curve as CSV and SVG) and
 //! `show` (check a policy file and print where it came from).
 //!
-//! Owns: turning those requests into files and one-line errors. Must never touch a mount.
+//! Owns: turning those requests into files and one-line errors; in a build without the `train`
+//! feature, `calibrate` and `train` answer `WITHOUT_TRAIN`. Must never touch a mount.
 
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "train")]
 use plotters::prelude::*;
 
-use super::artifact::{Metadata, Payload};
-use super::calibrate::calibrate;
-use super::sim::Calibration;
-use super::train::{CurvePoint, TrainConfig, train};
+use super::artifact::Payload;
+#[cfg(feature = "train")]
+use super::{
+    artifact::Metadata,
+    calibrate::calibrate,
+    sim::calibration::Calibration,
+    train::{CurvePoint, TrainConfig, train},
+};
 
 /// `prepfs policy calibrate`.
+#[cfg(feature = "train")]
 pub fn run_calibrate(dataset: Option<&Path>, out: &Path) -> Result<(), String> {
     let c = calibrate(dataset)?;
     let text = serde_json::to_string_pretty(&c).map_err(|e| e.to_string())? + "\n";
@@ -46,7 +53,14 @@ pub struct TrainRequest {
     pub command: String,
 }
 
+/// `prepfs policy calibrate` in a build without the trainer: one line, no file.
+#[cfg(not(feature = "train"))]
+pub fn run_calibrate(_dataset: Option<&Path>, _out: &Path) -> Result<(), String> {
+    Err(super::WITHOUT_TRAIN.to_owned())
+}
+
 /// `prepfs policy train`: trains, writes the policy, `<out>.curve.csv` and `<out>.curve.svg`.
+#[cfg(feature = "train")]
 pub fn run_train(request: &TrainRequest) -> Result<(), String> {
     let calibration: Calibration = match &request.calibration {
         Some(path) => {
@@ -106,6 +120,13 @@ pub fn run_train(request: &TrainRequest) -> Result<(), String> {
     Ok(())
 }
 
+/// `prepfs policy train` in a build without the trainer: one line, no file.
+#[cfg(not(feature = "train"))]
+pub fn run_train(_request: &TrainRequest) -> Result<(), String> {
+    Err(super::WITHOUT_TRAIN.to_owned())
+}
+
+#[cfg(feature = "train")]
 fn write_curve(curve: &[CurvePoint], path: &Path) -> Result<(), String> {
     let mut text = String::from(
         "update,env_steps,episode_reward,heuristic_reward,policy_loss,value_loss,entropy,approx_kl\n",
@@ -128,6 +149,7 @@ fn write_curve(curve: &[CurvePoint], path: &Path) -> Result<(), String> {
 }
 
 /// Mean of each run of `window` points that have a value (the curve is noisy per update).
+#[cfg(feature = "train")]
 fn smoothed(curve: &[CurvePoint], value: impl Fn(&CurvePoint) -> Option<f64>) -> Vec<(f64, f64)> {
     const WINDOW: usize = 10;
     let points: Vec<(f64, f64)> = curve
@@ -143,6 +165,7 @@ fn smoothed(curve: &[CurvePoint], value: impl Fn(&CurvePoint) -> Option<f64>) ->
         .collect()
 }
 
+#[cfg(feature = "train")]
 fn plot_curve(curve: &[CurvePoint], path: &Path) -> Result<(), String> {
     let ppo = smoothed(curve, |p| p.episode_reward);
     let heuristic = smoothed(curve, |p| p.heuristic_reward);

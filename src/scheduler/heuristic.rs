@@ -2,15 +2,17 @@
 //! side by side with the learned policy.
 //!
 //! Owns: nothing of its own. It restates the rules each module applies when the scheduler is
-//! off or falls back (the codec policy, the prefetcher's depth controller, the render pool's
-//! size, the decoded-caching rule) plus the GPU placement rule (`prefers_gpu`, which the views apply themselves). In the mount a
-//! fallback does not apply this action: it hands each knob back to its module. Must never
-//! diverge from those modules: it calls their rules where they are functions.
+//! off or falls back (the cache's codec policy, the prefetcher's depth controller, the render
+//! pool's size, the decoded-caching rule, the views' GPU placement rule) by calling them. In the
+//! mount a fallback does not apply this action: it hands each knob back to its module. Must
+//! never diverge from those modules: it calls their rules where they are functions, and holds
+//! no rule of its own.
 
-use super::action::{Action, DEPTHS, Head, Mask};
-use super::state::Observation;
 use crate::cache::policy::{CodecPolicy, Heuristic as CodecHeuristic, Signals};
+use crate::control::action::{Action, CODECS, DEPTHS, Head, Mask};
+use crate::control::observation::Observation;
 use crate::prefetch::controller_depth;
+use crate::view::gpu::prefers_gpu;
 
 /// What the heuristic needs beyond the observation.
 #[derive(Debug, Clone, Copy)]
@@ -21,18 +23,6 @@ pub struct Context {
     pub keep_decoded: bool,
 }
 
-/// CPU busy share above which decoding moves to an idle GPU.
-const GPU_WHEN_CPU_BUSY: f64 = 0.8;
-/// GPU busy share below which the GPU counts as idle.
-const GPU_IDLE: f64 = 0.5;
-
-/// The placement rule: decode and augment on the GPU when the CPU is busy and the GPU idle
-/// (the views apply it themselves while the scheduler does not hold the placement knobs).
-pub fn prefers_gpu(obs: &Observation) -> bool {
-    let gpu_idle = obs.gpu.is_some_and(|g| g.busy < GPU_IDLE);
-    gpu_idle && obs.cpu_busy >= GPU_WHEN_CPU_BUSY
-}
-
 /// The modules' own choices for `obs`, within `mask`.
 pub fn action(obs: &Observation, mask: &Mask, ctx: &Context) -> Action {
     let signals = Signals {
@@ -40,10 +30,7 @@ pub fn action(obs: &Observation, mask: &Mask, ctx: &Context) -> Action {
         source_bytes_per_s: (obs.source_bytes_per_s > 0.0).then_some(obs.source_bytes_per_s),
     };
     let codec = CodecHeuristic.choose(&signals).codec;
-    let codec = super::action::CODECS
-        .iter()
-        .position(|c| *c == codec)
-        .unwrap_or(0);
+    let codec = CODECS.iter().position(|c| *c == codec).unwrap_or(0);
     // The prefetcher's controller, with the source's fetch time for a file's; the smallest
     // option that covers it.
     let want = controller_depth(obs.request_rate, obs.source_latency_s, ctx.prefetch_threads);
@@ -73,9 +60,9 @@ pub fn action(obs: &Observation, mask: &Mask, ctx: &Context) -> Action {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::codec::Codec;
-    use crate::scheduler::action::Placement;
-    use crate::scheduler::state::GpuObservation;
+    use crate::control::action::Placement;
+    use crate::control::codec::Codec;
+    use crate::control::observation::GpuObservation;
 
     #[test]
     fn the_heuristic_restates_the_module_rules() {

@@ -5,8 +5,8 @@
 //! well under a microsecond, with no allocation and no autodiff graph (burn's per-call overhead
 //! and its autodiff bookkeeping stay out of the mount's decision loop). Must never train.
 
-use super::action::LOGITS;
 use super::state::STATE;
+use crate::control::action::LOGITS;
 
 /// Width of the two hidden layers: small enough that a decision costs microseconds, large
 /// enough to carve the state space into the handful of regimes the knobs need.

@@ -9,10 +9,11 @@
 
 use serde_json::{Value, json};
 
-use super::action::{Action, Mask, log_probs, pick};
 use super::artifact::Payload;
+use super::logits::{log_probs, pick};
 use super::ppo::{Learner, PpoConfig, Transition, UpdateStats};
 use super::state::STATE;
+use crate::control::action::{Action, Mask};
 
 /// Decisions per update: about 50 s of experience at 200 ms, so one update sees a few regimes.
 const BATCH: usize = 256;
@@ -168,7 +169,7 @@ mod tests {
                 continue;
             }
             // Reward the cheapest codec: the update must move towards it.
-            online.reward(if a.get(crate::scheduler::action::Head::Codec) == 0 {
+            online.reward(if a.get(crate::control::action::Head::Codec) == 0 {
                 0.0
             } else {
                 -1.0

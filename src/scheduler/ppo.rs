@@ -16,10 +16,11 @@ use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
 
-use super::action::{Action, Head, LOGITS, MASKED, Mask};
+use super::logits::MASKED;
 use super::network::{Dense, HIDDEN, Network};
-use super::sim::Rng;
+use super::rng::Rng;
 use super::state::STATE;
+use crate::control::action::{Action, Head, LOGITS, Mask};
 
 /// Heads of the factored action.
 const HEADS: usize = Head::ALL.len();
@@ -478,7 +479,7 @@ impl Learner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::action::log_probs;
+    use crate::scheduler::logits::log_probs;
 
     #[test]
     fn gae_matches_a_hand_computation() {

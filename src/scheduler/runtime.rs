@@ -3,8 +3,8 @@
 //! heuristics when it cannot decide in time or sensibly.
 //!
 //! Owns: the decision loop, its fallbacks (no sample yet, late, invalid or non-finite decision,
-//! no usable policy), the reward it observes, online fine-tuning (`--learn`) and the scheduler's
-//! stats document. Must never touch a request path or block a module: knobs are atomics, and
+//! no usable policy), the reward it observes, online fine-tuning (`--learn`, in a build with the
+//! `train` feature) and the scheduler's stats document. Must never touch a request path or block a module: knobs are atomics, and
 //! nothing here is awaited by a reader.
 
 use std::path::PathBuf;
@@ -16,12 +16,15 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
-use super::action::{Action, Head, LOGITS, Mask, pick};
 use super::artifact::Payload;
 use super::heuristic;
-use super::knobs::Knobs;
+use super::logits::pick;
+#[cfg(feature = "train")]
 use super::online::Online;
-use super::state::{Observation, RewardWeights, STATE};
+use super::state::{RewardWeights, STATE, state_vector};
+use crate::control::action::{Action, Head, LOGITS, Mask};
+use crate::control::knobs::Knobs;
+use crate::control::observation::Observation;
 use crate::metrics::{Histogram, quantile_us};
 use crate::telemetry::Telemetry;
 
@@ -80,6 +83,16 @@ pub struct SchedulerOptions {
     pub reward: RewardWeights,
     /// Seed of random actions (random mode, exploration while learning).
     pub seed: u64,
+}
+
+impl SchedulerOptions {
+    /// Refuses what this build cannot do: `--learn` needs the `train` feature.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.learn && !cfg!(feature = "train") {
+            return Err(format!("--learn: {}", super::WITHOUT_TRAIN));
+        }
+        Ok(())
+    }
 }
 
 impl Default for SchedulerOptions {
@@ -292,6 +305,39 @@ fn load(options: &SchedulerOptions) -> Option<Loaded> {
     }
 }
 
+/// Online fine-tuning in a build without the trainer: no learner ever exists (`validate` refuses
+/// `--learn`), so this type has no value and its methods cannot run.
+#[cfg(not(feature = "train"))]
+enum Online {}
+
+#[cfg(not(feature = "train"))]
+impl Online {
+    fn new(_: &Payload, _: u64) -> Option<Online> {
+        tracing::warn!("{}; the policy acts unchanged", super::WITHOUT_TRAIN);
+        None
+    }
+
+    fn act(&mut self, _: &[f32; STATE], _: &Mask) -> Option<Action> {
+        match *self {}
+    }
+
+    fn reward(&mut self, _: f64) {
+        match *self {}
+    }
+
+    fn discard(&mut self) {
+        match *self {}
+    }
+
+    fn payload(&self) -> &Payload {
+        match *self {}
+    }
+
+    fn to_json(&self) -> Value {
+        match *self {}
+    }
+}
+
 /// The loop's state (lives on the scheduler thread).
 struct Decider {
     options: SchedulerOptions,
@@ -347,7 +393,7 @@ impl Decider {
         let reward = self.options.reward.reward(&obs);
         // The state describes the knobs as they were during the interval just observed.
         let knobs_were = self.current.unwrap_or_else(|| self.heuristic(&obs));
-        let state = obs.state(&knobs_were);
+        let state = state_vector(&obs, &knobs_were);
         if let Some(learner) = &mut self.learner {
             learner.reward(reward);
         }

@@ -1,11 +1,13 @@
-//! What the scheduler sees and how it is scored: the observation (one telemetry sample of the
-//! machine and the pipeline), its normalised state vector, and the reward.
+//! What the scheduler sees and how it is scored: an observation (`control::observation`) as a
+//! normalised state vector, and the reward.
 //!
-//! Owns: the state schema and `SCHEMA_VERSION`, shared by the mount (observations from
-//! telemetry) and the simulator (observations from its model), so a policy trained in one acts
-//! in the other. Must never read the machine itself: `telemetry` and `sim` fill observations.
+//! Owns: the state schema and `SCHEMA_VERSION` (of the state and of `control::action`'s
+//! schema), shared by the mount (observations from telemetry) and the simulator (observations
+//! from its model), so a policy trained in one acts in the other. Must never read the machine
+//! itself: `telemetry` and `sim` fill observations.
 
-use super::action::{Action, LOGITS};
+use crate::control::action::{Action, LOGITS};
+use crate::control::observation::Observation;
 
 /// Version of the state and action schema. A policy trained on another version is refused.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -14,51 +16,6 @@ pub const SCHEMA_VERSION: u32 = 1;
 pub const FEATURES: usize = 16;
 /// Length of the state vector.
 pub const STATE: usize = FEATURES + LOGITS;
-
-/// One sample of the machine and the pipeline, in natural units.
-#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
-pub struct Observation {
-    /// Share of the machine's CPU time busy (all processes), 0..=1.
-    pub cpu_busy: f64,
-    /// Share of the machine's CPU time that prepfs used, 0..=1.
-    pub cpu_prepfs: f64,
-    /// Share of memory available, 0..=1.
-    pub memory_available: f64,
-    /// The GPU, when there is one.
-    pub gpu: Option<GpuObservation>,
-    /// Bytes per second the source delivered per fetch recently (0: no fetch yet).
-    pub source_bytes_per_s: f64,
-    /// Median source fetch latency, seconds.
-    pub source_latency_s: f64,
-    /// Consumer reads (or view renders) per second.
-    pub request_rate: f64,
-    /// Median load latency of a consumer request, seconds.
-    pub latency_p50_s: f64,
-    /// 99th percentile load latency, seconds.
-    pub latency_p99_s: f64,
-    /// Share of wall time consumers waited on prepfs (fetch + prep stalls, summed over readers,
-    /// per second of wall time; capped at 1).
-    pub stall_share: f64,
-    /// Renders waiting for a worker, as a share of the queue's capacity.
-    pub render_queue: f64,
-    /// Files queued for prefetch, as a share of the depth limit.
-    pub prefetch_queue: f64,
-    /// Share of the cache budget in use.
-    pub cache_fill: f64,
-    /// Share of reads served from the cache recently.
-    pub hit_rate: f64,
-    /// Whether the disk tier is on.
-    pub disk_tier: bool,
-}
-
-/// GPU figures (NVML, or the simulator's model).
-#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
-pub struct GpuObservation {
-    /// Share of time a kernel ran, 0..=1.
-    pub busy: f64,
-    /// Share of GPU memory free, 0..=1.
-    pub memory_free: f64,
-}
 
 /// `x` on a log scale from `lo` (0) to `hi` (1), clamped; 0 and below map to 0.
 fn log_scale(x: f64, lo: f64, hi: f64) -> f32 {
@@ -76,41 +33,40 @@ fn unit(x: f64) -> f32 {
     }
 }
 
-impl Observation {
-    /// The normalised features, each in 0..=1 (non-finite inputs become 0).
-    pub fn features(&self) -> [f32; FEATURES] {
-        let gpu = self.gpu.unwrap_or_default();
-        [
-            unit(self.cpu_busy),
-            unit(self.cpu_prepfs),
-            unit(self.memory_available),
-            if self.gpu.is_some() { 1.0 } else { 0.0 },
-            unit(gpu.busy),
-            unit(gpu.memory_free),
-            // 1 MB/s .. 10 GB/s
-            log_scale(self.source_bytes_per_s, 1e6, 1e10),
-            // 10 µs .. 1 s
-            log_scale(self.source_latency_s, 1e-5, 1.0),
-            // 1 .. 100k requests/s
-            log_scale(self.request_rate, 1.0, 1e5),
-            // 10 µs .. 10 s
-            log_scale(self.latency_p50_s, 1e-5, 10.0),
-            log_scale(self.latency_p99_s, 1e-5, 10.0),
-            unit(self.stall_share),
-            unit(self.render_queue),
-            unit(self.prefetch_queue),
-            unit(self.cache_fill),
-            unit(self.hit_rate),
-        ]
-    }
+/// The normalised features of `obs`, each in 0..=1 (non-finite inputs become 0).
+pub fn features(obs: &Observation) -> [f32; FEATURES] {
+    let gpu = obs.gpu.unwrap_or_default();
+    [
+        unit(obs.cpu_busy),
+        unit(obs.cpu_prepfs),
+        unit(obs.memory_available),
+        if obs.gpu.is_some() { 1.0 } else { 0.0 },
+        unit(gpu.busy),
+        unit(gpu.memory_free),
+        // 1 MB/s .. 10 GB/s
+        log_scale(obs.source_bytes_per_s, 1e6, 1e10),
+        // 10 µs .. 1 s
+        log_scale(obs.source_latency_s, 1e-5, 1.0),
+        // 1 .. 100k requests/s
+        log_scale(obs.request_rate, 1.0, 1e5),
+        // 10 µs .. 10 s
+        log_scale(obs.latency_p50_s, 1e-5, 10.0),
+        log_scale(obs.latency_p99_s, 1e-5, 10.0),
+        unit(obs.stall_share),
+        unit(obs.render_queue),
+        unit(obs.prefetch_queue),
+        unit(obs.cache_fill),
+        unit(obs.hit_rate),
+    ]
+}
 
-    /// The state vector: features, then the knobs as they are (the current action, one-hot).
-    pub fn state(&self, current: &Action) -> [f32; STATE] {
-        let mut out = [0.0; STATE];
-        out[..FEATURES].copy_from_slice(&self.features());
-        out[FEATURES..].copy_from_slice(&current.one_hot());
-        out
-    }
+/// The state vector of `obs`: features, then the knobs as they are (the current action,
+/// one-hot).
+pub fn state_vector(obs: &Observation, current: &Action) -> [f32; STATE] {
+    let mut out = [0.0; STATE];
+    out[..FEATURES].copy_from_slice(&features(obs));
+    out[FEATURES..].copy_from_slice(&current.one_hot());
+    out
 }
 
 /// The reward's weights (`--reward-alpha`, `--reward-beta`, `--stall-penalty`).
@@ -161,6 +117,7 @@ impl RewardWeights {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::observation::GpuObservation;
 
     #[test]
     fn features_are_bounded_whatever_the_input() {
@@ -172,7 +129,7 @@ mod tests {
             latency_p50_s: f64::INFINITY,
             ..Observation::default()
         };
-        let s = wild.state(&Action::default());
+        let s = state_vector(&wild, &Action::default());
         assert!(s.iter().all(|x| (0.0..=1.0).contains(x)), "{s:?}");
         assert_eq!(s[0], 1.0);
         assert_eq!(s[1], 0.0);
@@ -183,7 +140,7 @@ mod tests {
             ..Observation::default()
         };
         assert!(
-            (mid.features()[6] - 0.5).abs() < 1e-6,
+            (features(&mid)[6] - 0.5).abs() < 1e-6,
             "1e8 is halfway on 1e6..1e10"
         );
     }

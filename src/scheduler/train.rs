@@ -4,14 +4,20 @@
 //! in turn, PPO updates, the learning curve with the heuristic's reward on the same episodes
 //! for reference), the state normalisation and reward scale it fits before training, and
 //! `evaluate`, which the tests and the benchmark use to compare policies. Deterministic for a
-//! seed: every random number comes from seeded `sim::Rng`s. Must never touch the machine: the
-//! simulator is its only environment.
+//! seed: every random number comes from seeded `scheduler::rng::Rng`s. Must never touch the
+//! machine: the simulator is its only environment.
 
-use super::action::{self, Action, LOGITS, Mask};
+use super::logits::{log_probs, pick};
 use super::network::{Network, Normalisation};
 use super::ppo::{Learner, PpoConfig, Transition, UpdateStats};
-use super::sim::{self, Calibration, Policy, Rng, Scenario, Simulator};
-use super::state::{Observation, RewardWeights, STATE};
+use super::rng::Rng;
+use super::sim::baselines::{self, Policy};
+use super::sim::calibration::Calibration;
+use super::sim::engine::Simulator;
+use super::sim::scenario::Scenario;
+use super::state::{RewardWeights, STATE, state_vector};
+use crate::control::action::{Action, LOGITS, Mask};
+use crate::control::observation::Observation;
 
 /// Episodes run (half random, half heuristic) to fit the normalisation and the reward scale.
 const FIT_EPISODES: usize = 8;
@@ -98,7 +104,7 @@ pub struct Evaluation {
 
 /// The knobs for the first interval of every run, before any policy has seen an observation.
 fn start() -> Action {
-    sim::static_cpu(
+    baselines::static_cpu(
         &Observation::default(),
         &Action::default(),
         &Mask::default(),
@@ -154,14 +160,14 @@ pub fn greedy(
 ) -> impl Fn(&Observation, &Action, &Mask, usize) -> Action + use<> {
     let (network, normalisation) = (network.clone(), normalisation.clone());
     move |obs: &Observation, current: &Action, mask: &Mask, _: usize| {
-        let (logits, _) = network.forward(&normalisation.apply(&obs.state(current)));
-        action::pick(&logits, mask, None).unwrap_or(*current)
+        let (logits, _) = network.forward(&normalisation.apply(&state_vector(obs, current)));
+        pick(&logits, mask, None).unwrap_or(*current)
     }
 }
 
 /// Log-probability of `action` under `logits` (sum over heads).
 fn log_prob(logits: &[f32; LOGITS], mask: &Mask, action: &Action) -> f32 {
-    let lp = action::log_probs(logits, mask);
+    let lp = log_probs(logits, mask);
     action.logit_indices().iter().map(|i| lp[*i]).sum()
 }
 
@@ -179,7 +185,7 @@ struct Env {
 
 impl Env {
     fn new(scenario: Scenario, seed: u64, cfg: &TrainConfig) -> Env {
-        let heuristic = sim::heuristic_policy(&scenario);
+        let heuristic = baselines::heuristic_policy(&scenario);
         let reference = run(&heuristic, &scenario, seed, cfg.episode_steps, &cfg.reward);
         let mut sim = Simulator::new(scenario, seed);
         let current = start();
@@ -209,16 +215,16 @@ fn fit(
     for k in 0..FIT_EPISODES {
         let scenario = scenarios(rng);
         let seed = rng.next_u64();
-        let heuristic = sim::heuristic_policy(&scenario);
+        let heuristic = baselines::heuristic_policy(&scenario);
         let mut draw = Rng::new(seed ^ 0xF17);
         let mut sim = Simulator::new(scenario, seed);
         let mask = sim.mask();
         let mut current = start();
         let mut obs = sim.step(&current);
         for i in 0..FIT_STEPS {
-            states.push(obs.state(&current));
+            states.push(state_vector(&obs, &current));
             current = if k % 2 == 0 {
-                action::pick(&[0.0; LOGITS], &mask, Some(&mut || draw.f64())).unwrap_or(current)
+                pick(&[0.0; LOGITS], &mask, Some(&mut || draw.f64())).unwrap_or(current)
             } else {
                 heuristic(&obs, &current, &mask, i)
             };
@@ -275,10 +281,9 @@ pub fn train_on(
             let mut segment = Vec::with_capacity(per_env);
             for _ in 0..per_env {
                 let mask = env.mask;
-                let state = normalisation.apply(&env.obs.state(&env.current));
+                let state = normalisation.apply(&state_vector(&env.obs, &env.current));
                 let (logits, value) = net.forward(&state);
-                let action =
-                    action::pick(&logits, &mask, Some(&mut || draw.f64())).unwrap_or(env.current);
+                let action = pick(&logits, &mask, Some(&mut || draw.f64())).unwrap_or(env.current);
                 let obs = env.sim.step(&action);
                 let raw = cfg.reward.reward(&obs);
                 env.reward_sum += raw;
@@ -290,7 +295,7 @@ pub fn train_on(
                 if done {
                     // A time limit, not an end: the value of what follows is folded into the
                     // last reward (value is in scaled units, rewards are not).
-                    let next = normalisation.apply(&env.obs.state(&env.current));
+                    let next = normalisation.apply(&state_vector(&env.obs, &env.current));
                     reward += gamma * net.forward(&next).1 / reward_scale as f32;
                     finished.push((env.reward_sum / env.steps as f64, env.heuristic));
                     *env = Env::new(scenarios(&mut rng), rng.next_u64(), cfg);
@@ -306,7 +311,7 @@ pub fn train_on(
                 });
             }
             let last = net
-                .forward(&normalisation.apply(&env.obs.state(&env.current)))
+                .forward(&normalisation.apply(&state_vector(&env.obs, &env.current)))
                 .1;
             segments.push((segment, last));
             env_steps += per_env;
@@ -339,7 +344,7 @@ pub fn train_on(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::action::{Head, Placement};
+    use crate::control::action::{Head, Placement};
 
     /// A CPU saturated by background load next to an idle GPU, and no cache room (so decoded
     /// caching cannot help): moving decode to the GPU is the one way to lower latency.
@@ -383,7 +388,7 @@ mod tests {
             "{chosen:?}, rewards {rewards:?}"
         );
         let learned = evaluate(&policy, &scenario, 7, 100);
-        let fixed = evaluate(&sim::static_cpu, &scenario, 7, 100);
+        let fixed = evaluate(&baselines::static_cpu, &scenario, 7, 100);
         assert!(
             learned.mean_latency_s < fixed.mean_latency_s,
             "{learned:?} vs {fixed:?}"
@@ -430,7 +435,7 @@ mod tests {
             start().with(Head::Decode, 1).with(Head::Augment, 1)
         };
         let on_gpu = evaluate(&gpu, &scenario, 1, 30);
-        let on_cpu = evaluate(&sim::static_cpu, &scenario, 1, 30);
+        let on_cpu = evaluate(&baselines::static_cpu, &scenario, 1, 30);
         assert!(on_gpu.mean_latency_s < on_cpu.mean_latency_s);
         assert!(on_gpu.mean_reward > on_cpu.mean_reward);
         assert!(on_cpu.p99_s >= on_cpu.mean_latency_s && on_cpu.stall_share > 0.0);

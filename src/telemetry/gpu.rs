@@ -6,7 +6,7 @@
 
 use nvml_wrapper::Nvml;
 
-use crate::scheduler::state::GpuObservation;
+use crate::control::observation::GpuObservation;
 
 /// NVML, if this machine has it.
 pub struct Gpu {

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use crate::control::observation::Observation;
 use crate::metrics::quantile_us;
-use crate::scheduler::state::Observation;
 
 /// Sampling period of the CPU figures: /proc/stat costs ~25 µs to read, so 10 samples a second
 /// are free.

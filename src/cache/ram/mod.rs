@@ -30,7 +30,7 @@ use super::codec::Codec;
 use super::policy::{self, Choice, DecodedCaching, DecodedReason};
 use crate::cache::metrics::{CacheMetrics, RamGauges};
 use crate::memory::{MemoryBudget, Shed, Use};
-use crate::scheduler::knobs::Knobs;
+use crate::control::knobs::Knobs;
 use crate::shards::ShardedMap;
 use crate::source::Identity;
 

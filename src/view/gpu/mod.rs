@@ -4,7 +4,8 @@
 //! nvJPEG, reserve GPU memory within `--gpu-mem`), the `gpu` document of stats.json that says
 //! what was found and why the backend is unavailable, and `Placed`: the executor the views use,
 //! which sends each decode and each transform to the CPU or the GPU executor as the scheduler's
-//! placement knobs say (or `--gpu on|off`), so view code is the same for both. The CUDA parts
+//! placement knobs say (or, while it does not hold them, the views' own placement rule
+//! `prefers_gpu`; or `--gpu on|off`), so view code is the same for both. The CUDA parts
 //! (`cuda`, `nvjpeg`) exist only with the `cuda` cargo feature; without it, or without a usable
 //! GPU, the backend reports unavailable with a reason and every render runs on the CPU. Must
 //! never panic when a library or device is missing, and never fail a render the CPU could do:
@@ -25,9 +26,9 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use super::{Cpu, Executor, RenderError, Rendered, Rgb, ViewSpec};
-use crate::scheduler::action::Placement;
-use crate::scheduler::heuristic;
-use crate::scheduler::knobs::Knobs;
+use crate::control::action::Placement;
+use crate::control::knobs::Knobs;
+use crate::control::observation::Observation;
 use crate::telemetry::Telemetry;
 
 /// Whether renders may use the GPU.
@@ -250,6 +251,19 @@ fn open_backend(
     }
 }
 
+/// CPU busy share above which decoding moves to an idle GPU.
+const GPU_WHEN_CPU_BUSY: f64 = 0.8;
+/// GPU busy share below which the GPU counts as idle.
+const GPU_IDLE: f64 = 0.5;
+
+/// The placement rule: decode and augment on the GPU when the CPU is busy and the GPU idle. The
+/// views apply it while the scheduler does not hold the placement knobs; the scheduler's
+/// heuristic restates it.
+pub fn prefers_gpu(obs: &Observation) -> bool {
+    let gpu_idle = obs.gpu.is_some_and(|g| g.busy < GPU_IDLE);
+    gpu_idle && obs.cpu_busy >= GPU_WHEN_CPU_BUSY
+}
+
 /// How often, at most, a released placement re-reads the telemetry: the scheduler's cadence.
 const PLACEMENT_REFRESH_MS: u64 = 200;
 
@@ -263,8 +277,8 @@ pub struct Scheduled {
 }
 
 impl Scheduled {
-    /// The heuristic's placement (the same rule as `scheduler::heuristic`), from the latest
-    /// telemetry sample, re-read at most every `PLACEMENT_REFRESH_MS`.
+    /// The heuristic's placement (`prefers_gpu`), from the latest telemetry sample, re-read at
+    /// most every `PLACEMENT_REFRESH_MS`.
     fn heuristic(&self) -> Placement {
         let now = self.started.elapsed().as_millis() as u64;
         let last = self.checked_ms.load(Ordering::Relaxed);
@@ -277,7 +291,7 @@ impl Scheduled {
             let gpu = self
                 .telemetry
                 .latest()
-                .is_some_and(|s| heuristic::prefers_gpu(&s.observation));
+                .is_some_and(|s| prefers_gpu(&s.observation));
             self.prefers_gpu.store(gpu, Ordering::Relaxed);
         }
         if self.prefers_gpu.load(Ordering::Relaxed) {
@@ -345,7 +359,7 @@ impl Executor for Placed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::action::{Action, Head};
+    use crate::control::action::{Action, Head};
     use std::time::Duration;
 
     /// A GPU stand-in that marks its renders, so routing is visible.

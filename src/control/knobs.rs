@@ -9,8 +9,7 @@
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use super::action::{Action, CODECS, Placement};
-use crate::cache::codec::Codec;
-use crate::cache::policy::{Choice, CodecPolicy, Heuristic, Reason, Signals};
+use super::codec::Codec;
 
 /// The knobs of one mount.
 #[derive(Debug, Default)]
@@ -108,36 +107,14 @@ impl Knobs {
     }
 }
 
-/// The adaptive codec policy of a scheduled mount: the scheduler's codec while it holds the
-/// knob, the cache's heuristic otherwise.
-pub struct ScheduledCodec(pub std::sync::Arc<Knobs>);
-
-impl CodecPolicy for ScheduledCodec {
-    fn choose(&self, signals: &Signals) -> Choice {
-        match self.0.codec() {
-            Some(codec) => Choice {
-                codec,
-                reason: Reason::Scheduler,
-            },
-            None => Heuristic.choose(signals),
-        }
-    }
-
-    fn target(&self) -> Codec {
-        // Idle-time upgrades follow whoever holds the knob now.
-        self.0.codec().unwrap_or_else(|| Heuristic.target())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::action::Head;
-    use std::sync::Arc;
+    use crate::control::action::Head;
 
     #[test]
     fn knobs_are_held_by_the_scheduler_until_released() {
-        let knobs = Arc::new(Knobs::default());
+        let knobs = Knobs::default();
         assert_eq!(
             (knobs.codec(), knobs.depth(), knobs.workers()),
             (None, None, None)
@@ -153,15 +130,7 @@ mod tests {
         assert_eq!(knobs.workers(), Some(4));
         assert_eq!(knobs.decoded(), Some(true));
         assert_eq!(knobs.decode(), Some(Placement::Cpu));
-        let policy = ScheduledCodec(knobs.clone());
-        let busy = Signals {
-            cpu_idle: 0.0,
-            source_bytes_per_s: None,
-        };
-        assert_eq!(policy.choose(&busy).reason, Reason::Scheduler);
-        assert_eq!(policy.target(), Codec::Lz4);
         knobs.release();
         assert_eq!(knobs.decoded(), None);
-        assert_eq!(policy.choose(&busy), Heuristic.choose(&busy));
     }
 }

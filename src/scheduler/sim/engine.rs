@@ -1,418 +1,33 @@
-//! A discrete-event model of the prepfs pipeline, for training and comparing scheduler policies.
+//! The simulator's event engine: a discrete-event model of the prepfs pipeline under one
+//! scenario, stepped one decision interval at a time.
 //!
 //! Owns: the model (a consumer reading images in shuffled epoch order with a bounded number of
 //! requests outstanding; a source with a per-fetch latency, shared bandwidth and limited
 //! concurrency; a never-evict RAM cache whose codec sets entry sizes and CPU costs; decode
-//! workers sharing the cores with a background load by processor sharing; an optional GPU),
-//! the scenarios it runs (named ones for tests and the benchmark, random ones for training),
-//! the per-item costs it is calibrated with, and the baseline policies. Each `step` advances
-//! simulated time by one decision interval and returns the same `Observation` the mount fills
-//! from telemetry, so a policy trained here acts there. Deterministic for a seed (its own
-//! SplitMix64; no clock, no threads). Must never touch the machine or the real cache.
+//! workers sharing the cores with a background load by processor sharing; an optional GPU) and
+//! the observation it reports. Each `step` advances simulated time by one decision interval and
+//! returns the same `Observation` the mount fills from telemetry, so a policy trained here acts
+//! there. Deterministic for a seed (no clock, no threads). Must never touch the machine or the
+//! real cache.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::time::Duration;
 
-use super::action::{Action, Head, Mask, Placement};
-use super::heuristic::{self, Context};
-use super::state::{GpuObservation, Observation};
-use crate::cache::policy::{DecodedCaching, keep_decoded};
+use super::baselines::static_cpu;
+use super::calibration::REQUEST_CPU_S;
+use super::scenario::Scenario;
+use crate::control::action::{Action, Head, Mask, Placement};
+use crate::control::observation::{GpuObservation, Observation};
+use crate::scheduler::rng::Rng;
 
 /// Simulated seconds per `step`: the mount's decision interval.
 pub const INTERVAL_S: f64 = 0.2;
-/// CPU time of the read path itself per request (FUSE round trip, lookup, copy), seconds.
-const REQUEST_CPU_S: f64 = 50e-6;
 /// Share of the machine's memory used by everything but prepfs (the trainer, the OS).
 const MEMORY_BASELINE: f64 = 0.3;
 /// Dataset sizes are raised to this so the deepest prefetch window stays inside two epochs.
 const MIN_ITEMS: usize = 256;
 /// Guard against a modelling bug turning one step into an endless loop.
 const MAX_EVENTS_PER_STEP: usize = 1_000_000;
-
-/// A small deterministic RNG (SplitMix64): the simulator's and the trainer's only randomness.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator for `seed`.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B)
-    }
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in 0..1.
-    pub fn f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// Uniform in lo..hi.
-    pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.f64()
-    }
-    /// Log-uniform in lo..hi (both positive).
-    pub fn log_range(&mut self, lo: f64, hi: f64) -> f64 {
-        (lo.ln() + (hi.ln() - lo.ln()) * self.f64()).exp()
-    }
-    /// Uniform in 0..n (0 when n is 0).
-    pub fn below(&mut self, n: usize) -> usize {
-        ((self.f64() * n as f64) as usize).min(n.saturating_sub(1))
-    }
-}
-
-/// Speeds and ratio of one codec (one core).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct CodecCost {
-    /// Compression speed, bytes of input per second.
-    pub compress_bytes_per_s: f64,
-    /// Decompression speed, bytes of output per second.
-    pub decompress_bytes_per_s: f64,
-    /// Compression ratio on decoded uint8 pixels.
-    pub pixel_ratio: f64,
-    /// Compression ratio on encoded image files (JPEG: about 1).
-    pub encoded_ratio: f64,
-}
-
-/// Per-item costs measured on a machine (`prepfs policy calibrate`); the simulator randomises
-/// around them. `Default` is the DESIGN.md facts for 500x375 JPEGs on one core.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Calibration {
-    /// CPU seconds to decode one image on one core (~1,600 img/s).
-    pub decode_s: f64,
-    /// CPU seconds to augment one decoded image (crop, resize, flip, normalise) on one core.
-    pub augment_s: f64,
-    /// Encoded size of an image, bytes.
-    pub image_bytes: f64,
-    /// Decoded size of an image (uint8 pixels), bytes.
-    pub pixel_bytes: f64,
-    /// lz4.
-    pub lz4: CodecCost,
-    /// zstd level 1.
-    pub zstd1: CodecCost,
-    /// zstd level 3.
-    pub zstd3: CodecCost,
-    /// Bandwidth of the dataset's source, bytes per second.
-    pub source_bytes_per_s: f64,
-    /// Latency of one source fetch before bytes flow, seconds.
-    pub source_latency_s: f64,
-}
-
-impl Default for Calibration {
-    fn default() -> Calibration {
-        Calibration {
-            decode_s: 0.6e-3,
-            augment_s: 0.3e-3,
-            image_bytes: 110e3,
-            pixel_bytes: 500.0 * 375.0 * 3.0,
-            lz4: CodecCost {
-                compress_bytes_per_s: 1e9,
-                decompress_bytes_per_s: 4e9,
-                pixel_ratio: 1.5,
-                encoded_ratio: 1.01,
-            },
-            zstd1: CodecCost {
-                compress_bytes_per_s: 0.6e9,
-                decompress_bytes_per_s: 1.5e9,
-                pixel_ratio: 1.8,
-                encoded_ratio: 1.01,
-            },
-            zstd3: CodecCost {
-                compress_bytes_per_s: 0.35e9,
-                decompress_bytes_per_s: 1.4e9,
-                pixel_ratio: 1.9,
-                encoded_ratio: 1.01,
-            },
-            source_bytes_per_s: 200e6,
-            source_latency_s: 2e-3,
-        }
-    }
-}
-
-impl Calibration {
-    /// The cost of codec option `i` (`action::CODECS` order); `None` for no codec.
-    fn codec(&self, i: u8) -> Option<&CodecCost> {
-        match i {
-            1 => Some(&self.lz4),
-            2 => Some(&self.zstd1),
-            3 => Some(&self.zstd3),
-            _ => None,
-        }
-    }
-
-    /// Every cost multiplied by a factor drawn from `lo..hi` (log-uniform, one per cost).
-    fn jittered(&self, rng: &mut Rng, lo: f64, hi: f64) -> Calibration {
-        let mut c = self.clone();
-        c.decode_s *= rng.log_range(lo, hi);
-        c.augment_s *= rng.log_range(lo, hi);
-        for codec in [&mut c.lz4, &mut c.zstd1, &mut c.zstd3] {
-            codec.compress_bytes_per_s *= rng.log_range(lo, hi);
-            codec.decompress_bytes_per_s *= rng.log_range(lo, hi);
-        }
-        c
-    }
-}
-
-/// The simulated GPU: one device, work queued first come first served.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GpuModel {
-    /// GPU seconds to decode one image (nvJPEG, batch of one).
-    pub decode_s: f64,
-    /// GPU seconds to augment one image.
-    pub augment_s: f64,
-    /// Wall seconds per submission that do not occupy the GPU: transfers, launch, sync.
-    pub overhead_s: f64,
-    /// CPU seconds to prepare and submit one image.
-    pub submit_cpu_s: f64,
-    /// Share of the GPU busy with other work (the trainer); it slows prepfs' kernels.
-    pub background: f64,
-    /// Share of GPU memory free.
-    pub memory_free: f64,
-}
-
-impl Default for GpuModel {
-    /// A GPU about 5x faster per image than a core, but with ~1 ms of transfer and sync per
-    /// image: it loses to an idle core and wins against a saturated CPU.
-    fn default() -> GpuModel {
-        GpuModel {
-            decode_s: 0.12e-3,
-            augment_s: 0.04e-3,
-            overhead_s: 1.0e-3,
-            submit_cpu_s: 0.03e-3,
-            background: 0.3,
-            memory_free: 0.6,
-        }
-    }
-}
-
-/// The dataset's source.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SourceModel {
-    /// Bandwidth shared by all fetches in flight, bytes per second.
-    pub bytes_per_s: f64,
-    /// Latency of one fetch before bytes flow, seconds.
-    pub latency_s: f64,
-    /// Fetches in flight at most.
-    pub concurrency: usize,
-}
-
-/// A machine, a source and a workload.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Scenario {
-    /// Short name for tables.
-    pub name: String,
-    /// CPU cores.
-    pub cores: usize,
-    /// Machine memory, bytes.
-    pub memory_bytes: f64,
-    /// The cache's RAM budget, bytes.
-    pub cache_bytes: f64,
-    /// The GPU, if any.
-    pub gpu: Option<GpuModel>,
-    /// The source.
-    pub source: SourceModel,
-    /// Per-item costs.
-    pub costs: Calibration,
-    /// Images in the dataset.
-    pub items: usize,
-    /// Images per second the consumer (the training loop) wants.
-    pub consumer_rate: f64,
-    /// Requests the consumer keeps outstanding at most (loader workers times prefetch factor).
-    pub outstanding: usize,
-    /// Background CPU load as `(from time s, share of cores busy)`, piecewise constant.
-    pub background: Vec<(f64, f64)>,
-    /// Source throttling as `(from time s, factor on bandwidth)`, piecewise constant.
-    pub throttle: Vec<(f64, f64)>,
-}
-
-impl Scenario {
-    /// Decode-bound: a busy 4-core machine (95% background load) wants 3,000 img/s from a fast
-    /// local source, with room for every file and most of the pixels.
-    pub fn cpu_bound() -> Scenario {
-        let costs = Calibration::default();
-        Scenario {
-            name: "cpu_bound".into(),
-            cores: 4,
-            memory_bytes: 16e9,
-            cache_bytes: 2e9,
-            gpu: None,
-            source: SourceModel {
-                bytes_per_s: 1e9,
-                latency_s: 0.1e-3,
-                concurrency: 8,
-            },
-            items: 4000,
-            consumer_rate: 3000.0,
-            outstanding: 16,
-            background: vec![(0.0, 0.95)],
-            throttle: vec![],
-            costs,
-        }
-    }
-
-    /// Source-bound: an 8-core machine reads from a 100 MB/s, 20 ms source and the dataset is
-    /// larger than the cache, so every epoch fetches.
-    pub fn io_bound() -> Scenario {
-        let costs = Calibration {
-            source_bytes_per_s: 100e6,
-            source_latency_s: 20e-3,
-            ..Calibration::default()
-        };
-        Scenario {
-            name: "io_bound".into(),
-            cores: 8,
-            memory_bytes: 16e9,
-            cache_bytes: 400e6,
-            gpu: None,
-            source: SourceModel {
-                bytes_per_s: 100e6,
-                latency_s: 20e-3,
-                concurrency: 16,
-            },
-            items: 6000,
-            consumer_rate: 600.0,
-            outstanding: 16,
-            background: vec![(0.0, 0.2)],
-            throttle: vec![],
-            costs,
-        }
-    }
-
-    /// A load shift: a 4-core machine idles for 10 s, then a background job takes 95% of it.
-    pub fn load_shift() -> Scenario {
-        let mut s = Scenario::cpu_bound();
-        s.name = "load_shift".into();
-        s.source = SourceModel {
-            bytes_per_s: 500e6,
-            latency_s: 1e-3,
-            concurrency: 8,
-        };
-        s.consumer_rate = 2500.0;
-        s.background = vec![(0.0, 0.1), (10.0, 0.95)];
-        s
-    }
-
-    /// The same scenario with (the default GPU) or without a GPU.
-    pub fn with_gpu(mut self, gpu: bool) -> Scenario {
-        self.gpu = gpu.then(GpuModel::default);
-        if gpu && !self.name.ends_with("+gpu") {
-            self.name.push_str("+gpu");
-        }
-        self
-    }
-
-    /// A random machine, source and workload around `calibration`, for training: costs x0.5..x2,
-    /// 2-16 cores, half with a GPU, sources from 20 MB/s to 2 GB/s and 50 µs to 50 ms, caches
-    /// from a third to three times the dataset, loads that change up to twice.
-    pub fn random(rng: &mut Rng, calibration: &Calibration) -> Scenario {
-        let costs = calibration.jittered(rng, 0.5, 2.0);
-        let cores = [2, 4, 8, 16][rng.below(4)];
-        let items = 1000 + rng.below(7000);
-        let per_item = costs.decode_s + costs.augment_s + REQUEST_CPU_S;
-        let capacity = cores as f64 / per_item;
-        let consumer_rate = (capacity * rng.range(0.15, 1.0)).clamp(50.0, 3000.0);
-        let gpu = (rng.f64() < 0.5).then(|| GpuModel {
-            background: rng.range(0.0, 0.95),
-            overhead_s: GpuModel::default().overhead_s * rng.log_range(0.5, 2.0),
-            ..GpuModel::default()
-        });
-        let mut background = vec![(0.0, rng.range(0.0, 1.0))];
-        for _ in 0..rng.below(3) {
-            let from = background.last().map_or(0.0, |b| b.0) + rng.range(3.0, 15.0);
-            background.push((from, rng.range(0.0, 1.0)));
-        }
-        let throttle = if rng.f64() < 0.25 {
-            vec![(rng.range(5.0, 20.0), rng.range(0.1, 1.0))]
-        } else {
-            vec![]
-        };
-        Scenario {
-            name: "random".into(),
-            cores,
-            memory_bytes: 16e9,
-            cache_bytes: items as f64 * costs.image_bytes * rng.log_range(0.33, 3.0),
-            gpu,
-            source: SourceModel {
-                bytes_per_s: rng.log_range(20e6, 2e9),
-                latency_s: rng.log_range(50e-6, 50e-3),
-                concurrency: [4, 8, 16, 32][rng.below(4)],
-            },
-            items,
-            consumer_rate,
-            outstanding: [4, 8, 16, 32][rng.below(4)],
-            background,
-            throttle,
-            costs,
-        }
-    }
-
-    /// The value of a piecewise-constant schedule at time `t` (`default` before its first entry).
-    fn at(schedule: &[(f64, f64)], t: f64, default: f64) -> f64 {
-        schedule
-            .iter()
-            .take_while(|(from, _)| *from <= t + 1e-9)
-            .last()
-            .map_or(default, |(_, v)| *v)
-    }
-}
-
-/// A policy as the simulator runs it: (observation, the action in force, mask, step index).
-pub type Policy<'a> = dyn Fn(&Observation, &Action, &Mask, usize) -> Action + 'a;
-
-/// Static CPU-only baseline: decode and augment on the CPU, no codec, prefetch depth 16, one
-/// worker per core, no decoded caching, whatever happens.
-pub fn static_cpu(_: &Observation, _: &Action, _: &Mask, _: usize) -> Action {
-    Action::default()
-        .with(Head::Depth, 1)
-        .with(Head::Workers, 2)
-}
-
-/// The heuristic fallback as it would run on `scenario`'s machine (prefetch threads = the
-/// source's concurrency; decoded caching from `cache::policy::keep_decoded` in auto mode).
-pub fn heuristic_policy(
-    scenario: &Scenario,
-) -> impl Fn(&Observation, &Action, &Mask, usize) -> Action + use<> {
-    let (threads, decode, pixels) = (
-        scenario.source.concurrency,
-        scenario.costs.decode_s,
-        scenario.costs.pixel_bytes as u64,
-    );
-    move |obs: &Observation, _: &Action, mask: &Mask, _: usize| {
-        let bw = (obs.source_bytes_per_s > 0.0).then_some(obs.source_bytes_per_s);
-        let decode = Duration::from_secs_f64(decode);
-        let keep = keep_decoded(DecodedCaching::Auto, decode, pixels, bw, None);
-        let ctx = Context {
-            prefetch_threads: threads,
-            keep_decoded: keep.keeps(),
-        };
-        heuristic::action(obs, mask, &ctx)
-    }
-}
-
-/// Round-robin baseline: the heuristic's knobs, with (decode, augment) placement cycling each
-/// step through the combinations the mask allows.
-pub fn round_robin(
-    scenario: &Scenario,
-) -> impl Fn(&Observation, &Action, &Mask, usize) -> Action + use<> {
-    let heuristic = heuristic_policy(scenario);
-    move |obs: &Observation, current: &Action, mask: &Mask, step: usize| {
-        let combos: Vec<(usize, usize)> = [(0, 0), (1, 0), (0, 1), (1, 1)]
-            .into_iter()
-            .filter(|(d, a)| mask.allows(Head::Decode, *d) && mask.allows(Head::Augment, *a))
-            .collect();
-        let (d, a) = combos
-            .get(step % combos.len().max(1))
-            .copied()
-            .unwrap_or((0, 0));
-        heuristic(obs, current, mask, step)
-            .with(Head::Decode, d)
-            .with(Head::Augment, a)
-    }
-}
 
 /// Time-ordered events; `u64` bits of non-negative times sort like the times.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -1085,7 +700,9 @@ fn permutation(n: usize, rng: &mut Rng) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::action;
+    use crate::control::action::LOGITS;
+    use crate::scheduler::logits::pick;
+    use crate::scheduler::sim::calibration::Calibration;
 
     fn run(scenario: &Scenario, action: Action, steps: usize) -> (f64, Observation) {
         let mut sim = Simulator::new(scenario.clone(), 1);
@@ -1201,8 +818,7 @@ mod tests {
             let mut sim = Simulator::new(s, rng.next_u64());
             let mask = sim.mask();
             for i in 0..15 {
-                let a =
-                    action::pick(&[0.0; action::LOGITS], &mask, Some(&mut || rng.f64())).unwrap();
+                let a = pick(&[0.0; LOGITS], &mask, Some(&mut || rng.f64())).unwrap();
                 let o = sim.step(&a);
                 let shares = [
                     o.cpu_busy,

@@ -1,0 +1,51 @@
+//! What the machine and the pipeline look like now: one telemetry sample, in natural units.
+//!
+//! Owns: the observation's fields. `telemetry` fills them on the mount and the scheduler's
+//! simulator from its model; the scheduler encodes them into its state vector
+//! (`scheduler::state`) and the views read them for the GPU placement rule. Must never read the
+//! machine itself, nor normalise or score an observation.
+
+/// One sample of the machine and the pipeline, in natural units.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+pub struct Observation {
+    /// Share of the machine's CPU time busy (all processes), 0..=1.
+    pub cpu_busy: f64,
+    /// Share of the machine's CPU time that prepfs used, 0..=1.
+    pub cpu_prepfs: f64,
+    /// Share of memory available, 0..=1.
+    pub memory_available: f64,
+    /// The GPU, when there is one.
+    pub gpu: Option<GpuObservation>,
+    /// Bytes per second the source delivered per fetch recently (0: no fetch yet).
+    pub source_bytes_per_s: f64,
+    /// Median source fetch latency, seconds.
+    pub source_latency_s: f64,
+    /// Consumer reads (or view renders) per second.
+    pub request_rate: f64,
+    /// Median load latency of a consumer request, seconds.
+    pub latency_p50_s: f64,
+    /// 99th percentile load latency, seconds.
+    pub latency_p99_s: f64,
+    /// Share of wall time consumers waited on prepfs (fetch + prep stalls, summed over readers,
+    /// per second of wall time; capped at 1).
+    pub stall_share: f64,
+    /// Renders waiting for a worker, as a share of the queue's capacity.
+    pub render_queue: f64,
+    /// Files queued for prefetch, as a share of the depth limit.
+    pub prefetch_queue: f64,
+    /// Share of the cache budget in use.
+    pub cache_fill: f64,
+    /// Share of reads served from the cache recently.
+    pub hit_rate: f64,
+    /// Whether the disk tier is on.
+    pub disk_tier: bool,
+}
+
+/// GPU figures (NVML, or the simulator's model).
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+pub struct GpuObservation {
+    /// Share of time a kernel ran, 0..=1.
+    pub busy: f64,
+    /// Share of GPU memory free, 0..=1.
+    pub memory_free: f64,
+}
