@@ -36,8 +36,8 @@ use parking_lot::{Condvar, Mutex};
 use serde_json::{Value, json};
 
 use crate::cache::{BlockFetcher, Prefetched, RamFile};
-use crate::metrics::Samples;
 use crate::control::knobs::Knobs;
+use crate::metrics::Samples;
 use crate::source::{Identity, Source, SourceFile};
 use diagnosis::{Capacity, PassFigures, diagnose};
 use epoch::{EpochTracker, FileKey, Opened};

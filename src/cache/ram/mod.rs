@@ -29,8 +29,8 @@ pub use packer::Packer;
 use super::codec::Codec;
 use super::policy::{self, Choice, DecodedCaching, DecodedReason};
 use crate::cache::metrics::{CacheMetrics, RamGauges};
-use crate::memory::{MemoryBudget, Shed, Use};
 use crate::control::knobs::Knobs;
+use crate::memory::{MemoryBudget, Shed, Use};
 use crate::shards::ShardedMap;
 use crate::source::Identity;
 
