@@ -283,6 +283,12 @@ pub const DISK_WRITES: Metric = Metric::counter(
     "disk_writes_total",
     "Entries written to the disk tier.",
 );
+/// Disk entries rewritten with a stronger codec.
+pub const DISK_RECOMPRESSIONS: Metric = Metric::counter(
+    "disk.recompressions",
+    "disk_recompressions_total",
+    "Disk entries rewritten with the codec policy's stronger choice once the CPU allowed it.",
+);
 /// Damaged disk entries.
 pub const DISK_INTEGRITY_ERRORS: Metric = Metric::counter(
     "disk.integrity_errors",
@@ -359,6 +365,8 @@ pub struct CacheMetrics {
     pub disk_misses: Counter,
     /// See `DISK_WRITES`.
     pub disk_writes: Counter,
+    /// See `DISK_RECOMPRESSIONS`.
+    pub disk_recompressions: Counter,
     /// See `DISK_INTEGRITY_ERRORS`.
     pub disk_integrity_errors: Counter,
     /// See `DISK_REJECTED`.
@@ -486,6 +494,7 @@ impl CacheMetrics {
             out.count(&DISK_HITS, &self.disk_hits);
             out.count(&DISK_MISSES, &self.disk_misses);
             out.count(&DISK_WRITES, &self.disk_writes);
+            out.count(&DISK_RECOMPRESSIONS, &self.disk_recompressions);
             out.count(&DISK_INTEGRITY_ERRORS, &self.disk_integrity_errors);
             out.count(&DISK_REJECTED, &self.disk_rejected);
             out.count(&DISK_ENOSPC, &self.disk_enospc);

@@ -2,7 +2,9 @@
 //!
 //! Owns: the disk budget and free-space floor, the writer thread (entries are compressed per
 //! the codec policy, written to `tmp/` and renamed into place, so only complete entries are
-//! ever visible), and the scan of an old cache in the background (entries of changed or deleted
+//! ever visible; an entry written while the policy chose less than its best codec is rewritten
+//! with the best once the writer is idle and the policy allows it, as the RAM tier's packer
+//! upgrades its blocks), and the scan of an old cache in the background (entries of changed or deleted
 //! files are removed and the rest counted against the budget). Admission waits for that scan;
 //! lookups do not, so the mount is ready at once. A missing, truncated or corrupt entry is a
 //! miss and a counter. Where entries live and how the directory is touched belong to `dir`
@@ -12,13 +14,14 @@
 mod dir;
 pub mod entry;
 
+use std::collections::VecDeque;
 use std::io;
 use std::ops::ControlFlow;
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -34,6 +37,7 @@ use super::ram::Packer;
 use super::thread_cpu;
 use super::tier::{BlockKey, Tier};
 use crate::cache::metrics::CacheMetrics;
+use crate::cache::policy::strength;
 use crate::memory::{MemoryBudget, Work};
 use crate::shards::ShardedMap;
 use crate::source::Identity;
@@ -44,6 +48,11 @@ const WRITE_QUEUE: usize = 16;
 /// Blocks of a file the tier holds at most (its first 64 GiB): removing or counting a file's
 /// entries walks its block numbers, so the walk must stay bounded whatever size a file reports.
 pub const MAX_BLOCKS: usize = 64 << 10;
+/// Entries waiting to be rewritten with a stronger codec at most (48 bytes each: 768 KiB; an
+/// entry that finds the list full keeps its codec).
+const UPGRADE_QUEUE: usize = 16 << 10;
+/// While entries wait for an upgrade, how often an idle writer asks the policy again.
+const UPGRADE_POLL: Duration = Duration::from_millis(200);
 /// After running out of space, admission pauses this long before free space is checked again.
 const FULL_PAUSE: Duration = Duration::from_secs(10);
 
@@ -413,8 +422,29 @@ impl Inner {
         }
     }
 
+    /// The writer thread's body: queued jobs first; while none arrives, entries written with a
+    /// weaker codec than the policy's best are rewritten, one at a time, when it allows its best.
     fn write_all(&self, jobs: &Receiver<Job>, packer: &Packer) {
-        while let Ok(job) = jobs.recv() {
+        let mut upgrades: VecDeque<(Identity, usize)> = VecDeque::new();
+        loop {
+            let job = if upgrades.is_empty() {
+                jobs.recv().ok()
+            } else {
+                match jobs.recv_timeout(UPGRADE_POLL) {
+                    Ok(job) => Some(job),
+                    Err(RecvTimeoutError::Timeout) => {
+                        let codec = packer.choose().codec;
+                        if strength(codec) >= strength(packer.target())
+                            && let Some((identity, index)) = upgrades.pop_front()
+                        {
+                            self.upgrade(&identity, index, codec);
+                        }
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => None,
+                }
+            };
+            let Some(job) = job else { return };
             match job {
                 Job::Write {
                     identity,
@@ -423,8 +453,11 @@ impl Inner {
                     block,
                     ..
                 } => {
-                    self.write(identity, &path, index, &block, packer);
+                    let weaker = self.write(identity, &path, index, &block, packer);
                     self.pending.remove(&(identity, index));
+                    if weaker && upgrades.len() < UPGRADE_QUEUE {
+                        upgrades.push_back((identity, index));
+                    }
                 }
                 Job::Remove { identity, blocks } => {
                     for index in 0..blocks {
@@ -435,19 +468,80 @@ impl Inner {
         }
     }
 
-    fn write(&self, identity: Identity, path: &Path, index: usize, block: &Block, packer: &Packer) {
+    /// Rewrites the entry of block `index` of `identity` with `codec` if that makes it smaller;
+    /// one that is gone, already as strong, or damaged (then removed and counted) is left.
+    fn upgrade(&self, identity: &Identity, index: usize, codec: Codec) {
+        let name = EntryName::of(identity, index);
+        let Ok(Some(old)) = self.read_entry(&name) else {
+            return;
+        };
+        let Ok(header) = entry::decode_header(&old) else {
+            return;
+        };
+        if strength(header.codec) >= strength(codec) {
+            return;
+        }
+        let started = thread_cpu();
+        let Ok(logical) = entry::decode(&old, identity, index as u64) else {
+            self.metrics.disk_integrity_errors.inc();
+            self.remove(&name);
+            return;
+        };
+        let packed = codec.compress(&logical);
+        self.metrics
+            .compress_cpu_ns
+            .add(thread_cpu().saturating_sub(started));
+        let Some(payload) = packed else { return };
+        let new = entry::encode(
+            *identity,
+            index as u64,
+            &header.path,
+            codec,
+            &logical,
+            &payload,
+        );
+        let saved = (old.len() as u64).saturating_sub(new.len() as u64);
+        if saved == 0 {
+            return;
+        }
+        // The rename replaces the old entry at once: a reader has the old file or the new one.
+        match self.dir.publish(&name, &new) {
+            Ok(()) => {
+                let _ = self
+                    .used
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                        Some(u.saturating_sub(saved))
+                    });
+                self.metrics.disk_recompressions.inc();
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot rewrite a disk cache entry"),
+        }
+    }
+
+    /// Writes block `index` of `identity` as an entry, compressed with the policy's choice now;
+    /// true when it was written with less than the policy's best codec (worth an upgrade).
+    fn write(
+        &self,
+        identity: Identity,
+        path: &Path,
+        index: usize,
+        block: &Block,
+        packer: &Packer,
+    ) -> bool {
         let name = EntryName::of(&identity, index);
         // An entry already there is not written again; anything else there is not prepfs's to
         // replace.
         if self.dir.slot(&name) != Slot::Free {
-            return;
+            return false;
         }
         let logical = &block.data;
-        let codec = if codec::is_compressible(logical) {
+        let compressible = codec::is_compressible(logical);
+        let codec = if compressible {
             packer.choose().codec
         } else {
             Codec::None
         };
+        let weaker = compressible && strength(codec) < strength(packer.target());
         let started = thread_cpu();
         let packed = codec.compress(logical);
         self.metrics
@@ -475,7 +569,7 @@ impl Inner {
             .is_err()
         {
             self.metrics.disk_rejected.inc();
-            return;
+            return false;
         }
         let floor_ok = self.space().is_some_and(|(free, total)| {
             free.saturating_sub(len) as f64 >= total as f64 * self.options.min_free
@@ -491,6 +585,7 @@ impl Inner {
                 self.logical
                     .fetch_add(logical.len() as u64, Ordering::Relaxed);
                 self.metrics.disk_writes.inc();
+                weaker
             }
             Err(e) => {
                 self.used.fetch_sub(len, Ordering::AcqRel);
@@ -502,6 +597,7 @@ impl Inner {
                     tracing::warn!(error = %e, "cannot write a disk cache entry");
                     self.pause("a disk cache write failed");
                 }
+                false
             }
         }
     }
@@ -567,5 +663,106 @@ impl Inner {
             && header.entry_len() as u64 == file.len
             && EntryName::of(&header.identity, header.index as usize) == *name)
             .then_some(header.len as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::policy::{Choice, CodecPolicy, Reason, Signals};
+    use crate::memory::MemoryPlan;
+    use crate::telemetry::Telemetry;
+
+    /// A codec policy that leaves blocks raw while `busy` holds, and chooses zstd-3 after.
+    struct Busy(Arc<AtomicBool>);
+
+    impl CodecPolicy for Busy {
+        fn choose(&self, _: &Signals) -> Choice {
+            match self.0.load(Ordering::Relaxed) {
+                true => Choice {
+                    codec: Codec::None,
+                    reason: Reason::CpuSaturated,
+                },
+                false => Choice {
+                    codec: Codec::Zstd(3),
+                    reason: Reason::CpuIdle,
+                },
+            }
+        }
+
+        fn target(&self) -> Codec {
+            Codec::Zstd(3)
+        }
+    }
+
+    fn wait_until(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Entries written raw while the CPU was saturated end packed as the policy's best, as the
+    /// RAM tier's blocks do, and still read back byte for byte.
+    #[test]
+    fn entries_written_raw_while_busy_are_rewritten_with_the_best_codec_when_idle() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let busy = Arc::new(AtomicBool::new(true));
+        let metrics = Arc::new(CacheMetrics::default());
+        let packer = Arc::new(Packer::new(
+            Box::new(Busy(busy.clone())),
+            Arc::new(Telemetry::default()),
+            metrics.clone(),
+        ));
+        let tier = DiskTier::start(
+            CacheDir::open(&dir.path().join("c")).expect("cache dir"),
+            DiskOptions {
+                budget: 1 << 30,
+                min_free: 0.0,
+            },
+            Box::new(|_| None),
+            packer,
+            MemoryBudget::new(MemoryPlan {
+                cache: 0,
+                staging: 0,
+                work: 64 << 20,
+            }),
+            metrics.clone(),
+        );
+        wait_until("the scan", || tier.admitting());
+        let identity = Identity {
+            dev: 1,
+            ino: 2,
+            size: 4 * super::super::BLOCK_SIZE,
+            mtime_ns: 3,
+            ctime_ns: 3,
+        };
+        let data: Vec<Vec<u8>> = (0..4u8)
+            .map(|b| {
+                (0..super::super::BLOCK_SIZE as usize)
+                    .map(|i| (i / 97) as u8 ^ b)
+                    .collect()
+            })
+            .collect();
+        let path: Arc<Path> = Arc::from(Path::new("f"));
+        for (index, d) in data.iter().enumerate() {
+            let key = BlockKey { identity, index };
+            assert!(tier.put(&key, &path, &Arc::new(Block::new(d.clone()))));
+        }
+        wait_until("the raw writes", || metrics.disk_writes.get() == 4);
+        let raw = tier.gauges();
+        assert!(raw.bytes >= raw.logical_bytes, "written raw: {raw:?}");
+        assert_eq!(metrics.disk_recompressions.get(), 0, "not while busy");
+
+        busy.store(false, Ordering::Relaxed);
+        wait_until("the upgrades", || metrics.disk_recompressions.get() == 4);
+        let packed = tier.gauges();
+        assert!(packed.bytes * 4 < packed.logical_bytes, "{packed:?}");
+        for (index, d) in data.iter().enumerate() {
+            let key = BlockKey { identity, index };
+            let block = tier.get(&key, &(0..1)).expect("entry reads back");
+            assert_eq!(&block.data[..], &d[..], "block {index}");
+        }
     }
 }

@@ -73,6 +73,11 @@ impl Packer {
         self.policy.target() != Codec::None
     }
 
+    /// The strongest codec the policy ever chooses (what packed blocks are upgraded to).
+    pub fn target(&self) -> Codec {
+        self.policy.target()
+    }
+
     /// The policy's decision for blocks packed now (recorded for stats).
     pub fn choose(&self) -> Choice {
         let signals = Signals {
