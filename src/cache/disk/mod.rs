@@ -21,7 +21,7 @@ use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -427,21 +427,24 @@ impl Inner {
     fn write_all(&self, jobs: &Receiver<Job>, packer: &Packer) {
         let mut upgrades: VecDeque<(Identity, usize)> = VecDeque::new();
         loop {
-            let job = if upgrades.is_empty() {
-                jobs.recv().ok()
-            } else {
-                match jobs.recv_timeout(UPGRADE_POLL) {
-                    Ok(job) => Some(job),
-                    Err(RecvTimeoutError::Timeout) => {
-                        let codec = packer.choose().codec;
-                        if strength(codec) >= strength(packer.target())
-                            && let Some((identity, index)) = upgrades.pop_front()
-                        {
+            let job = match jobs.try_recv() {
+                Ok(job) => Some(job),
+                Err(TryRecvError::Disconnected) => None,
+                // Idle: upgrade the next entry while the policy allows its best, else wait.
+                Err(TryRecvError::Empty) if upgrades.is_empty() => jobs.recv().ok(),
+                Err(TryRecvError::Empty) => {
+                    let codec = packer.choose().codec;
+                    if strength(codec) >= strength(packer.target()) {
+                        if let Some((identity, index)) = upgrades.pop_front() {
                             self.upgrade(&identity, index, codec);
                         }
                         continue;
                     }
-                    Err(RecvTimeoutError::Disconnected) => None,
+                    match jobs.recv_timeout(UPGRADE_POLL) {
+                        Ok(job) => Some(job),
+                        Err(RecvTimeoutError::Timeout) => continue,
+                        Err(RecvTimeoutError::Disconnected) => None,
+                    }
                 }
             };
             let Some(job) = job else { return };
