@@ -7,8 +7,6 @@
 
 use crate::metrics::{Counter, Histogram, Metric, Samples};
 
-use super::disk::DiskGauges;
-
 /// Block reads answered from the cache.
 pub const HITS: Metric = Metric::counter(
     "cache.hits",
@@ -375,6 +373,23 @@ pub struct CacheMetrics {
     pub disk_enospc: Counter,
     /// See `DISK_STALE_DROPPED`.
     pub disk_stale_dropped: Counter,
+}
+
+/// The disk tier's figures now, for the stats files.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DiskGauges {
+    /// Entries counted (complete once `scanned`).
+    pub entries: u64,
+    /// Bytes of those entries on disk.
+    pub bytes: u64,
+    /// Bytes of file contents they hold.
+    pub logical_bytes: u64,
+    /// The budget.
+    pub budget_bytes: u64,
+    /// Free bytes on the cache dir's filesystem, for this user.
+    pub free_bytes: u64,
+    /// Whether the scan of the old cache has finished (admission starts then).
+    pub scanned: bool,
 }
 
 /// What the RAM tier holds now.

@@ -21,7 +21,7 @@ pub mod staging;
 pub mod tier;
 
 pub use block::Block;
-pub use disk::{CacheDir, DiskConfig, DiskError, DiskGauges, DiskOptions, DiskSetup, DiskTier};
+pub use disk::{CacheDir, DiskConfig, DiskError, DiskOptions, DiskSetup, DiskTier};
 pub use fetcher::{BlockFetcher, Prefetched};
 pub use policy::{Choice, DecodedCaching, DecodedReason};
 pub use ram::{Packer, RamFile, RamTier, ReadBytes, Unpacked};

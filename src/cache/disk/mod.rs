@@ -36,7 +36,7 @@ use super::codec::{self, Codec};
 use super::ram::Packer;
 use super::thread_cpu;
 use super::tier::{BlockKey, Tier};
-use crate::cache::metrics::CacheMetrics;
+use crate::cache::metrics::{CacheMetrics, DiskGauges};
 use crate::cache::policy::strength;
 use crate::memory::{MemoryBudget, Work};
 use crate::shards::ShardedMap;
@@ -74,23 +74,6 @@ pub struct DiskOptions {
     pub budget: u64,
     /// Share of the filesystem that must stay free (0..1): admission stops below it.
     pub min_free: f64,
-}
-
-/// Figures for the stats files.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct DiskGauges {
-    /// Entries counted (complete once `scanned`).
-    pub entries: u64,
-    /// Bytes of those entries on disk.
-    pub bytes: u64,
-    /// Bytes of file contents they hold.
-    pub logical_bytes: u64,
-    /// The budget.
-    pub budget_bytes: u64,
-    /// Free bytes on the cache dir's filesystem, for this user.
-    pub free_bytes: u64,
-    /// Whether the scan of the old cache has finished (admission starts then).
-    pub scanned: bool,
 }
 
 enum Job {

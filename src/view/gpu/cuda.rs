@@ -1,6 +1,5 @@
 //! The CUDA side of the GPU backend: probing the driver, compiling the fused kernel with NVRTC,
-//! the device threads that run batched kernel launches and batched nvJPEG decodes, and the
-//! memory budget that caps what prepfs allocates on the GPU.
+//! and the device threads that run batched kernel launches and batched nvJPEG decodes.
 //!
 //! Owns every CUDA object (context, streams, device and pinned buffers, the kernel module):
 //! buffers are allocated once at open, sized from `--gpu-mem`, so the cap holds by construction
@@ -12,7 +11,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{
@@ -24,6 +23,7 @@ use libloading::Library;
 use parking_lot::Mutex;
 
 use super::batch::{Batcher, Gathering};
+use super::budget::Budget;
 use super::libs::{self, Candidate, Lib};
 use super::nvjpeg::{self, Nvjpeg};
 use super::{GpuCounters, GpuOptions, GpuReport};
@@ -53,51 +53,6 @@ const QUEUE: usize = 1024;
 unsafe impl DeviceRepr for Item {}
 // SAFETY: as above.
 unsafe impl ValidAsZeroBits for Item {}
-
-/// GPU memory prepfs may hold: a hard cap, charged before every allocation.
-#[derive(Debug)]
-pub struct Budget {
-    cap: u64,
-    used: AtomicU64,
-    counters: Arc<GpuCounters>,
-}
-
-impl Budget {
-    /// A budget of `cap` bytes, reported through `counters`.
-    pub fn new(cap: u64, counters: Arc<GpuCounters>) -> Budget {
-        Budget {
-            cap,
-            used: AtomicU64::new(0),
-            counters,
-        }
-    }
-
-    /// Charges `bytes` if they fit under the cap.
-    pub fn take(&self, bytes: u64) -> bool {
-        let ok = self
-            .used
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
-                u.checked_add(bytes).filter(|n| *n <= self.cap)
-            })
-            .is_ok();
-        self.counters
-            .memory_used
-            .store(self.used.load(Ordering::Relaxed), Ordering::Relaxed);
-        ok
-    }
-
-    /// Credits `bytes` back.
-    pub fn give(&self, bytes: u64) {
-        let _ = self
-            .used
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
-                Some(u.saturating_sub(bytes))
-            });
-        self.counters
-            .memory_used
-            .store(self.used.load(Ordering::Relaxed), Ordering::Relaxed);
-    }
-}
 
 /// Libraries loaded by path, kept loaded for the process (cudarc finds them by soname).
 static PRELOADED: Mutex<Vec<Library>> = Mutex::new(Vec::new());
@@ -797,19 +752,6 @@ mod tests {
         );
         // The architecture of the GPU prepfs is benchmarked on compiles too.
         compile_kernel(Some("compute_90")).unwrap_or_else(|e| panic!("compute_90: {e}"));
-    }
-
-    #[test]
-    fn the_budget_refuses_what_passes_the_cap_and_credits_frees() {
-        let counters = Arc::new(GpuCounters::default());
-        let budget = Budget::new(100, counters.clone());
-        assert!(budget.take(60));
-        assert!(!budget.take(41), "60 + 41 > 100");
-        assert!(budget.take(40));
-        assert_eq!(counters.memory_used.load(Ordering::Relaxed), 100);
-        budget.give(60);
-        assert!(budget.take(50));
-        assert_eq!(counters.memory_used.load(Ordering::Relaxed), 90);
     }
 
     #[test]

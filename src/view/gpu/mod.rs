@@ -13,6 +13,8 @@
 
 pub mod batch;
 #[cfg(feature = "cuda")]
+pub mod budget;
+#[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod libs;
 #[cfg(feature = "cuda")]

@@ -14,7 +14,7 @@ use std::sync::{Arc, LazyLock};
 use libloading::Library;
 use parking_lot::Mutex;
 
-use super::cuda::Budget;
+use super::budget::Budget;
 use super::libs::{self, Candidate, Lib};
 
 type Status = c_int;
