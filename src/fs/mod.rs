@@ -30,7 +30,7 @@ use crate::inode::{
     VIEWS_DIR,
 };
 use crate::memory::MemoryBudget;
-use crate::metrics::{Samples, render_json, render_prometheus};
+use crate::metrics::{Samples, to_json_text, to_prometheus_text};
 use crate::prefetch::Prefetcher;
 use crate::shards::ShardedMap;
 use crate::source::{Deferred, Kind, Meta, Source, SourceFile, SpaceStats};
@@ -296,8 +296,8 @@ impl Fs {
     /// The current content of control file `ino` (`None` for any other inode).
     fn snapshot(&self, ino: u64) -> Option<Vec<u8>> {
         let text = match ino {
-            STATS_FILE => render_json(&self.board.samples(self.figures()), self.board.documents()),
-            METRICS_FILE => render_prometheus(&self.board.samples(self.figures())),
+            STATS_FILE => to_json_text(&self.board.samples(self.figures()), self.board.documents()),
+            METRICS_FILE => to_prometheus_text(&self.board.samples(self.figures())),
             _ => return None,
         };
         Some(text.into_bytes())

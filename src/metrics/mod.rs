@@ -4,7 +4,7 @@
 //! figure (its stats.json path, Prometheus name, kind and meaning), which the module that counts
 //! the figure declares as a constant and which the stats files, `prepfs top`, `prepfs warm` and
 //! the test of docs/STATS.md all read; `Samples`, the list a snapshot is built into; and the two
-//! renderings of it, so `.prepfs/stats.json` and `.prepfs/metrics` cannot disagree. Must never
+//! writings of it (JSON and Prometheus text), so `.prepfs/stats.json` and `.prepfs/metrics` cannot disagree. Must never
 //! know any module's figures (each module owns its own) and never take a lock or block when
 //! counting: request paths only add to atomics.
 
@@ -210,9 +210,9 @@ impl Samples {
     }
 }
 
-/// Renders samples as the nested JSON document of `.prepfs/stats.json`, plus `documents`: JSON
+/// Writes samples as the nested JSON document of `.prepfs/stats.json`, plus `documents`: JSON
 /// values placed whole at a dotted path (for keys that are data, such as file paths).
-pub fn render_json(samples: &Samples, documents: Vec<(String, Value)>) -> String {
+pub fn to_json_text(samples: &Samples, documents: Vec<(String, Value)>) -> String {
     let mut root = Map::new();
     for s in samples.iter() {
         let value = if s.value.fract() == 0.0 && s.value.abs() < 9.0e15 {
@@ -251,8 +251,8 @@ fn insert_path(root: &mut Map<String, Value>, path: &str, value: Value) {
     }
 }
 
-/// Renders samples in the Prometheus text exposition format of `.prepfs/metrics`.
-pub fn render_prometheus(samples: &Samples) -> String {
+/// Writes samples in the Prometheus text exposition format of `.prepfs/metrics`.
+pub fn to_prometheus_text(samples: &Samples) -> String {
     let mut out = String::new();
     let mut described = HashSet::new();
     for s in samples.iter() {
@@ -295,7 +295,7 @@ mod tests {
     );
 
     #[test]
-    fn one_definition_gives_both_renderings() {
+    fn one_definition_gives_both_texts() {
         let mut s = Samples::default();
         s.put(&HITS, 3.0);
         s.put_for(&ERRORS, "read", 1.0);
@@ -303,11 +303,11 @@ mod tests {
         let h = Histogram::default();
         h.record(std::time::Duration::from_micros(100));
         s.latency(&LATENCY, &h);
-        let json: Value = serde_json::from_str(&render_json(&s, Vec::new())).expect("json");
+        let json: Value = serde_json::from_str(&to_json_text(&s, Vec::new())).expect("json");
         assert_eq!(json["cache"]["hits"], 3);
         assert_eq!(json["ops"]["read"]["errors"], 1);
         assert_eq!(json["read_latency_us"]["count"], 1);
-        let prom = render_prometheus(&s);
+        let prom = to_prometheus_text(&s);
         assert!(prom.contains("prepfs_cache_hits_total 3\n"));
         assert!(prom.contains("prepfs_errors_total{op=\"read\"} 1\n"));
         assert!(prom.contains("prepfs_read_latency_microseconds{quantile=\"count\"} 1\n"));
