@@ -181,6 +181,18 @@ fn cache_dir(t: &TestMount) -> PathBuf {
     t.dir.path().join("cache")
 }
 
+/// Mount options of a 1 GiB disk tier in `dir`, admitting whatever the disk's free share.
+fn disk_tier(dir: &str) -> [&str; 6] {
+    [
+        "--cache-dir",
+        dir,
+        "--cache-disk",
+        "1G",
+        "--disk-min-free",
+        "0",
+    ]
+}
+
 fn entries(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for shard in std::fs::read_dir(dir.join("blocks")).expect("blocks/") {
@@ -280,14 +292,7 @@ fn damaged_disk_entries_are_misses_and_the_right_bytes_are_served() {
     fill(&t, &files);
     let dir = cache_dir(&t);
     let dir_arg = dir.to_str().expect("utf-8 path");
-    let args = [
-        "--cache-dir",
-        dir_arg,
-        "--cache-disk",
-        "1G",
-        "--disk-min-free",
-        "0",
-    ];
+    let args = disk_tier(dir_arg);
     t.mount(&args);
     read_all_and_compare(&t, &files);
     wait_for(&t, "all disk writes", |s| stat(s, "disk.entries") == 6.0);
@@ -485,14 +490,7 @@ fn an_empty_directory_is_adopted_as_it_is_and_serves_the_next_mount_from_disk() 
     std::fs::create_dir(&dir).expect("mkdir");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).expect("chmod");
     let dir_arg = dir.to_str().expect("utf-8 path");
-    let args = [
-        "--cache-dir",
-        dir_arg,
-        "--cache-disk",
-        "1G",
-        "--disk-min-free",
-        "0",
-    ];
+    let args = disk_tier(dir_arg);
     t.mount(&args);
     let marker = std::fs::symlink_metadata(dir.join("PREPFS-CACHE")).expect("marker written");
     assert!(marker.is_file());
@@ -555,14 +553,7 @@ fn a_fifo_in_the_cache_dir_is_a_miss_and_blocks_neither_the_scan_nor_a_read() {
     fill(&t, &files);
     let dir = cache_dir(&t);
     let dir_arg = dir.to_str().expect("utf-8 path");
-    let args = [
-        "--cache-dir",
-        dir_arg,
-        "--cache-disk",
-        "1G",
-        "--disk-min-free",
-        "0",
-    ];
+    let args = disk_tier(dir_arg);
     t.mount(&args);
     read_all_and_compare(&t, &files);
     wait_for(&t, "the block on disk", |s| stat(s, "disk.entries") == 1.0);
