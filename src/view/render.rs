@@ -775,6 +775,13 @@ mod tests {
         for cut in [4, 100, jpeg.len() / 2] {
             assert!(render(&s, &jpeg[..cut], 0).is_err(), "truncated at {cut}");
         }
+        // Only the end-of-image marker missing: crops anywhere in the image (libjpeg-turbo
+        // stops after a part's rows) still fail, as does the whole decode.
+        let short = &jpeg[..jpeg.len() - 2];
+        for seed in 0..8 {
+            assert!(render(&s, short, seed).is_err(), "seed {seed}");
+        }
+        assert!(decode(short).is_err());
         let mut flipped = jpeg.clone();
         for i in (200..flipped.len()).step_by(97) {
             flipped[i] ^= 0x5a;
