@@ -222,7 +222,7 @@ fn mirrored(img: &image::RgbImage, factor: u32) -> image::RgbImage {
     let (w, h) = img.dimensions();
     image::RgbImage::from_fn(w * factor, h * factor, |x, y| {
         let fold = |v: u32, n: u32| {
-            if (v / n) % 2 == 0 {
+            if (v / n).is_multiple_of(2) {
                 v % n
             } else {
                 n - 1 - v % n
