@@ -2,7 +2,8 @@
 # The whole test suite, from a fresh machine. Everything it needs is installed or checked first,
 # completely, before any test runs (tests never install anything):
 #   1. system packages: fuse3 (fusermount3), e2fsprogs and mount (loop-device ext4 images),
-#      util-linux's flock, python3-venv;
+#      util-linux's flock, python3-venv, and cmake and nasm (the build compiles libjpeg-turbo,
+#      the views' JPEG decoder, from source with its SIMD code);
 #   2. the Python environment of the client tests (python/ensure-env: pinned requirements.lock,
 #      rebuilt when half made; $PREPFS_VENV, default ~/.cache/prepfs/venv);
 # then every test of the default build (unit tests, real-mount tests of the binary, PyTorch/TF
@@ -31,6 +32,8 @@ command -v mkfs.ext4 >/dev/null || need_pkgs+=(e2fsprogs)
 command -v losetup >/dev/null || need_pkgs+=(mount)
 command -v flock >/dev/null || need_pkgs+=(util-linux)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
+command -v cmake >/dev/null || need_pkgs+=(cmake)
+command -v nasm >/dev/null || need_pkgs+=(nasm)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   say "installing ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -131,14 +131,37 @@ fn tf_data_reads_views_by_np_load_and_decode_raw_alike() {
     assert_eq!(t.stats()["views"]["val"]["errors"], 0);
 }
 
+/// Photo `seed` as a 4:2:0 JPEG at quality 90, as cameras and most datasets store photos (the
+/// image crate's encoder writes 4:4:4 only), encoded by libjpeg-turbo.
+fn photo_420(seed: u64) -> Vec<u8> {
+    let jpeg = prepfs::synthetic::photo(seed).expect("jpeg");
+    let img = image::load_from_memory(&jpeg).expect("decode").to_rgb8();
+    let (width, height) = (img.width() as usize, img.height() as usize);
+    let image = turbojpeg::Image {
+        pixels: img.as_raw().as_slice(),
+        width,
+        pitch: width * 3,
+        height,
+        format: turbojpeg::PixelFormat::RGB,
+    };
+    let mut compressor = turbojpeg::Compressor::new().expect("compressor");
+    compressor.set_quality(90).expect("quality");
+    compressor
+        .set_subsamp(turbojpeg::Subsamp::Sub2x2)
+        .expect("subsampling");
+    compressor.compress_to_vec(image).expect("encode")
+}
+
 #[test]
 fn views_match_torchvision_on_the_same_jpegs_within_decoder_differences() {
     let mut t = TestMount::new();
-    // Two photos as generated (400-640 x 300-480), an odd-sized one smaller than resize(256)
-    // (upsampled), an odd-sized portrait one, and one smaller than the 224 crop (padding).
+    // Two photos as generated (400-640 x 300-480, 4:4:4), one as 4:2:0, an odd-sized one
+    // smaller than resize(256) (upsampled), an odd-sized portrait one, and one smaller than the
+    // 224 crop (padding).
     let photos = [
         ("a.jpg", prepfs::synthetic::photo(11).expect("jpeg")),
         ("b.jpg", prepfs::synthetic::photo(12).expect("jpeg")),
+        ("c420.jpg", photo_420(16)),
         ("odd.jpg", photo_cut(13, 333, 251)),
         ("portrait.jpg", photo_cut(14, 271, 299)),
         ("small.jpg", photo_cut(15, 197, 149)),
@@ -159,6 +182,8 @@ fn views_match_torchvision_on_the_same_jpegs_within_decoder_differences() {
             "u8=decode,resize(256),center_crop(224),uint8",
             "--view",
             "pad=decode,center_crop(224),uint8",
+            "--view",
+            "thumb=decode,random_resized_crop(64),hflip,normalize(imagenet)",
         ],
         "warn,fuser=error,prepfs=debug",
         &log,
@@ -172,8 +197,8 @@ fn views_match_torchvision_on_the_same_jpegs_within_decoder_differences() {
         ],
     );
     println!("{stdout}");
-    assert!(stdout.contains("\"train.pil\""), "{stdout}");
-    for view in ["raw", "val", "train", "u8", "pad"] {
+    assert!(stdout.contains("\"thumb.pil\""), "{stdout}");
+    for view in ["raw", "val", "train", "u8", "pad", "thumb"] {
         assert_eq!(t.stats()["views"][view]["errors"], 0, "{view}");
     }
 }

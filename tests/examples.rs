@@ -51,12 +51,19 @@ fn every_example_runs_against_a_real_mount() {
     t.mount(&[
         "--view",
         "train=decode,random_resized_crop(64),hflip,normalize(imagenet)",
+        "--view",
+        "train_u8=decode,random_resized_crop(64),hflip,uint8(hwc)",
+        "--view",
+        "val_u8=decode,resize(80),center_crop(64),uint8(hwc)",
+        "--view",
+        "val=decode,resize(80),center_crop(64),normalize(imagenet)",
     ]);
     let python = python();
     let images = (CLASSES * PER_CLASS) as u64;
     let expected = [
         ("pytorch_imagefolder", 2 * images),
         ("pytorch_view", 2 * images),
+        ("pytorch_uint8", 2 * images),
         ("webdataset", 2 * images),
         // Two epochs of the Arrow file, then the Parquet file once.
         ("hf_datasets", 3 * 20_000),
@@ -69,6 +76,8 @@ fn every_example_runs_against_a_real_mount() {
         assert_eq!(result["items"], items, "{result}");
     }
     let stats = t.stats();
-    assert_eq!(stats["views"]["train"]["errors"], 0, "{stats}");
+    for view in ["train", "train_u8", "val_u8", "val"] {
+        assert_eq!(stats["views"][view]["errors"], 0, "{view}: {stats}");
+    }
     assert!(stats["cache"]["hits"].as_u64() > Some(0), "{stats}");
 }

@@ -251,11 +251,14 @@ fn bad_view_specs_are_refused_at_mount_with_one_line() {
 fn decoded_pixels_cached_serve_later_epochs_without_fetching_or_decoding() {
     let mut t = TestMount::new();
     dataset(&t);
+    // Pipelines whose first resize never shrinks these 300-480-row photos by 2: a render that
+    // does reads its JPEG DCT-scaled, never from cached pixels (so its bytes never depend on
+    // them), and is tested in src/fs/tests.rs.
     t.mount(&[
         "--view",
-        VAL,
+        "val=decode,resize(256),center_crop(64),uint8(hwc)",
         "--view",
-        TRAIN,
+        "train=decode,random_resized_crop(256),hflip,normalize(imagenet)",
         "--decoded-cache",
         "on",
         "--codec",
@@ -281,7 +284,7 @@ fn decoded_pixels_cached_serve_later_epochs_without_fetching_or_decoding() {
         "a deterministic view renders the same from cached pixels"
     );
     let train = epoch("train");
-    assert!(train.iter().all(|npy| npy.len() == 128 + 3 * 64 * 64 * 4));
+    assert!(train.iter().all(|npy| npy.len() == 128 + 3 * 256 * 256 * 4));
     let stats = t.stats();
     let decoded = &stats["cache"]["decoded"];
     assert_eq!(

@@ -500,7 +500,8 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     for (i, jpeg) in jpegs.iter().enumerate() {
         std::fs::write(dir.path().join(format!("a{i}.jpg")), jpeg).expect("write");
     }
-    let spec = crate::view::ViewSpec::parse("v=decode,resize(40),uint8(hwc)").expect("spec");
+    // 300-480 rows to 256: never shrinks by 2, so renders read the images at full scale.
+    let spec = crate::view::ViewSpec::parse("v=decode,resize(256),uint8(hwc)").expect("spec");
     let fs_with = |mode| {
         let mut o = options(1 << 30);
         o.config.views.specs = vec![spec.clone()];
@@ -565,14 +566,15 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     assert_eq!(m.integrity_errors.get(), 1);
     assert_eq!((m.decoded_misses.get(), m.decoded_admitted.get()), (4, 4));
 
+    // Off: the same bytes, decoded only where the renders read, so nothing is offered.
     let off = fs_with(DecodedCaching::Off);
     for (i, w) in want.iter().enumerate() {
         assert_eq!(&read_view(&off, i), w);
     }
-    assert_eq!(cache(&off).decoded_declined.get(), 3);
+    assert_eq!(cache(&off).decoded_declined.get(), 0);
     assert_eq!(ram(&off).decoded_entries, 0);
 
-    // Pixels that do not fit the budget are rejected; renders still succeed.
+    // Pixels that do not fit the budget are not even decoded whole; renders still succeed.
     let mut o = options(jpegs.iter().map(|j| j.len() as u64).sum::<u64>() + 1000);
     o.config.views.specs = vec![spec.clone()];
     o.config.cache.decoded = DecodedCaching::On;
@@ -580,8 +582,52 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     for (i, w) in want.iter().enumerate() {
         assert_eq!(&read_view(&tight, i), w);
     }
-    assert_eq!(cache(&tight).decoded_rejected.get(), 3);
+    assert_eq!(cache(&tight).decoded_rejected.get(), 0);
     assert_eq!(ram(&tight).decoded_bytes, 0);
+}
+
+#[test]
+fn renders_that_read_their_jpeg_scaled_never_render_from_cached_pixels() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let jpeg = crate::synthetic::photo(5).expect("jpeg");
+    std::fs::write(dir.path().join("a.jpg"), &jpeg).expect("write");
+    // 300-480 rows to 64 shrinks by 4 or more: read at 1/4 or 1/8 scale.
+    let spec = crate::view::ViewSpec::parse("v=decode,resize(64),uint8(hwc)").expect("spec");
+    let size = crate::view::render::dimensions(&jpeg).expect("header");
+    assert!(crate::view::render::reads_scaled(&spec, size, 0));
+    let mut o = options(1 << 30);
+    o.config.views.specs = vec![spec.clone()];
+    o.config.cache.decoded = DecodedCaching::On;
+    let fs = o.build(Arc::new(LocalSource::open(dir.path()).expect("source")));
+    let want = crate::view::render::render(&spec, &jpeg, 0)
+        .expect("renders")
+        .npy;
+    // Pixels already cached (as prefetch's decode-ahead leaves them) are not used either.
+    let identity = LocalSource::open(dir.path())
+        .expect("source")
+        .stat(Path::new("a.jpg"))
+        .expect("stat")
+        .identity;
+    let pixels = crate::view::render::decode(&jpeg).expect("decodes");
+    assert!(fs.fetcher.ram().offer_decoded(
+        identity,
+        Path::new("a.jpg"),
+        (pixels.byte_len() as u64, pixels.row_len()),
+        Duration::from_secs(1),
+        || pixels.to_bytes(),
+    ));
+    let ino = ino_of(&fs, ".prepfs/views/v/a.jpg.npy");
+    for _ in 0..2 {
+        let size = fs.getattr(ino).expect("attr").size;
+        let opened = fs.open(ino, Intent::Read).expect("open");
+        assert_eq!(read_all(&fs, opened.fh, size).expect("read"), want);
+        fs.release(opened.fh).expect("release");
+    }
+    assert_eq!(
+        cache(&fs).decoded_admitted.get(),
+        1,
+        "only the one offered here"
+    );
 }
 
 /// `files` files of 64 KiB behind a source that takes 2 ms per read, a 256 KiB cache, a
@@ -808,7 +854,8 @@ fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
     for (i, jpeg) in jpegs.iter().enumerate() {
         std::fs::write(dir.path().join(format!("a{i:02}.jpg")), jpeg).expect("write");
     }
-    let spec = crate::view::ViewSpec::parse("v=decode,resize(40),uint8(hwc)").expect("spec");
+    // Never shrinks by 2 (see `renders_that_read_their_jpeg_scaled_never_render_from_cached_pixels`).
+    let spec = crate::view::ViewSpec::parse("v=decode,resize(256),uint8(hwc)").expect("spec");
     let (source, plan) =
         FaultySource::new(Arc::new(LocalSource::open(dir.path()).expect("source")));
     plan.read_delay_us.store(2000, Ordering::SeqCst);

@@ -80,6 +80,14 @@ pub struct ViewOpen {
     rendered: OnceLock<Result<Rendered, FsError>>,
 }
 
+/// What a render starts from.
+enum Image {
+    /// Decoded pixels, and the decode time when they were decoded for this render.
+    Decoded(Rgb, Option<Duration>),
+    /// The encoded file, for the render to decode only what it reads.
+    Encoded(Vec<u8>),
+}
+
 /// A finished render and its charge to the memory budget, held until the file is closed.
 #[derive(Clone)]
 struct Rendered {
@@ -286,15 +294,12 @@ impl Views {
             .map_err(|e| format!("no memory for the render: {e}"))
     }
 
-    /// The decoded pixels of `node`'s image, the decode time when it was decoded now, and the
-    /// render's charge to the memory budget (everything `plan::render_memory` says it holds):
-    /// from the cache's decoded pixels, else fetched (through the cache), decoded, and offered
-    /// to the cache.
-    fn pixels(
-        &self,
-        node: &Node,
-        spec: &ViewSpec,
-    ) -> Result<(Rgb, Option<Duration>, Work), String> {
+    /// What a render of `node`'s image under `spec` with `seed` starts from, and its charge to
+    /// the memory budget (everything `plan::render_memory` says it holds): the cache's decoded
+    /// pixels; else the encoded file, fetched through the cache, decoded whole and offered to the
+    /// cache when it may keep the pixels (`decodes_whole`), or left for the render to decode
+    /// only what it reads.
+    fn image(&self, node: &Node, spec: &ViewSpec, seed: u64) -> Result<(Image, Work), String> {
         let source = self
             .source
             .open(&node.path)
@@ -306,19 +311,35 @@ impl Views {
                 .and_then(|bytes| self.room(bytes))
         };
         if let Some(bytes) = self.fetcher.ram().decoded(&identity, &Unpacked::default()) {
-            let work = memory(Rgb::size_of_bytes(bytes.as_slice()).map_err(|e| e.to_string())?)?;
-            match Rgb::from_bytes(bytes.as_slice()) {
-                Ok(image) => return Ok((image, None, work)),
-                Err(e) => {
-                    tracing::warn!(path = %node.path.display(), error = %e, "cached decoded pixels unusable; decoding again")
+            let size = Rgb::size_of_bytes(bytes.as_slice()).map_err(|e| e.to_string())?;
+            if !render::reads_scaled(spec, size, seed) {
+                let work = memory(size)?;
+                match Rgb::from_bytes(bytes.as_slice()) {
+                    Ok(image) => return Ok((Image::Decoded(image, None), work)),
+                    Err(e) => {
+                        tracing::warn!(path = %node.path.display(), error = %e, "cached decoded pixels unusable; decoding again")
+                    }
                 }
             }
         }
         let _encoded_room = self.room(encoded_size(source.as_ref())?)?;
         let encoded = self.read_image(source.as_ref(), &node.path)?;
-        let work = memory(render::dimensions(&encoded).map_err(|e| e.to_string())?)?;
+        let size = render::dimensions(&encoded).map_err(|e| e.to_string())?;
+        let work = memory(size)?;
+        if !self.decodes_whole(spec, size, seed) {
+            return Ok((Image::Encoded(encoded), work));
+        }
         let (image, decode, _) = self.decode_and_offer(&encoded, identity, &node.path)?;
-        Ok((image, Some(decode), work))
+        Ok((Image::Decoded(image, Some(decode)), work))
+    }
+
+    /// Whether a render decodes its whole `size` image and offers the pixels to the cache: when
+    /// the cache may keep them, and the render reads the image at full scale (one that reads it
+    /// DCT-scaled renders from the encoded file whatever the cache holds, so its bytes never
+    /// depend on it). Otherwise it decodes only the part it reads.
+    fn decodes_whole(&self, spec: &ViewSpec, size: (u32, u32), seed: u64) -> bool {
+        !render::reads_scaled(spec, size, seed)
+            && self.fetcher.ram().may_keep_decoded(Rgb::cached_len(size))
     }
 
     /// Decodes `encoded`, image `identity` at `path`, and offers the pixels to the cache; the
@@ -375,23 +396,36 @@ impl Views {
         let view = self.get(open.view)?;
         let started = Instant::now();
         let result = self
-            .pixels(&open.node, &view.spec)
-            .and_then(|(image, decode, work)| {
-                // The size getattr announced, from the pixels in hand (no second source read).
+            .image(&open.node, &view.spec, open.seed)
+            .and_then(|(image, work)| {
+                // The size getattr announced, from the image in hand (no second source read).
                 let expected = match view.spec.fixed_size() {
                     Some((h, w)) => view.spec.npy_size(h, w),
                     None => {
-                        let (w, h) = image.size();
+                        let (w, h) = match &image {
+                            Image::Decoded(pixels, _) => pixels.size(),
+                            Image::Encoded(encoded) => {
+                                render::dimensions(encoded).map_err(|e| e.to_string())?
+                            }
+                        };
                         let (h, w) =
                             plan::output_size(&view.spec, w, h).map_err(|e| e.to_string())?;
                         view.spec.npy_size(h, w)
                     }
                 };
-                let mut rendered = self
-                    .executor
-                    .transform(&view.spec, &image, open.seed)
-                    .map_err(|e| e.to_string())?;
-                rendered.decode = decode.unwrap_or_default();
+                let rendered = match image {
+                    Image::Decoded(pixels, decode) => self
+                        .executor
+                        .transform(&view.spec, &pixels, open.seed)
+                        .map(|mut r| {
+                            r.decode = decode.unwrap_or_default();
+                            r
+                        }),
+                    Image::Encoded(encoded) => {
+                        self.executor.render(&view.spec, &encoded, open.seed)
+                    }
+                };
+                let rendered = rendered.map_err(|e| e.to_string())?;
                 if rendered.npy.len() as u64 != expected {
                     return Err(format!(
                         "rendered {} bytes where {expected} were announced",

@@ -106,7 +106,7 @@ pub const BYTES_OUT: Metric = Metric::counter(
 pub const DECODE_LATENCY: Metric = Metric::latency(
     "views.*.decode_latency_us",
     "view_decode_latency_microseconds",
-    "Time to decode one image, microseconds.",
+    "Time to decode one image, or the part of it a render reads, microseconds.",
 )
 .by("view");
 /// Transform time.

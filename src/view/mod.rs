@@ -7,6 +7,7 @@
 
 pub mod fused;
 pub mod gpu;
+pub mod jpeg;
 pub mod metrics;
 pub mod npy;
 pub mod plan;
@@ -61,6 +62,27 @@ pub trait Executor: Send + Sync {
     fn decode(&self, encoded: &[u8]) -> Result<Rgb, RenderError>;
     /// The complete .npy file of `spec` over the decoded `image`, random draws from `seed`.
     fn transform(&self, spec: &ViewSpec, image: &Rgb, seed: u64) -> Result<Rendered, RenderError>;
+    /// The complete .npy file of `spec` over the encoded image, random draws from `seed`, when
+    /// its decoded pixels are not wanted beyond this render: an executor may decode only what
+    /// the render reads. By default, `decode` then `transform`.
+    fn render(&self, spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, RenderError> {
+        decoded_then_transformed(self, spec, encoded, seed)
+    }
+}
+
+/// A render by `executor` of the whole decoded image: `decode`, then `transform`, timed apart.
+fn decoded_then_transformed<E: Executor + ?Sized>(
+    executor: &E,
+    spec: &ViewSpec,
+    encoded: &[u8],
+    seed: u64,
+) -> Result<Rendered, RenderError> {
+    let started = std::time::Instant::now();
+    let image = executor.decode(encoded)?;
+    let decode = started.elapsed();
+    let mut rendered = executor.transform(spec, &image, seed)?;
+    rendered.decode = decode;
+    Ok(rendered)
 }
 
 /// Renders on the calling thread's CPU.
@@ -78,5 +100,9 @@ impl Executor for Cpu {
 
     fn transform(&self, spec: &ViewSpec, image: &Rgb, seed: u64) -> Result<Rendered, RenderError> {
         render::transform(spec, image, seed)
+    }
+
+    fn render(&self, spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, RenderError> {
+        render::render(spec, encoded, seed)
     }
 }

@@ -34,6 +34,42 @@ pub enum Step {
     },
 }
 
+/// A rectangle of an image in pixels, possibly fractional: what a resize reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Area {
+    /// Left edge.
+    pub left: f64,
+    /// Top edge.
+    pub top: f64,
+    /// Width.
+    pub width: f64,
+    /// Height.
+    pub height: f64,
+}
+
+impl Area {
+    /// The whole pixels `region` (left, top, width, height) covers.
+    pub fn of(region: (u32, u32, u32, u32)) -> Area {
+        let (left, top, width, height) = region;
+        Area {
+            left: f64::from(left),
+            top: f64::from(top),
+            width: f64::from(width),
+            height: f64::from(height),
+        }
+    }
+}
+
+/// What a render reads of its image before any other step, so a decoder can produce only that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Read {
+    /// (left, top, width, height) of the image that the first step reads.
+    pub region: (u32, u32, u32, u32),
+    /// The largest of 1, 2, 4 and 8 by which the first step shrinks `region` on both axes: a
+    /// decode at 1/`shrink` leaves that step a resize that never upsamples.
+    pub shrink: u32,
+}
+
 /// Everything a render decides from its seed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Draws {
@@ -109,6 +145,47 @@ pub fn draw(spec: &ViewSpec, width: u32, height: u32, seed: u64) -> Result<Draws
     }
     out.size = (w, h);
     Ok(out)
+}
+
+impl Draws {
+    /// What a render of these draws over an image of `width` x `height` reads first: the region
+    /// its first step resizes (a random crop's box; the whole image for a plain resize) and how
+    /// far that step shrinks it; the whole image, unshrunk, when the first step is not a resize.
+    pub fn first_read(&self, width: u32, height: u32) -> Read {
+        match self.steps.first() {
+            Some(&Step::Resize {
+                region,
+                width: out_w,
+                height: out_h,
+            }) => {
+                let (_, _, w, h) = region;
+                let fits = |s: u32| {
+                    u64::from(w) >= u64::from(s) * u64::from(out_w)
+                        && u64::from(h) >= u64::from(s) * u64::from(out_h)
+                };
+                let shrink = [8, 4, 2].into_iter().find(|&s| fits(s)).unwrap_or(1);
+                Read { region, shrink }
+            }
+            _ => Read {
+                region: (0, 0, width, height),
+                shrink: 1,
+            },
+        }
+    }
+}
+
+/// `region` (left, top, width, height) of an image, in the pixels of a part of it decoded at
+/// 1/`scale` whose top-left pixel is `origin` (in scaled pixels): a DCT-scaled pixel covers
+/// `scale` x `scale` pixels of the image, so the area is fractional unless `scale` is 1.
+pub fn rebase(region: (u32, u32, u32, u32), origin: (u32, u32), scale: u32) -> Area {
+    let s = f64::from(scale.max(1));
+    let (left, top, width, height) = region;
+    Area {
+        left: f64::from(left) / s - f64::from(origin.0),
+        top: f64::from(top) / s - f64::from(origin.1),
+        width: f64::from(width) / s,
+        height: f64::from(height) / s,
+    }
 }
 
 /// The output (height, width) of `spec` over an image of `width` x `height`, as every render
@@ -260,6 +337,69 @@ mod tests {
             Ok((133, 100)),
             "(width, height)"
         );
+    }
+
+    #[test]
+    fn the_first_read_is_the_crop_box_and_shrinks_only_as_far_as_the_resize_does() {
+        let train = ViewSpec::parse("t=decode,random_resized_crop(56),hflip").expect("parses");
+        for seed in 0..50 {
+            let d = draw(&train, 640, 480, seed).expect("draws");
+            let read = d.first_read(640, 480);
+            let [top, left, h, w] = d.crops[0];
+            assert_eq!(read.region, (left, top, w, h));
+            let s = read.shrink;
+            assert!([1, 2, 4, 8].contains(&s));
+            assert!(w >= s * 56 && h >= s * 56, "never upsamples: {w}x{h} / {s}");
+            assert!(
+                s == 8 || w < 2 * s * 56 || h < 2 * s * 56,
+                "the largest: {w}x{h} / {s}"
+            );
+        }
+        // A plain resize reads the whole image; 500x375 -> 256 short side shrinks < 2x.
+        let val = ViewSpec::parse("v=decode,resize(256),center_crop(224)").expect("parses");
+        let read = draw(&val, 500, 375, 0).expect("draws").first_read(500, 375);
+        assert_eq!(
+            read,
+            Read {
+                region: (0, 0, 500, 375),
+                shrink: 1
+            }
+        );
+        let thumb = ViewSpec::parse("v=decode,resize(90)").expect("parses");
+        assert_eq!(
+            draw(&thumb, 800, 360, 0)
+                .expect("draws")
+                .first_read(800, 360)
+                .shrink,
+            4
+        );
+        // No resize first: the whole image, as it is.
+        for text in [
+            "p=decode,center_crop(224),resize(32)",
+            "r=decode,uint8(hwc)",
+        ] {
+            let spec = ViewSpec::parse(text).expect("parses");
+            let read = draw(&spec, 300, 200, 0)
+                .expect("draws")
+                .first_read(300, 200);
+            assert_eq!(
+                read,
+                Read {
+                    region: (0, 0, 300, 200),
+                    shrink: 1
+                }
+            );
+        }
+        assert_eq!(
+            rebase((40, 10, 20, 30), (16, 5), 2),
+            Area {
+                left: 4.0,
+                top: 0.0,
+                width: 10.0,
+                height: 15.0
+            }
+        );
+        assert_eq!(rebase((7, 3, 9, 9), (0, 0), 1), Area::of((7, 3, 9, 9)));
     }
 
     #[test]

@@ -2,12 +2,17 @@
 //! the .npy bytes, fused where it pays (crop + resize in one pass; flip, normalize and layout in
 //! one write of the output).
 //!
+//! JPEGs decode with libjpeg-turbo (`jpeg`), and a render that keeps no pixels decodes only the
+//! part its first step reads, at 1/2, 1/4 or 1/8 scale when that step shrinks by as much
+//! (`plan::Draws::first_read`); everything else (PNG, and any JPEG libjpeg-turbo refuses)
+//! decodes whole with the image crate, whose refusal is the render's error.
+//!
 //! Owns the pixel work and the random draws of one render (all from one seed, so a render is a
 //! pure function of (spec, encoded bytes, seed)), and the pixel limits every image a render holds
-//! must respect: the decoded image (checked from its header, before its pixels are decoded) and
-//! the output of every op after it (checked by `plan::draw` before any pixel is touched), so no
-//! allocation follows a size the image reports. Must never panic on any input bytes, and never
-//! return a partial image: an error is the only alternative to a complete file.
+//! must respect: the decoded image or part (checked from its header, before its pixels are
+//! decoded) and the output of every op after it (checked by `plan::draw` before any pixel is
+//! touched), so no allocation follows a size the image reports. Must never panic on any input
+//! bytes, and never return a partial image: an error is the only alternative to a complete file.
 
 use std::borrow::Cow;
 use std::io::Cursor;
@@ -17,8 +22,9 @@ use fast_image_resize::images::{CroppedImage, Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use image::ImageDecoder;
 
+use super::jpeg::Jpeg;
 use super::npy::{self, Dtype};
-use super::plan::{self, Step};
+use super::plan::{self, Area, Draws, Step};
 use super::spec::{Output, ViewSpec};
 
 /// Largest width or height of any image a render holds: larger ones are refused before their
@@ -71,6 +77,11 @@ impl Rgb {
     /// Bytes of `to_bytes`.
     pub fn byte_len(&self) -> usize {
         self.data.len() + TRAILER
+    }
+
+    /// Bytes of `to_bytes` for an image of `size` (width, height), before decoding it.
+    pub fn cached_len((width, height): (u32, u32)) -> u64 {
+        u64::from(width) * u64::from(height) * 3 + TRAILER as u64
     }
 
     /// An image of `width` x `height` from RGB rows; an error if the length does not match or
@@ -188,25 +199,88 @@ fn check_size(width: u32, height: u32) -> Result<(), RenderError> {
     Ok(())
 }
 
-/// Whether a JPEG's last scan is complete: the JPEG decoder fills a truncated scan with grey
-/// instead of failing, so a file cut short must be caught here. Inside entropy-coded data 0xFF is
-/// always stuffed, so an end-of-image marker (FF D9) after the last start-of-scan (FF DA) can
-/// only be the real end (an EXIF thumbnail's markers come before the main scan).
+/// Whether a JPEG's last scan is complete: a decoder may fill a truncated scan with grey instead
+/// of failing (and libjpeg-turbo never reads past the rows a part needs), so a file cut short
+/// must be caught here. Inside entropy-coded data 0xFF is always stuffed, so an end-of-image
+/// marker (FF D9) after the last start-of-scan (FF DA) can only be the real end (an EXIF
+/// thumbnail's markers come before the main scan). Searched from both ends (the last EOI, a SOS
+/// before it, none after it), so a whole file costs its headers and trailer, not its scans.
 fn jpeg_is_complete(encoded: &[u8]) -> bool {
-    let last = |marker: u8| encoded.windows(2).rposition(|w| w == [0xFF, marker]);
-    matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
+    let marker = |bytes: &[u8], m: u8| bytes.windows(2).position(|w| w == [0xFF, m]);
+    let Some(eoi) = encoded.windows(2).rposition(|w| w == [0xFF, 0xD9]) else {
+        return false;
+    };
+    marker(&encoded[..eoi], 0xDA).is_some() && marker(&encoded[eoi..], 0xDA).is_none()
 }
 
 /// Whether `encoded` is a JPEG (by its magic) whose last scan is complete: what a GPU decoder
 /// may be given; anything else is left to `decode`, which explains the refusal.
 pub fn is_complete_jpeg(encoded: &[u8]) -> bool {
-    encoded.starts_with(&[0xFF, 0xD8, 0xFF]) && jpeg_is_complete(encoded)
+    is_jpeg(encoded) && jpeg_is_complete(encoded)
 }
 
 /// Decodes `encoded` (JPEG, PNG) to RGB, within the pixel limits (checked on the header, before
-/// any pixel is decoded, for the decoder's buffer and for the RGB image); a truncated JPEG is an
-/// error.
+/// any pixel is decoded); a truncated JPEG is an error. JPEGs decode with libjpeg-turbo, and
+/// with the image crate when it refuses them.
 pub fn decode(encoded: &[u8]) -> Result<Rgb, RenderError> {
+    if is_jpeg(encoded) {
+        let (width, height) = dimensions(encoded)?;
+        let whole = plan::Read {
+            region: (0, 0, width, height),
+            shrink: 1,
+        };
+        if let Some((image, _)) = decode_jpeg_part(encoded, (width, height), whole)? {
+            return Ok(image);
+        }
+    }
+    decode_whole(encoded)
+}
+
+/// Whether `encoded` starts as a JPEG does (SOI, then a marker).
+fn is_jpeg(encoded: &[u8]) -> bool {
+    encoded.starts_with(&[0xFF, 0xD8, 0xFF])
+}
+
+/// `read` of the JPEG `encoded`, whose header (as `dimensions` reads it) gives `size`, decoded
+/// by libjpeg-turbo at 1/`read.shrink`: the pixels of a part holding the region, and the region's
+/// area in them. `None` when libjpeg-turbo refuses the file or reads another size from it (the
+/// caller decodes it another way); `TooLarge` when the part is over the pixel limits, before it
+/// is allocated.
+fn decode_jpeg_part(
+    encoded: &[u8],
+    size: (u32, u32),
+    read: plan::Read,
+) -> Result<Option<(Rgb, Area)>, RenderError> {
+    if !jpeg_is_complete(encoded) {
+        return Ok(None);
+    }
+    let Ok(mut jpeg) = Jpeg::open(encoded) else {
+        return Ok(None);
+    };
+    if jpeg.size() != size {
+        return Ok(None);
+    }
+    let part = jpeg.part(read.region, read.shrink);
+    let (width, height) = part.size;
+    check_size(width, height)?;
+    let Ok(pixels) = jpeg.decode(&part) else {
+        return Ok(None);
+    };
+    let area = plan::rebase(read.region, part.origin, part.scale);
+    Ok(Some((Rgb::from_raw(width, height, pixels)?, area)))
+}
+
+/// Whether a render of `spec` with `seed` over a `size` (width, height) image reads a JPEG at a
+/// reduced scale (its first step shrinks by 2 or more): its bytes then differ from a render of
+/// the same draws over the whole decoded pixels, so it never renders from those.
+pub fn reads_scaled(spec: &ViewSpec, (width, height): (u32, u32), seed: u64) -> bool {
+    plan::draw(spec, width, height, seed).is_ok_and(|d| d.first_read(width, height).shrink > 1)
+}
+
+/// Decodes the whole of `encoded` (JPEG, PNG) with the image crate, within the pixel limits
+/// (checked on the header, before any pixel is decoded, for the decoder's buffer and for the RGB
+/// image); a truncated JPEG is an error.
+fn decode_whole(encoded: &[u8]) -> Result<Rgb, RenderError> {
     let reader = reader(encoded)?;
     if reader.format() == Some(image::ImageFormat::Jpeg) && !jpeg_is_complete(encoded) {
         return Err(RenderError::Corrupt(
@@ -252,14 +326,34 @@ pub struct Rendered {
     pub flipped: bool,
 }
 
-/// The complete .npy file of `spec` applied to `encoded`, with random draws from `seed`.
+/// The complete .npy file of `spec` applied to `encoded`, with random draws from `seed`. A JPEG
+/// decodes only the part the render's first step reads (at a smaller scale when that step
+/// shrinks by 2, 4 or 8), so keep `decode` for pixels that outlive the render.
 pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, RenderError> {
     let started = Instant::now();
-    let image = decode(encoded)?;
+    if !is_jpeg(encoded) {
+        let image = decode(encoded)?;
+        let decoded = started.elapsed();
+        let mut rendered = transform(spec, &image, seed)?;
+        rendered.decode = decoded;
+        return Ok(rendered);
+    }
+    let (width, height) = dimensions(encoded)?;
+    let draws = plan::draw(spec, width, height, seed)?;
+    let read = draws.first_read(width, height);
+    let (image, first) = match decode_jpeg_part(encoded, (width, height), read)? {
+        Some((part, area)) => (part, Some(area)),
+        None => (decode_whole(encoded)?, None),
+    };
     let decoded = started.elapsed();
-    let mut rendered = transform(spec, &image, seed)?;
-    rendered.decode = decoded;
-    Ok(rendered)
+    let npy = apply(spec.output, &draws, &image, first)?;
+    Ok(Rendered {
+        npy,
+        decode: decoded,
+        transform: started.elapsed() - decoded,
+        crops: draws.crops,
+        flipped: draws.flip,
+    })
 }
 
 /// The complete .npy file of `spec` applied to the decoded `image`, with random draws from
@@ -268,19 +362,7 @@ pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, Re
 pub fn transform(spec: &ViewSpec, decoded: &Rgb, seed: u64) -> Result<Rendered, RenderError> {
     let started = Instant::now();
     let draws = plan::draw(spec, decoded.width, decoded.height, seed)?;
-    let mut image = Cow::Borrowed(decoded);
-    let mut resizer = Resizer::new();
-    for step in &draws.steps {
-        image = Cow::Owned(match *step {
-            Step::Resize {
-                region,
-                width,
-                height,
-            } => resize(&mut resizer, &image, region, width, height)?,
-            Step::CenterCrop { width, height } => center_crop(&image, width, height),
-        });
-    }
-    let npy = encode(spec.output, &image, draws.flip, draws.norm);
+    let npy = apply(spec.output, &draws, decoded, None)?;
     Ok(Rendered {
         npy,
         decode: Duration::ZERO,
@@ -290,25 +372,63 @@ pub fn transform(spec: &ViewSpec, decoded: &Rgb, seed: u64) -> Result<Rendered, 
     })
 }
 
-/// Resizes `region` (left, top, width, height) of `image` to `width` x `height` with Pillow's
-/// antialiased bilinear filter, as torchvision's PIL path does: the region is cropped first, so
-/// the filter never reads pixels outside it (torchvision crops, then resizes).
+/// The .npy bytes of `draws` run over `image` as `output`; `first`, when given, is the area of
+/// `image` the first step reads in place of its region (`image` is then a decoded part).
+fn apply(
+    output: Output,
+    draws: &Draws,
+    image: &Rgb,
+    first: Option<Area>,
+) -> Result<Vec<u8>, RenderError> {
+    let mut image = Cow::Borrowed(image);
+    let mut resizer = Resizer::new();
+    for (n, step) in draws.steps.iter().enumerate() {
+        image = Cow::Owned(match *step {
+            Step::Resize {
+                region,
+                width,
+                height,
+            } => {
+                let area = first.filter(|_| n == 0).unwrap_or(Area::of(region));
+                resize(&mut resizer, &image, area, width, height)?
+            }
+            Step::CenterCrop { width, height } => center_crop(&image, width, height),
+        });
+    }
+    Ok(encode(output, &image, draws.flip, draws.norm))
+}
+
+/// Resizes `area` of `image` to `width` x `height` with Pillow's antialiased bilinear filter, as
+/// torchvision's PIL path does: the whole pixels the area covers are cut out first, so the filter
+/// never reads pixels outside them (torchvision crops, then resizes); a fractional area (a crop
+/// box in a DCT-scaled part) is then the resizer's crop box within them.
 fn resize(
     resizer: &mut Resizer,
     image: &Rgb,
-    region: (u32, u32, u32, u32),
+    area: Area,
     width: u32,
     height: u32,
 ) -> Result<Rgb, RenderError> {
+    let failed = |e: &dyn std::fmt::Display| RenderError::Resize(e.to_string());
     let src = ImageRef::new(image.width, image.height, &image.data, PixelType::U8x3)
-        .map_err(|e| RenderError::Resize(e.to_string()))?;
-    let src = CroppedImage::new(&src, region.0, region.1, region.2, region.3)
-        .map_err(|e| RenderError::Resize(e.to_string()))?;
+        .map_err(|e| failed(&e))?;
+    let (left, top) = (area.left.floor().max(0.0), area.top.floor().max(0.0));
+    let right = (area.left + area.width).ceil().min(f64::from(image.width));
+    let bottom = (area.top + area.height).ceil().min(f64::from(image.height));
+    let (x, y) = (left as u32, top as u32);
+    let (w, h) = (
+        (right - left).max(1.0) as u32,
+        (bottom - top).max(1.0) as u32,
+    );
+    let src = CroppedImage::new(&src, x, y, w, h).map_err(|e| failed(&e))?;
+    let mut options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+    if area != Area::of((x, y, w, h)) {
+        options = options.crop(area.left - left, area.top - top, area.width, area.height);
+    }
     let mut dst = Image::new(width, height, PixelType::U8x3);
-    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
     resizer
         .resize(&src, &mut dst, &options)
-        .map_err(|e| RenderError::Resize(e.to_string()))?;
+        .map_err(|e| failed(&e))?;
     Ok(Rgb {
         width,
         height,
@@ -450,7 +570,9 @@ mod tests {
     #[test]
     fn decoded_images_round_trip_through_cache_bytes_and_bad_lengths_are_refused() {
         let jpeg = crate::synthetic::photo(4).expect("jpeg");
-        let s = spec("t=decode,random_resized_crop(64),hflip,normalize(imagenet)");
+        // This draw does not shrink by 2, so it reads the JPEG at full scale.
+        let s = spec("t=decode,random_resized_crop(224),hflip,normalize(imagenet)");
+        assert!(!reads_scaled(&s, dimensions(&jpeg).expect("header"), 7));
         let bytes = decode(&jpeg).expect("decodes").to_bytes();
         let again = Rgb::from_bytes(&bytes).expect("round trips");
         assert_eq!(again.size(), dimensions(&jpeg).expect("header"));
@@ -466,6 +588,72 @@ mod tests {
         huge.extend_from_slice(&1u32.to_le_bytes());
         huge.extend_from_slice(&(MAX_SIDE + 1).to_le_bytes());
         assert!(Rgb::from_bytes(&huge).is_err());
+    }
+
+    /// The largest level difference, and the largest per-render mean, that reading a JPEG at
+    /// 1/2, 1/4 and 1/8 scale makes against a render over the whole decode, by scale: measured
+    /// on the 3 x 5 x 12 renders of the test below as 10 / 1.08, 14 / 1.40 and 20 / 2.80 (1/8
+    /// keeps one value per 8x8 block, a box filter), with ~1.2-1.4x of margin. Not to be
+    /// loosened: a part at a wrong offset or scale misses by tens of levels on average.
+    const SCALED_BOUNDS: [(u32, u8, f64); 3] = [(2, 14, 1.5), (4, 18, 1.8), (8, 26, 3.5)];
+
+    #[test]
+    fn renders_from_the_jpeg_equal_renders_from_its_pixels_unless_they_read_it_scaled() {
+        use turbojpeg::Subsamp;
+        let specs = [
+            "t=decode,random_resized_crop(224),hflip,uint8(hwc)",
+            "s=decode,random_resized_crop(64, scale=(0.2, 1)),uint8(hwc)",
+            "v=decode,resize(256),center_crop(224),uint8(hwc)",
+            "r=decode,resize(90),uint8(hwc)",
+            "p=decode,center_crop(300),resize(64),uint8(hwc)",
+        ]
+        .map(spec);
+        let mut exact = 0;
+        let mut scaled = [0; 3];
+        for subsampling in [Subsamp::Sub2x2, Subsamp::None, Subsamp::Gray] {
+            let jpeg = crate::view::jpeg::tests::encoded(1000, 700, subsampling, false);
+            let pixels = decode(&jpeg).expect("decodes");
+            let (w, h) = pixels.size();
+            for s in &specs {
+                for seed in 0..12 {
+                    let part = render(s, &jpeg, seed).expect("renders").npy;
+                    let whole = transform(s, &pixels, seed).expect("renders").npy;
+                    let shrink = plan::draw(s, w, h, seed)
+                        .expect("draws")
+                        .first_read(w, h)
+                        .shrink;
+                    assert_eq!(reads_scaled(s, (w, h), seed), shrink > 1);
+                    let at = |n: &str| format!("{subsampling:?} {n} seed {seed} 1/{shrink}");
+                    if shrink == 1 {
+                        assert!(part == whole, "{}: not byte for byte", at(&s.name));
+                        exact += 1;
+                        continue;
+                    }
+                    let n = SCALED_BOUNDS
+                        .iter()
+                        .position(|b| b.0 == shrink)
+                        .expect("a scale");
+                    let (_, max_bound, mean_bound) = SCALED_BOUNDS[n];
+                    scaled[n] += 1;
+                    let diff = part[128..]
+                        .iter()
+                        .zip(&whole[128..])
+                        .map(|(a, b)| a.abs_diff(*b));
+                    let (max, sum) = diff.fold((0, 0), |(m, t), d| (d.max(m), t + u64::from(d)));
+                    let mean = sum as f64 / (part.len() - 128) as f64;
+                    assert!(
+                        max <= max_bound && mean <= mean_bound,
+                        "{}: max {max}, mean {mean:.2}",
+                        at(&s.name)
+                    );
+                }
+            }
+        }
+        assert!(exact >= 30, "{exact} renders at full scale");
+        assert!(
+            scaled.iter().all(|&n| n >= 9),
+            "renders per scale: {scaled:?}"
+        );
     }
 
     #[test]
@@ -587,6 +775,13 @@ mod tests {
         for cut in [4, 100, jpeg.len() / 2] {
             assert!(render(&s, &jpeg[..cut], 0).is_err(), "truncated at {cut}");
         }
+        // Only the end-of-image marker missing: crops anywhere in the image (libjpeg-turbo
+        // stops after a part's rows) still fail, as does the whole decode.
+        let short = &jpeg[..jpeg.len() - 2];
+        for seed in 0..8 {
+            assert!(render(&s, short, seed).is_err(), "seed {seed}");
+        }
+        assert!(decode(short).is_err());
         let mut flipped = jpeg.clone();
         for i in (200..flipped.len()).step_by(97) {
             flipped[i] ^= 0x5a;

@@ -6,6 +6,8 @@ Usage: torchvision_reference.py SRC VIEWS LOG, where VIEWS/<name> are mounted (t
   train = decode,random_resized_crop(224),hflip,normalize(imagenet)  crop/flip from LOG's lines
   u8    = decode,resize(256),center_crop(224),uint8
   pad   = decode,center_crop(224),uint8                       crop offsets and zero padding
+  thumb = decode,random_resized_crop(64),hflip,normalize(imagenet)  crops that shrink by 2-8:
+          prepfs reads those JPEGs DCT-scaled
 Each case is measured twice: `pil`, against torchvision on PIL's decode (end to end), and `same`,
 against torchvision on prepfs's own decode (the raw view as a PIL image: the transforms alone).
 Float views are compared after undoing normalize, times 255. Prints one JSON summary; exits
@@ -23,26 +25,36 @@ from torchvision import transforms as T
 from torchvision.transforms import functional as F
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-# Where the differences come from, measured on 25 synthetic photos (197x149 to 639x469, JPEG
-# quality 90), as max abs level / largest per-image mean abs level:
-# - Decoder: prepfs decodes with zune-jpeg, PIL with libjpeg-turbo; their IDCT and YCbCr->RGB
-#   round differently: raw.pil 3 / 0.013; pad.pil (no resampling) 3 / 0.014, pad.same exact.
-#   These JPEGs are 4:4:4 (the image crate's encoder). 4:2:0 files, as most real photos are, add
-#   the decoders' different chroma upsampling: PIL-encoded 4:2:0 files measured 5 / 0.39.
+# Where the differences come from, measured on 6 synthetic photos (197x149 to 569x463, JPEG
+# quality 90; five 4:4:4 as the image crate encodes, one 4:2:0 from libjpeg-turbo), as max abs
+# level / largest per-image mean abs level:
+# - Decoder: prepfs and PIL both decode with libjpeg-turbo (ISLOW IDCT, fancy upsampling), and
+#   prepfs's partial decodes (a random crop's iMCU columns and rows) equal its whole decode:
+#   raw.pil and pad.pil (no resampling) 0 / 0, also for 4:2:0. (With zune-jpeg they were 3 /
+#   0.014 for 4:4:4, and 5 / 0.39 for 4:2:0 files.)
 # - Resize: fast_image_resize's Convolution(Bilinear) uses Pillow's filter and supports, and a
 #   one-pass resize matches Pillow exactly; a two-pass one runs vertical-then-horizontal for u8
 #   where Pillow runs horizontal-then-vertical, each pass rounding to u8, so ~1/4 of the pixels
-#   differ by 1 level (at most 2 in theory): val.same / u8.same / train.same 1 / 0.24, and with
-#   the decoder on top val.pil / u8.pil / train.pil 2 / 0.24.
-# Bounds (max abs, largest per-image mean abs): `same` at the two-pass rounding limit (2) and
-# 0.35 mean (~1.5x measured, for other content); `pil` adds 3 levels of decoder margin (5). Not
-# to be loosened: real bugs show up far above them. A resize filter reading the pixels around a
-# random crop (torchvision crops, then resizes) gave train 13 / 0.27 (the outermost rows and
-# columns only), and padding the odd pixel of a too-small image before instead of after (pad
-# (crop - size) // 2 first) gave pad 255 / 11.6.
-BOUNDS = {"raw.pil": (5, 0.05), "pad.pil": (5, 0.05), "pad.same": (0, 0)}
-BOUNDS |= {f"{c}.same": (2, 0.35) for c in ("val", "train", "u8")}
-BOUNDS |= {f"{c}.pil": (5, 0.35) for c in ("val", "train", "u8")}
+#   differ by 1 level (at most 2 in theory): val, u8 and train, pil and same alike, 1 / 0.23.
+# - DCT scaling: where a random crop shrinks by 2, 4 or 8 (thumb: most crops), prepfs decodes it
+#   at 1/2, 1/4 or 1/8 in the DCT domain (libjpeg-turbo's reduced IDCT; at 1/8 a block's average)
+#   and resizes the rest of the way, where torchvision resizes the full-size crop: a different
+#   low-pass, so levels differ where the crop has detail near the output's resolution.
+#   thumb 14 / 2.10 (worst: a.jpg read at 1/4; three images at 1/4, two at 1/2, one at full
+#   size, which differs by the resize's rounding alone), pil and same alike. src/view/render.rs
+#   measures 10 / 1.1, 14 / 1.4 and 20 / 2.8 at 1/2, 1/4 and 1/8 on larger photos; scaling only
+#   where a crop shrinks by twice the factor would cut those to 7 / 0.48 at 1/2 and 10 / 0.94
+#   at 1/4, for less speed.
+# Bounds (max abs, largest per-image mean abs): decoding exact; one-resize cases at the two-pass
+# rounding limit (2) and 0.35 mean (~1.5x measured, for other content); thumb ~1.35x measured.
+# Not to be loosened: real bugs show up far above them. A resize filter reading the pixels
+# around a random crop (torchvision crops, then resizes) gave train 13 / 0.27 (the outermost rows
+# and columns only), padding the odd pixel of a too-small image before instead of after (pad
+# (crop - size) // 2 first) gave pad 255 / 11.6, and cutting a partial decode at the iMCU edge
+# without a column of margin shifts chroma by up to 68 levels there.
+BOUNDS = {"raw.pil": (0, 0), "pad.pil": (0, 0), "pad.same": (0, 0)}
+BOUNDS |= {f"{c}.{m}": (2, 0.35) for c in ("val", "train", "u8") for m in ("pil", "same")}
+BOUNDS |= {f"thumb.{m}": (19, 2.8) for m in ("pil", "same")}
 
 src, views, log = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 images = sorted(p.name for p in src.glob("*.jpg"))
@@ -70,33 +82,44 @@ raw = {n: load("raw", n) for n in images}
 pil = {n: Image.open(src / n).convert("RGB") for n in images}
 mine = {n: Image.fromarray(raw[n]) for n in images}
 val_ref = T.Compose([T.Resize(256), T.CenterCrop(224)])
-train = {n: load("train", n) for n in images}  # each file opened once: one log line each
+RANDOM = {"train": 224, "thumb": 64}  # views with a random crop, and their output size
+rendered = {v: {n: load(v, n) for n in images} for v in RANDOM}  # each opened once: one log line
 
-draws = {}
-pattern = re.compile(r"view rendered view=train path=(\S+) seed=\d+ crops=\[\[(\d+), (\d+), "
+draws = {v: {} for v in RANDOM}
+pattern = re.compile(r"view rendered view=(\w+) path=(\S+) seed=\d+ crops=\[\[(\d+), (\d+), "
                      r"(\d+), (\d+)\]\] flipped=(true|false)")
 for line in log.read_text().splitlines():
-    if m := pattern.search(line):
-        assert m[1] not in draws, f"{m[1]} rendered twice"
-        draws[m[1]] = (*map(int, m.groups()[1:5]), m[6] == "true")
-assert sorted(draws) == images, f"log lines for {sorted(draws)}"
+    if (m := pattern.search(line)) and m[1] in draws:
+        assert m[2] not in draws[m[1]], f"{m[1]}: {m[2]} rendered twice"
+        draws[m[1]][m[2]] = (*map(int, m.groups()[2:6]), m[7] == "true")
+for view, seen in draws.items():
+    assert sorted(seen) == images, f"{view}: log lines for {sorted(seen)}"
 
 
-def train_ref(img, name):
-    top, left, h, w, flipped = draws[name]
-    out = F.resized_crop(img, top, left, h, w, [224, 224], T.InterpolationMode.BILINEAR,
+def crop_ref(view, img, name):
+    top, left, h, w, flipped = draws[view][name]
+    size = RANDOM[view]
+    out = F.resized_crop(img, top, left, h, w, [size, size], T.InterpolationMode.BILINEAR,
                          antialias=True)
     return F.hflip(out) if flipped else out
+
+
+def shrink(view, name):
+    """The DCT scale prepfs reads a draw at: the largest of 8, 4, 2 its crop shrinks by."""
+    _, _, h, w, _ = draws[view][name]
+    return next((s for s in (8, 4, 2) if min(w, h) >= s * RANDOM[view]), 1)
 
 
 cases = {
     "raw": lambda n, img: (raw[n], np.asarray(img)),
     "val": lambda n, img: (levels(load("val", n)), to_levels(val_ref(img))),
-    "train": lambda n, img: (levels(train[n]), to_levels(train_ref(img, n))),
+    "train": lambda n, img: (levels(rendered["train"][n]), to_levels(crop_ref("train", img, n))),
+    "thumb": lambda n, img: (levels(rendered["thumb"][n]), to_levels(crop_ref("thumb", img, n))),
     "u8": lambda n, img: (load("u8", n).transpose(1, 2, 0), np.asarray(val_ref(img))),
     "pad": lambda n, img: (load("pad", n).transpose(1, 2, 0), np.asarray(T.CenterCrop(224)(img))),
 }
 summary, failures = {"images": {n: list(pil[n].size) for n in images}}, []
+summary["scales"] = {v: {n: shrink(v, n) for n in images} for v in RANDOM}
 for case, pair in cases.items():
     for measure, decoded in (("pil", pil), ("same", mine)):
         if case == "raw" and measure == "same":

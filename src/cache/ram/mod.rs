@@ -34,6 +34,11 @@ use crate::memory::{MemoryBudget, Shed, Use};
 use crate::shards::ShardedMap;
 use crate::source::Identity;
 
+/// While the auto policy declines decoded pixels, one render in this many still decodes its
+/// whole image and offers it, so the decision follows the source's speed (that render forgoes
+/// decoding only the part it reads).
+const REASK_DECLINED: u64 = 16;
+
 /// What a cache entry holds; each kind has its own tallies under the one shared budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Content {
@@ -143,6 +148,8 @@ pub struct RamTier {
     knobs: Option<Arc<Knobs>>,
     /// The latest `DecodedReason`, as its `repr` value.
     decoded_last: AtomicU8,
+    /// `may_keep_decoded` calls answered while the auto policy's latest decision declined.
+    decoded_reasks: AtomicU64,
     packer_thread: Option<JoinHandle<()>>,
 }
 
@@ -177,6 +184,7 @@ impl RamTier {
             decoded_caching: DecodedCaching::default(),
             knobs: None,
             decoded_last: AtomicU8::new(DecodedReason::Off as u8),
+            decoded_reasks: AtomicU64::new(0),
             packer_thread,
         }
     }
@@ -320,6 +328,28 @@ impl RamTier {
             self.decoded.remove(&identity);
         }
         admitted
+    }
+
+    /// Whether decoded pixels of `len` bytes offered now could be kept, asked before decoding,
+    /// so a render whose pixels would be declined decodes only what it reads: not with decoded
+    /// caching off, the scheduler's knob at no, or no room for them in the budget; in auto mode
+    /// as the policy decided last, but yes every `REASK_DECLINED`th time all the same, so a
+    /// decline made while the source was fast is made again, or not, as it slows.
+    pub fn may_keep_decoded(&self, len: u64) -> bool {
+        let scheduled = self.knobs.as_ref().and_then(|k| k.decoded());
+        let wanted = match (self.decoded_caching, scheduled) {
+            (DecodedCaching::Off, _) => false,
+            (DecodedCaching::On, _) => true,
+            (DecodedCaching::Auto, Some(keep)) => keep,
+            (DecodedCaching::Auto, None) => {
+                self.decoded_choice().1.keeps()
+                    || self
+                        .decoded_reasks
+                        .fetch_add(1, Ordering::Relaxed)
+                        .is_multiple_of(REASK_DECLINED)
+            }
+        };
+        wanted && self.shared.ledger.has_room(len)
     }
 
     /// Flips a byte of the first block of image `identity`'s cached pixels.

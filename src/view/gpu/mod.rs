@@ -356,6 +356,14 @@ impl Executor for Placed {
             None => Cpu.transform(spec, image, seed),
         }
     }
+
+    fn render(&self, spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, RenderError> {
+        if self.pick(Knobs::decode).is_none() && self.pick(Knobs::augment).is_none() {
+            // All on the CPU: it decodes only what the render reads.
+            return Cpu.render(spec, encoded, seed);
+        }
+        super::decoded_then_transformed(self, spec, encoded, seed)
+    }
 }
 
 #[cfg(test)]
