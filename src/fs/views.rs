@@ -24,8 +24,8 @@ use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
 use crate::memory::Work;
 use crate::source::{Identity, Kind, Meta, Source, SourceFile};
+use crate::view::limits::MAX_ENCODED_BYTES;
 use crate::view::metrics::ViewMetrics;
-use crate::view::render::MAX_ENCODED_BYTES;
 use crate::view::{Executor, RenderError, Rgb, ViewSpec, plan, render};
 use crate::workers::{Active, WorkerPool};
 

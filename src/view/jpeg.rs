@@ -26,7 +26,7 @@ use turbojpeg_sys as tj;
 const SCAN_LIMIT: i32 = 500;
 /// Megabytes libjpeg may allocate for its own buffers, beyond which it fails: a progressive
 /// image holds all its coefficients, 2 bytes per sample (6 per pixel at 4:4:4), so this is what
-/// the largest image a render accepts needs (`render::MAX_DECODE_BYTES` of RGB, 3 bytes per
+/// the largest image a render accepts needs (`limits::MAX_DECODE_BYTES` of RGB, 3 bytes per
 /// pixel, twice over).
 const MAX_MEMORY_MB: i32 = 256;
 /// Bytes per output pixel (TJPF_RGB).

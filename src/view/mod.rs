@@ -8,13 +8,15 @@
 pub mod fused;
 pub mod gpu;
 pub mod jpeg;
+pub mod limits;
 pub mod metrics;
 pub mod npy;
 pub mod plan;
 pub mod render;
 pub mod spec;
 
-pub use render::{RenderError, Rendered, Rgb};
+pub use limits::RenderError;
+pub use render::{Rendered, Rgb};
 pub use spec::{Output, SpecError, ViewSpec};
 
 /// The views' configuration (`--view`, `--seed`, `--render-threads`, and the GPU backend's).

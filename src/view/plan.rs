@@ -4,11 +4,11 @@
 //! Owns the order and the arithmetic of the draws, so every executor (the CPU renderer, the GPU
 //! kernel, its CPU mirror) sees the same crops and flips for the same (spec, image size, seed),
 //! and the refusal of a render whose any step would make an image over the pixel limits of a
-//! decode (`render::within_limits`): every executor and the announced size go through `draw`, so
+//! decode (`limits::within_limits`): every executor and the announced size go through `draw`, so
 //! none allocates such an image. Must never read pixels, and never draw a random number anywhere
 //! but here.
 
-use super::render::{self, RenderError};
+use super::limits::{self, RenderError};
 use super::spec::{Op, Size, ViewSpec, short_side};
 
 /// One pixel step of a render, with its random draws resolved.
@@ -138,9 +138,9 @@ pub fn draw(spec: &ViewSpec, width: u32, height: u32, seed: u64) -> Result<Draws
             }
             Op::Normalize { mean, std } => out.norm = Some((mean, std)),
         }
-        if !render::within_limits(w, h) {
+        if !limits::within_limits(w, h) {
             let what = format!("op {} ({}) would make", n + 1, op.name());
-            return Err(render::too_large(&what, w, h));
+            return Err(limits::too_large(&what, w, h));
         }
     }
     out.size = (w, h);

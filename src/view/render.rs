@@ -8,9 +8,9 @@
 //! decodes whole with the image crate, whose refusal is the render's error.
 //!
 //! Owns the pixel work and the random draws of one render (all from one seed, so a render is a
-//! pure function of (spec, encoded bytes, seed)), and the pixel limits every image a render holds
-//! must respect: the decoded image or part (checked from its header, before its pixels are
-//! decoded) and the output of every op after it (checked by `plan::draw` before any pixel is
+//! pure function of (spec, encoded bytes, seed)), applying the pixel limits (`limits`) to every
+//! image a render holds: the decoded image or part (checked from its header, before its pixels
+//! are decoded) and the output of every op after it (checked by `plan::draw` before any pixel is
 //! touched), so no allocation follows a size the image reports. Must never panic on any input
 //! bytes, and never return a partial image: an error is the only alternative to a complete file.
 
@@ -23,39 +23,10 @@ use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer
 use image::ImageDecoder;
 
 use super::jpeg::Jpeg;
+use super::limits::{MAX_DECODE_BYTES, MAX_SIDE, RenderError, too_large, within_limits};
 use super::npy::{self, Dtype};
 use super::plan::{self, Area, Draws, Step};
 use super::spec::{Output, ViewSpec};
-
-/// Largest width or height of any image a render holds: larger ones are refused before their
-/// pixels are allocated.
-pub const MAX_SIDE: u32 = 16_384;
-/// Largest buffer of pixels a render holds, decoded or produced by an op: 128 MiB (about 44
-/// Mpixel of RGB), refused beyond (decompression bombs, resizes of extreme aspect ratios).
-pub const MAX_DECODE_BYTES: u64 = 128 << 20;
-/// Largest encoded image a render reads: twice `MAX_DECODE_BYTES`. Compressed pixel data that
-/// decodes within the limits is at most about as large as those pixels (a PNG's stored deflate
-/// blocks add 5 bytes per 64 KiB and a filter byte per row; a JPEG's entropy coding of noise at
-/// the highest quality can pass its pixels somewhat), and metadata (EXIF, ICC, thumbnails) comes
-/// on top: the factor of 2 holds both, and a larger file is refused unread.
-pub const MAX_ENCODED_BYTES: u64 = 2 * MAX_DECODE_BYTES;
-
-/// Why a file could not be rendered.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RenderError {
-    /// Not a format the decoder knows.
-    #[error("not an image: {0}")]
-    NotAnImage(String),
-    /// Truncated or corrupt data.
-    #[error("cannot decode: {0}")]
-    Corrupt(String),
-    /// Over the pixel limit.
-    #[error("image too large: {0}")]
-    TooLarge(String),
-    /// A resize the resizer refused (should not happen with validated specs).
-    #[error("resize failed: {0}")]
-    Resize(String),
-}
 
 /// A decoded RGB8 image, rows of `width * 3` bytes.
 #[derive(Clone)]
@@ -168,22 +139,6 @@ fn reader(encoded: &[u8]) -> Result<image::ImageReader<Cursor<&[u8]>>, RenderErr
     limits.max_alloc = Some(MAX_DECODE_BYTES);
     reader.limits(limits);
     Ok(reader)
-}
-
-/// Whether an RGB image of `width` x `height` is within the pixel limits: every side at most
-/// `MAX_SIDE`, its pixels at most `MAX_DECODE_BYTES`.
-pub fn within_limits(width: u32, height: u32) -> bool {
-    width <= MAX_SIDE
-        && height <= MAX_SIDE
-        && u64::from(width) * u64::from(height) * 3 <= MAX_DECODE_BYTES
-}
-
-/// The refusal of an image of `width` x `height` pixels that `within_limits` refuses, as `what`.
-pub fn too_large(what: &str, width: u32, height: u32) -> RenderError {
-    RenderError::TooLarge(format!(
-        "{what} {width}x{height} pixels (limits: {MAX_SIDE} per side, {} MiB of RGB)",
-        MAX_DECODE_BYTES >> 20
-    ))
 }
 
 /// Checks an image of `width` x `height` pixels: not empty, within the pixel limits.

@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use super::render::{self, MAX_DECODE_BYTES, MAX_SIDE};
+use super::limits::{self, MAX_DECODE_BYTES, MAX_SIDE};
 
 /// ImageNet channel means and standard deviations (torchvision's constants).
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
@@ -401,7 +401,7 @@ fn positive(value: u64) -> Result<u32, String> {
 /// of a render (a larger one would fail every file).
 fn image_size(height: u64, width: u64) -> Result<(u32, u32), String> {
     let (h, w) = (positive(height)?, positive(width)?);
-    if !render::within_limits(w, h) {
+    if !limits::within_limits(w, h) {
         return Err(format!(
             "{h}x{w} pixels are over the {} MiB of RGB an image may have",
             MAX_DECODE_BYTES >> 20

@@ -414,7 +414,7 @@ impl Decoder {
             let info = self.nvjpeg.info(&job.encoded);
             let slot = info.and_then(|info| {
                 let bytes = u64::from(info.width) * u64::from(info.height) * 3;
-                if !render::within_limits(info.width, info.height) {
+                if !crate::view::limits::within_limits(info.width, info.height) {
                     return Err("over the pixel limits".to_owned());
                 }
                 if used + bytes as usize > capacity {
