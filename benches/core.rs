@@ -9,7 +9,10 @@
 //!   (each reads the whole file). Native page cache vs a default mount (kernel passthrough for
 //!   fully cached files as root) vs `--no-passthrough` (every read through the daemon, direct_io).
 //! - B2: one epoch of open + read + close over 5,000 files of 90-130 KB in random order, 2 reader
-//!   threads; these single-block files are served by the daemon with direct_io. The headline row
+//!   threads; once cached, these single-block files are served by kernel passthrough on the
+//!   default mount (within the allowance of small memfds) and by the daemon with direct_io on
+//!   the `--no-passthrough` mount; a diagnostic `--no-prefetch` mount shows what prefetch's
+//!   planning costs an epoch that is already cached whole. The headline row
 //!   reads like Python's `open(p, "rb").read()` (fstat, read(size + 1), read(1) -> 0). Two
 //!   diagnostic styles show what the read pattern costs through FUSE: B2-1MiB reads into a 1 MiB
 //!   buffer until read() returns 0; B2-exact reads exactly the size known from the listing once.
@@ -17,7 +20,9 @@
 //!
 //! Everything is warmed first (reads through each mount fill its RAM cache; one native read).
 //! Knobs (environment): `PREPFS_BENCH_DIR` (parent of the scratch directory, default /dev/shm, a
-//! tmpfs), `PREPFS_BENCH_REPS` (default 15). Mounts are always unmounted, also on panic or Ctrl-C.
+//! tmpfs), `PREPFS_BENCH_REPS` (default 15), `PREPFS_BENCH_ONLY` (comma-separated bench names,
+//! e.g. `B2` or `B2,B2-exact`: only those cases run, and the 1 GiB file is not written unless a
+//! B1 case is among them). Mounts are always unmounted, also on panic or Ctrl-C.
 //! Benchmarks report numbers; they never assert timing.
 
 use std::fs::File;
@@ -28,8 +33,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-/// The binary under test, built by cargo for this bench.
-const PREPFS: &str = env!("CARGO_BIN_EXE_prepfs");
+/// The binary under test, built by cargo for this bench; `PREPFS_BENCH_BIN` names another (an
+/// earlier build, to compare before and after in one session).
+fn prepfs() -> String {
+    std::env::var("PREPFS_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_prepfs").to_string())
+}
 /// B1 file size: large enough that one pass takes ~0.1 s even at native speed.
 const BIG_SIZE: u64 = 1 << 30;
 /// The read size a data loader streaming a big file would use (and FUSE's max request, 256 pages).
@@ -56,10 +64,14 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(15)
         .max(1);
+    let only: Option<Vec<String>> = std::env::var("PREPFS_BENCH_ONLY")
+        .ok()
+        .map(|s| s.split(',').map(|b| b.trim().to_string()).collect());
+    let wanted = |bench: &str| only.as_ref().is_none_or(|o| o.iter().any(|b| b == bench));
     let parent = std::env::var_os("PREPFS_BENCH_DIR")
         .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
     let started = Instant::now();
-    eprintln!("prepfs core bench: binary {PREPFS}");
+    eprintln!("prepfs core bench: binary {}", prepfs());
     eprintln!(
         "scratch under {} ({}), {reps} repetitions, load at start: {}",
         parent.display(),
@@ -77,7 +89,8 @@ fn main() {
 
     let t = Instant::now();
     let big = source.join("big.bin");
-    write_random(&big, BIG_SIZE, 1);
+    let with_big = wanted("B1");
+    write_random(&big, if with_big { BIG_SIZE } else { 0 }, 1);
     let mut rng = fastrand::Rng::with_seed(2);
     let small_rel: Vec<PathBuf> = (0..SMALL_FILES)
         .map(|i| {
@@ -103,25 +116,30 @@ fn main() {
     // Mounts. Default --fuse-threads is one per core (at least 2), i.e. 2 here; the third mount
     // shows what more FUSE threads than cores does on the direct_io path.
     let mut mounts: Vec<MountGuard> = Vec::new();
-    let defs: [(&str, &[&str]); 3] = [
+    let defs: [(&str, &[&str]); 4] = [
         ("default", &[]),
         ("no-passthrough", &["--no-passthrough"]),
         (
             "no-passthrough, 4 FUSE threads",
             &["--no-passthrough", "--fuse-threads", "4"],
         ),
+        // Diagnostic: what prefetch's planning costs an epoch the cache already holds whole.
+        ("no-prefetch", &["--no-prefetch"]),
     ];
     for (i, (label, extra)) in defs.iter().enumerate() {
         let mnt = scratch.path().join(format!("mnt{i}"));
         std::fs::create_dir(&mnt).expect("mkdir mountpoint");
         mounts.push(MountGuard::mount(&source, &mnt, label, extra));
     }
-    let (m_default, m_nopt, m_nopt4) = (&mounts[0], &mounts[1], &mounts[2]);
+    let (m_default, m_nopt, m_nopt4, m_nopf) = (&mounts[0], &mounts[1], &mounts[2], &mounts[3]);
 
     // Warm-up, with a content check: native page cache, then each mount's RAM cache.
     let t = Instant::now();
     let want_big = hash_file(&big);
-    for m in [m_default, m_nopt, m_nopt4] {
+    for m in [m_default, m_nopt, m_nopt4]
+        .into_iter()
+        .filter(|_| with_big)
+    {
         assert_eq!(
             hash_file(&m.path.join("big.bin")),
             want_big,
@@ -132,10 +150,11 @@ fn main() {
     let native_small: Vec<PathBuf> = small_rel.iter().map(|r| source.join(r)).collect();
     let files_of =
         |m: &MountGuard| -> Vec<PathBuf> { small_rel.iter().map(|r| m.path.join(r)).collect() };
-    let (default_small, nopt4_small) = (files_of(m_default), files_of(m_nopt4));
+    let (default_small, nopt4_small, nopf_small) =
+        (files_of(m_default), files_of(m_nopt4), files_of(m_nopf));
     for (i, native) in native_small.iter().enumerate() {
         let want = hash_file(native);
-        for p in [&default_small[i], &nopt4_small[i]] {
+        for p in [&default_small[i], &nopt4_small[i], &nopf_small[i]] {
             assert_eq!(
                 hash_file(p),
                 want,
@@ -146,7 +165,10 @@ fn main() {
     }
     // A second pass through each mount, so every file has been opened once since it became fully
     // cached (passthrough is offered from the open after the file is complete).
-    for m in [m_default, m_nopt, m_nopt4] {
+    for m in [m_default, m_nopt, m_nopt4]
+        .into_iter()
+        .filter(|_| with_big)
+    {
         hash_file(&m.path.join("big.bin"));
     }
     eprintln!("warm-up (incl. content checks) in {:.1?}", t.elapsed());
@@ -204,26 +226,35 @@ fn main() {
         epoch(SmallRead::Python, "native", &native_small, None),
         epoch(
             SmallRead::Python,
-            "prepfs default (direct_io)",
+            "prepfs default (passthrough)",
             &default_small,
             Some(0.5),
         ),
         epoch(SmallRead::Python, nopt4, &nopt4_small, Some(0.5)),
+        epoch(
+            SmallRead::Python,
+            "prepfs --no-prefetch (diagnostic)",
+            &nopf_small,
+            Some(0.5),
+        ),
         epoch(SmallRead::Buf1MiB, "native", &native_small, None),
         epoch(
             SmallRead::Buf1MiB,
-            "prepfs default (direct_io)",
+            "prepfs default (passthrough)",
             &default_small,
             Some(0.5),
         ),
         epoch(SmallRead::Exact, "native", &native_small, None),
         epoch(
             SmallRead::Exact,
-            "prepfs default (direct_io)",
+            "prepfs default (passthrough)",
             &default_small,
             Some(0.5),
         ),
     ];
+    // The selection keeps each native baseline with the cases after it (the tables pair them).
+    let cases: Vec<Case> = cases.into_iter().filter(|c| wanted(c.bench)).collect();
+    assert!(!cases.is_empty(), "PREPFS_BENCH_ONLY selects no case");
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     // CPU seconds spent per case, summed over repetitions: (this process, i.e. the readers and
     // the kernel work their syscalls do; the daemon serving the case, if any).
@@ -647,7 +678,7 @@ struct MountGuard {
 
 impl MountGuard {
     fn mount(source: &Path, mnt: &Path, label: &'static str, extra: &[&str]) -> Self {
-        let status = Command::new(PREPFS)
+        let status = Command::new(prepfs())
             .arg("mount")
             .arg(source)
             .arg(mnt)
@@ -712,7 +743,7 @@ impl MountGuard {
 
 impl Drop for MountGuard {
     fn drop(&mut self) {
-        let ok = Command::new(PREPFS)
+        let ok = Command::new(prepfs())
             .arg("umount")
             .arg(&self.path)
             .status()
@@ -722,7 +753,7 @@ impl Drop for MountGuard {
                 "prepfs umount {} failed; detaching lazily",
                 self.path.display()
             );
-            let _ = Command::new(PREPFS)
+            let _ = Command::new(prepfs())
                 .args(["umount", "--lazy"])
                 .arg(&self.path)
                 .status();

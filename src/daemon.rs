@@ -70,6 +70,7 @@ pub(crate) fn build_observed(
     budget.add_shed(Arc::downgrade(&(staging.clone() as Arc<dyn Shed>)));
     let ram = RamTier::new(budget.clone(), packer.clone(), metrics.clone())
         .with_decoded_caching(cache.decoded)
+        .with_small_memfds(config.fuse.passthrough)
         .with_knobs(knobs.clone())
         .shared();
     let disk = disk.map(|d| {

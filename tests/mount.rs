@@ -295,9 +295,13 @@ fn control_dir_is_hidden_and_stats_move() {
         get(&mid, "cache", "misses") - get(&before, "cache", "misses"),
         1
     );
+    // The second read is a hit: of the daemon, or of the kernel serving the cached memfd by
+    // passthrough (as root), which counts one hit per block at its open.
     assert_eq!(get(&after, "cache", "hits") - get(&mid, "cache", "hits"), 1);
-    assert_eq!(get(&after, "cache", "bytes"), 50_000);
-    assert!(after["bytes_served"].as_u64() >= Some(100_000));
+    // One 4 KiB-page-rounded memfd with passthrough, the bytes themselves on the heap otherwise.
+    assert!([50_000, 53_248].contains(&get(&after, "cache", "bytes")));
+    // Passthrough reads never reach the daemon, so only the first read is sure to be counted.
+    assert!(after["bytes_served"].as_u64() >= Some(50_000));
     assert!(after["read_latency_us"]["p99"].as_f64() > Some(0.0));
     assert!(after["uptime_seconds"].as_f64() > Some(0.0));
 

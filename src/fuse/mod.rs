@@ -261,6 +261,7 @@ fn send_opened(shared: &Shared, reply: ReplyOpen, opened: Opened) {
         match cached.passthrough_backing(|fd| reply.open_backing(fd)) {
             Ok(backing) => {
                 shared.fs.metrics().passthrough_opens.inc();
+                cached.count_passthrough_open();
                 return reply.opened_passthrough(
                     FileHandle(opened.fh),
                     FopenFlags::FOPEN_NOFLUSH,

@@ -5,8 +5,9 @@
 //! file's layout, verification of every hit, packing a block in place, and the memfd a complete
 //! raw file offers to kernel passthrough. The first admitted block decides the layout: bytes
 //! worth compressing (see `codec`) stay on the heap, raw until the packer compresses them; other
-//! files of one block stay raw on the heap, and larger ones keep their bytes in a memfd (see
-//! `memfd`), which the kernel can serve by passthrough once every block is present. Must never
+//! files keep their bytes in a memfd (see `memfd`), which the kernel can serve by passthrough
+//! once every block is present, except files of one block past the allowance of small memfds,
+//! which stay raw on the heap. Must never
 //! return bytes that failed their checksum, never evict a block to make room, and never fetch:
 //! blocks come from `BlockFetcher`, which decides what is fetched from where.
 
@@ -57,8 +58,12 @@ impl Stored {
 /// How a file's blocks are stored, decided by its first admitted block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Layout {
-    /// Raw: on the heap for one block, in a memfd (passthrough-able) for more.
-    Raw,
+    /// Raw: in a memfd (passthrough-able), or on the heap (files of one block past the
+    /// allowance of small memfds, and decoded pixels of one block).
+    Raw {
+        /// Whether the bytes live in a memfd.
+        memfd: bool,
+    },
     /// Compressible: on the heap, packed in the background, after the row filter at `lag`
     /// when the bytes are image rows of that length (0: no filter).
     Packable {
@@ -195,7 +200,7 @@ impl RamFile {
     /// Raw files of more than one block (and a dense slot array: a huge file's bytes stay on
     /// the heap, block by block) keep their bytes in a memfd, which passthrough can serve.
     fn uses_memfd(&self) -> bool {
-        self.slots.is_dense() && self.slots.len() > 1 && self.layout.get() == Some(&Layout::Raw)
+        self.slots.is_dense() && self.layout.get() == Some(&Layout::Raw { memfd: true })
     }
 
     /// Whether block `index` is stored (false past the end).
@@ -414,13 +419,14 @@ impl RamFile {
                 None if index == 0 => rows::npy_row_bytes(&block.data).unwrap_or(0),
                 None => 0,
             };
-            if !self.ram.packer.enabled() {
-                Layout::Raw
-            } else if lag > 0 || codec::is_compressible(&block.data) {
+            if self.ram.packer.enabled() && (lag > 0 || codec::is_compressible(&block.data)) {
                 // Image rows compress once filtered, even when the raw bytes look random.
                 Layout::Packable { lag }
             } else {
-                Layout::Raw
+                Layout::Raw {
+                    memfd: self.slots.len() > 1
+                        || (self.content == Content::Source && self.ram.small_memfds.take()),
+                }
             }
         });
         let bytes = self.charge(block.data.len() as u64);
@@ -625,6 +631,12 @@ impl RamFile {
         Some(body.fd())
     }
 
+    /// Counts an open the kernel serves by passthrough as a hit of every block: its reads never
+    /// reach the daemon, and the hit rate must not fall as the kernel serves more of the cache.
+    pub fn count_passthrough_open(&self) {
+        self.ram.metrics.hits.add(self.slots.len() as u64);
+    }
+
     /// The passthrough registration of this complete file, made once by `register` from its memfd
     /// and shared by every later open (the kernel wants one backing file per inode).
     pub fn passthrough_backing<T: Any + Send + Sync>(
@@ -689,6 +701,9 @@ impl Drop for RamFile {
             }
         });
         ledger.budget.release(Use::Cache, self.overhead);
+        if self.slots.len() == 1 && self.layout.get() == Some(&Layout::Raw { memfd: true }) {
+            self.ram.small_memfds.give_back();
+        }
         let tally = ledger.tally(self.content);
         if present > 0 {
             tally.entries.fetch_sub(1, Ordering::Relaxed);

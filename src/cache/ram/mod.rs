@@ -33,6 +33,7 @@ use crate::control::knobs::Knobs;
 use crate::memory::{MemoryBudget, Shed, Use};
 use crate::shards::ShardedMap;
 use crate::source::Identity;
+use memfd::MemfdAllowance;
 
 /// While the auto policy declines decoded pixels, one render in this many still decodes its
 /// whole image and offers it, so the decision follows the source's speed (that render forgoes
@@ -136,6 +137,8 @@ pub(crate) struct Shared {
     ledger: Ledger,
     metrics: Arc<CacheMetrics>,
     packer: Arc<Packer>,
+    /// Memfds that files of one block may still take.
+    small_memfds: MemfdAllowance,
 }
 
 /// The RAM tier of one mount: cached files (and decoded images) by identity.
@@ -178,6 +181,7 @@ impl RamTier {
                 ledger: Ledger::new(budget),
                 metrics,
                 packer,
+                small_memfds: MemfdAllowance::new(0),
             }),
             files: ShardedMap::default(),
             decoded: ShardedMap::default(),
@@ -187,6 +191,18 @@ impl RamTier {
             decoded_reasks: AtomicU64::new(0),
             packer_thread,
         }
+    }
+
+    /// This cache, keeping files of one block in a memfd (up to the process's share, see
+    /// `MemfdAllowance`) when `passthrough` can serve them from it; else on the heap, where a
+    /// memfd would only cost a descriptor and a mapping.
+    pub fn with_small_memfds(self, passthrough: bool) -> RamTier {
+        if passthrough {
+            self.shared
+                .small_memfds
+                .grant(MemfdAllowance::process_share());
+        }
+        self
     }
 
     /// This cache, keeping view images' decoded pixels as `mode` says.
