@@ -9,6 +9,7 @@
 //! never opened are its stragglers (another worker finishing it), not members of the new one.
 //! Must never do I/O or block: it is plain data driven by the prefetch planner.
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
@@ -93,12 +94,60 @@ impl Pass {
     }
 }
 
+/// The positions of the previous pass's files that the current pass has not opened: each open
+/// removes one in O(1), and a walk from any position finds the next one in amortized O(1)
+/// (a disjoint-set "next unopened" array with path halving), so that predictors and the
+/// remaining-set walk never step over opened files one by one, whatever the pass's size.
+#[derive(Debug, Clone)]
+struct Unopened {
+    /// `next[i]`: position `i` itself while unopened, else a position at most as far as the next
+    /// unopened one; the last entry is the end (the pass's length).
+    next: Vec<Cell<u32>>,
+}
+
+impl Unopened {
+    fn all(len: usize) -> Unopened {
+        Unopened {
+            next: (0..=len as u32).map(Cell::new).collect(),
+        }
+    }
+
+    /// The first unopened position at or after `i` (the length when none).
+    fn find(&self, i: usize) -> usize {
+        let end = self.next.len() - 1;
+        let mut i = i.min(end);
+        loop {
+            let next = self.next[i].get() as usize;
+            if next == i {
+                return i;
+            }
+            let after = self.next[next].get();
+            self.next[i].set(after);
+            i = after as usize;
+        }
+    }
+
+    fn remove(&mut self, i: usize) {
+        if i + 1 < self.next.len() {
+            self.next[i].set(i as u32 + 1);
+        }
+    }
+
+    /// One more unopened position at the end (a straggler joined the previous pass).
+    fn push(&mut self) {
+        let end = self.next.len() as u32;
+        self.next.push(Cell::new(end));
+    }
+}
+
 /// The epoch state of one file set.
 #[derive(Debug, Clone)]
 pub struct EpochTracker {
     epoch: u64,
     current: Pass,
     previous: Option<Pass>,
+    /// Positions in `previous` the current pass has not opened.
+    unopened: Unopened,
     /// Files of `previous` the current pass has opened (for coverage).
     covered: usize,
     /// Opens seen, all passes together.
@@ -115,6 +164,7 @@ impl Default for EpochTracker {
             epoch: 1,
             current: Pass::default(),
             previous: None,
+            unopened: Unopened::all(0),
             covered: 0,
             opens: 0,
             repeats: VecDeque::new(),
@@ -135,6 +185,7 @@ impl EpochTracker {
             && !previous.contains(file)
         {
             previous.add(file);
+            self.unopened.push();
             return Opened::Straggler;
         }
         // A lone repeat long before the next ones was a sample read again, not a new pass.
@@ -145,7 +196,8 @@ impl EpochTracker {
             self.old_repeats = None;
         }
         self.current.add(file);
-        if self.previous.as_ref().is_some_and(|p| p.contains(file)) {
+        if let Some(at) = self.previous.as_ref().and_then(|p| p.position(file)) {
+            self.unopened.remove(at);
             self.covered += 1;
         }
         Opened::First
@@ -182,12 +234,14 @@ impl EpochTracker {
         }
         self.old_repeats = None;
         let ended = std::mem::replace(&mut self.current, next);
-        self.covered = self
-            .current
-            .order
-            .iter()
-            .filter(|f| ended.contains(f))
-            .count();
+        self.unopened = Unopened::all(ended.len());
+        self.covered = 0;
+        for f in &self.current.order {
+            if let Some(at) = ended.position(f) {
+                self.unopened.remove(at);
+                self.covered += 1;
+            }
+        }
         self.previous = Some(ended);
         self.epoch += 1;
         Opened::NewEpoch
@@ -216,10 +270,24 @@ impl EpochTracker {
 
     /// Files of the previous pass not opened yet in this one: what is still to come this epoch.
     pub fn remaining(&self) -> impl Iterator<Item = &FileKey> {
-        self.previous
-            .iter()
-            .flat_map(|p| p.order.iter())
-            .filter(|f| !self.current.contains(f))
+        self.unopened_from(0).map(|(_, f)| f)
+    }
+
+    /// The previous pass's files this pass has not opened, from position `at` of that pass on,
+    /// with their positions: each step costs amortized O(1), however many were opened between.
+    pub fn unopened_from(&self, at: usize) -> impl Iterator<Item = (usize, &FileKey)> {
+        let order = self.previous.as_ref().map_or(&[][..], |p| &p.order[..]);
+        let mut next = at;
+        std::iter::from_fn(move || {
+            let i = self.unopened.find(next);
+            next = i + 1;
+            order.get(i).map(|f| (i, f))
+        })
+    }
+
+    /// Whether the file at position `at` of the previous pass is still to come in this one.
+    pub fn is_unopened(&self, at: usize) -> bool {
+        at < self.unopened.next.len().saturating_sub(1) && self.unopened.find(at) == at
     }
 }
 

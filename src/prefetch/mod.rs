@@ -234,7 +234,7 @@ struct SetState {
     /// `by_size` (the last pass's files, smallest first).
     cursor: usize,
     fetch_cursor: usize,
-    by_size: Vec<FileKey>,
+    by_size: Vec<u32>,
     in_use: &'static str,
     /// Opens per second (moving average) and when the last one came.
     rate: f64,
@@ -566,19 +566,17 @@ impl SetState {
         let now = Marks::now(shared);
         let pass = self.tracker.previous();
         let files = pass.map_or(0, |p| p.len());
-        let known = &self.known;
-        self.by_size = pass.map_or_else(Vec::new, |p| {
-            predict::smallest_first(p.order(), |f| known.get(f).map(|i| i.size))
-        });
-        // The walk starts after the cursor: at the smallest file.
-        self.fetch_cursor = self.by_size.len().saturating_sub(1);
         // Sizes are known for dataset files (their identities), not for view files.
-        let working_set = pass.and_then(|p| {
+        let sizes: Vec<Option<u64>> = pass.map_or_else(Vec::new, |p| {
             p.order()
                 .iter()
                 .map(|f| self.known.get(f).map(|i| i.size))
-                .sum::<Option<u64>>()
+                .collect()
         });
+        self.by_size = predict::smallest_first(&sizes);
+        // The walk starts after the cursor: at the smallest file.
+        self.fetch_cursor = self.by_size.len().saturating_sub(1);
+        let working_set = pass.and_then(|_| sizes.iter().copied().sum::<Option<u64>>());
         let figures = now.figures(
             &self.marks,
             self.tracker.epoch() - 1,
@@ -617,7 +615,11 @@ impl SetState {
         }
         self.opens += 1;
         let current = self.tracker.current();
-        let opened_now = |p: &Path| current.contains(p);
+        let looked = std::cell::Cell::new(0u64);
+        let opened_now = |p: &Path| {
+            looked.set(looked.get() + 1);
+            current.contains(p)
+        };
         for (predictor, score) in &mut self.predictors {
             score.opened(&file, self.opens);
             let mut out = Vec::new();
@@ -630,14 +632,20 @@ impl SetState {
             );
             score.predicted(&out, self.opens);
         }
+        let mut work = looked.get();
         if shared.enabled {
-            self.plan(shared, set, &file);
+            work += self.plan(shared, set, &file);
         }
+        for (predictor, _) in &mut self.predictors {
+            work += predictor.take_work();
+        }
+        shared.metrics.planner_work.add(work);
     }
 
     /// Replaces this set's queued files with the next `depth` predicted ones (the scheduler's
-    /// depth while it holds the knob, else `controller_depth`).
-    fn plan(&mut self, shared: &Shared, set: SetId, last: &Path) {
+    /// depth while it holds the knob, else `controller_depth`); returns the candidates it looked
+    /// at.
+    fn plan(&mut self, shared: &Shared, set: SetId, last: &Path) -> u64 {
         let file_seconds = f64::from_bits(shared.file_seconds.load(Ordering::Relaxed));
         let threads = shared.threads.max(1);
         let depth = shared
@@ -656,7 +664,9 @@ impl SetState {
                 id.size.clamp(1, crate::cache::BLOCK_SIZE)
             })
         };
+        let looked = std::cell::Cell::new(0u64);
         let skip = |p: &Path| {
+            looked.set(looked.get() + 1);
             if current.contains(p) {
                 return true;
             }
@@ -692,7 +702,7 @@ impl SetState {
             }
             // The remaining set: fetch its smallest files while their bytes have room (the most
             // misses hidden per byte held), then open the next ones ahead, in any order.
-            None if let Some(previous) = self.tracker.previous() => {
+            None if self.tracker.previous().is_some() => {
                 self.in_use = "remaining";
                 let fits = |p: &Path| fetcher.has_prefetch_room(first_block(p));
                 self.fetch_cursor = predict::smallest_remaining(
@@ -705,14 +715,15 @@ impl SetState {
                     &mut next,
                 );
                 let mut opens = Vec::new();
+                let taken: std::collections::HashSet<&Path> = next.iter().map(|f| &**f).collect();
                 self.cursor = predict::remaining(
                     &self.tracker,
-                    previous.order(),
                     self.cursor,
                     depth.saturating_sub(next.len()),
-                    &|p: &Path| skip(p) || next.iter().any(|f| **f == *p),
+                    &|p: &Path| skip(p) || taken.contains(p),
                     &mut opens,
                 );
+                drop(taken);
                 next.append(&mut opens);
             }
             // Epoch 1 in an order nobody predicts: nothing worth the source's time. A
@@ -721,7 +732,7 @@ impl SetState {
             // most 0.88x on a shuffled cold epoch.
             None => {
                 self.in_use = "none";
-                return;
+                return looked.get();
             }
         }
         let mut jobs = shared.jobs.lock();
@@ -737,6 +748,7 @@ impl SetState {
         }
         drop(jobs);
         shared.work.notify_all();
+        looked.get()
     }
 
     fn status(&self) -> Value {
@@ -787,7 +799,11 @@ fn plan(
             Ok(event) => {
                 let set = event.set;
                 if let Some(state) = sets.get_mut(set) {
+                    let cpu = crate::cache::thread_cpu();
                     state.opened(shared, set, event);
+                    shared.metrics.planned.inc();
+                    let spent = crate::cache::thread_cpu().saturating_sub(cpu);
+                    shared.metrics.planner_ns.add(spent);
                     dirty = true;
                 }
             }
