@@ -94,28 +94,40 @@ impl Pass {
     }
 }
 
-/// The positions of the previous pass's files that the current pass has not opened: each open
-/// removes one in O(1), and a walk from any position finds the next one in amortized O(1)
-/// (a disjoint-set "next unopened" array with path halving), so that predictors and the
-/// remaining-set walk never step over opened files one by one, whatever the pass's size.
+/// A set of positions `0..len` that only shrinks (until it is made anew): removing one costs
+/// O(1), and finding the first member at or after any position costs amortized O(1) (a
+/// disjoint-set "next member" array with path halving). The epoch tracker keeps the previous
+/// pass's files the current one has not opened in one, and the planner the files it has not
+/// settled, so that no walk steps over opened or settled files one by one, whatever the pass's
+/// size.
 #[derive(Debug, Clone)]
-struct Unopened {
-    /// `next[i]`: position `i` itself while unopened, else a position at most as far as the next
-    /// unopened one; the last entry is the end (the pass's length).
+pub struct Positions {
+    /// `next[i]`: `i` itself while a member, else a position at most as far as the next member;
+    /// the last entry is the end (`len`).
     next: Vec<Cell<u32>>,
 }
 
-impl Unopened {
-    fn all(len: usize) -> Unopened {
-        Unopened {
+impl Positions {
+    /// Every position of `0..len`.
+    pub fn all(len: usize) -> Positions {
+        Positions {
             next: (0..=len as u32).map(Cell::new).collect(),
         }
     }
 
-    /// The first unopened position at or after `i` (the length when none).
-    fn find(&self, i: usize) -> usize {
-        let end = self.next.len() - 1;
-        let mut i = i.min(end);
+    /// The positions' range end.
+    pub fn len(&self) -> usize {
+        self.next.len() - 1
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first member at or after `i` (`len` when none).
+    pub fn find(&self, i: usize) -> usize {
+        let mut i = i.min(self.len());
         loop {
             let next = self.next[i].get() as usize;
             if next == i {
@@ -127,16 +139,33 @@ impl Unopened {
         }
     }
 
-    fn remove(&mut self, i: usize) {
-        if i + 1 < self.next.len() {
+    /// Whether `i` is a member.
+    pub fn contains(&self, i: usize) -> bool {
+        i < self.len() && self.find(i) == i
+    }
+
+    /// Removes `i`.
+    pub fn remove(&mut self, i: usize) {
+        if i < self.len() {
             self.next[i].set(i as u32 + 1);
         }
     }
 
-    /// One more unopened position at the end (a straggler joined the previous pass).
-    fn push(&mut self) {
+    /// One more member, at the end of the range.
+    pub fn push(&mut self) {
         let end = self.next.len() as u32;
         self.next.push(Cell::new(end));
+    }
+
+    /// The first member at or after `from`, wrapping around to the start once: the walk of a
+    /// cursor over a set that shrinks as it goes.
+    pub fn next_from(&self, from: usize) -> Option<usize> {
+        let i = self.find(from);
+        if i < self.len() {
+            return Some(i);
+        }
+        let i = self.find(0);
+        (i < self.len()).then_some(i)
     }
 }
 
@@ -147,7 +176,7 @@ pub struct EpochTracker {
     current: Pass,
     previous: Option<Pass>,
     /// Positions in `previous` the current pass has not opened.
-    unopened: Unopened,
+    unopened: Positions,
     /// Files of `previous` the current pass has opened (for coverage).
     covered: usize,
     /// Opens seen, all passes together.
@@ -164,7 +193,7 @@ impl Default for EpochTracker {
             epoch: 1,
             current: Pass::default(),
             previous: None,
-            unopened: Unopened::all(0),
+            unopened: Positions::all(0),
             covered: 0,
             opens: 0,
             repeats: VecDeque::new(),
@@ -234,7 +263,7 @@ impl EpochTracker {
         }
         self.old_repeats = None;
         let ended = std::mem::replace(&mut self.current, next);
-        self.unopened = Unopened::all(ended.len());
+        self.unopened = Positions::all(ended.len());
         self.covered = 0;
         for f in &self.current.order {
             if let Some(at) = ended.position(f) {
@@ -287,7 +316,7 @@ impl EpochTracker {
 
     /// Whether the file at position `at` of the previous pass is still to come in this one.
     pub fn is_unopened(&self, at: usize) -> bool {
-        at < self.unopened.next.len().saturating_sub(1) && self.unopened.find(at) == at
+        self.unopened.contains(at)
     }
 }
 

@@ -40,11 +40,11 @@ use crate::control::knobs::Knobs;
 use crate::metrics::Samples;
 use crate::source::{Identity, Source, SourceFile};
 use diagnosis::{Capacity, PassFigures, diagnose};
-use epoch::{EpochTracker, FileKey, Opened};
+use epoch::{EpochTracker, FileKey, Opened, Positions};
 use hint::{Hint, OrderFile, OrderSlot, Polled};
 use metrics::PrefetchMetrics;
 use parked::Parked;
-use predict::{HORIZON, Predictor, Replay, Score, Tree};
+use predict::{HORIZON, Predictor, Replay, Score, Tree, Verdict};
 
 /// Opens waiting for the planner; beyond it they are dropped (and counted), never waited for.
 const EVENT_QUEUE: usize = 4096;
@@ -235,6 +235,10 @@ struct SetState {
     cursor: usize,
     fetch_cursor: usize,
     by_size: Vec<u32>,
+    /// The last pass's files (positions) and `by_size` entries not settled in this pass: the
+    /// remaining-set walks step over each settled file once, not at every open.
+    unplanned: Positions,
+    unfetched: Positions,
     in_use: &'static str,
     /// Opens per second (moving average) and when the last one came.
     rate: f64,
@@ -541,6 +545,8 @@ impl SetState {
             cursor: 0,
             fetch_cursor: 0,
             by_size: Vec::new(),
+            unplanned: Positions::all(0),
+            unfetched: Positions::all(0),
             in_use: "none",
             rate: 0.0,
             last_open: None,
@@ -574,6 +580,8 @@ impl SetState {
                 .collect()
         });
         self.by_size = predict::smallest_first(&sizes);
+        self.unplanned = Positions::all(files);
+        self.unfetched = Positions::all(self.by_size.len());
         // The walk starts after the cursor: at the smallest file.
         self.fetch_cursor = self.by_size.len().saturating_sub(1);
         let working_set = pass.and_then(|_| sizes.iter().copied().sum::<Option<u64>>());
@@ -665,30 +673,34 @@ impl SetState {
             })
         };
         let looked = std::cell::Cell::new(0u64);
-        let skip = |p: &Path| {
+        let judge = |p: &Path| {
             looked.set(looked.get() + 1);
             if current.contains(p) {
-                return true;
+                return Verdict::Settled;
             }
             let outcome = outcomes.lock().get(p).copied();
-            if matches!(
-                outcome,
-                Some(Outcome::InFlight | Outcome::Done | Outcome::Settled)
-            ) {
-                return true;
+            match outcome {
+                Some(Outcome::InFlight) => return Verdict::Later,
+                Some(Outcome::Done | Outcome::Settled) => return Verdict::Settled,
+                Some(Outcome::Parked) | None => {}
             }
             let identity = known.get(p);
             if identity
                 .and_then(|id| fetcher.ram().get(id))
                 .is_some_and(|e| e.is_complete())
             {
-                return true;
+                return Verdict::Settled;
             }
             // Without room for its bytes a file is worth an open ahead, once, while there are
             // descriptors to hold it.
-            !fetcher.has_prefetch_room(first_block(p))
+            if !fetcher.has_prefetch_room(first_block(p))
                 && (outcome == Some(Outcome::Parked) || parked_full)
+            {
+                return Verdict::Later;
+            }
+            Verdict::Take
         };
+        let skip = |p: &Path| judge(p) != Verdict::Take;
         let best = self
             .predictors
             .iter_mut()
@@ -705,12 +717,18 @@ impl SetState {
             None if self.tracker.previous().is_some() => {
                 self.in_use = "remaining";
                 let fits = |p: &Path| fetcher.has_prefetch_room(first_block(p));
+                // Stragglers joined the last pass since it closed: their positions too.
+                let files = self.tracker.previous().map_or(0, |p| p.len());
+                while self.unplanned.len() < files {
+                    self.unplanned.push();
+                }
                 self.fetch_cursor = predict::smallest_remaining(
                     &self.tracker,
                     &self.by_size,
+                    &mut self.unfetched,
                     self.fetch_cursor,
                     depth,
-                    &skip,
+                    &judge,
                     &fits,
                     &mut next,
                 );
@@ -718,9 +736,16 @@ impl SetState {
                 let taken: std::collections::HashSet<&Path> = next.iter().map(|f| &**f).collect();
                 self.cursor = predict::remaining(
                     &self.tracker,
+                    &mut self.unplanned,
                     self.cursor,
                     depth.saturating_sub(next.len()),
-                    &|p: &Path| skip(p) || taken.contains(p),
+                    &|p: &Path| {
+                        if taken.contains(p) {
+                            Verdict::Later
+                        } else {
+                            judge(p)
+                        }
+                    },
                     &mut opens,
                 );
                 drop(taken);

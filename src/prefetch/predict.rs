@@ -13,7 +13,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::epoch::{EpochTracker, FileKey};
+use super::epoch::{EpochTracker, FileKey, Positions};
 use crate::source::{Kind, Source};
 
 /// Opens within which a prediction must come true to count as right.
@@ -297,39 +297,44 @@ impl Predictor for Tree {
     }
 }
 
-/// Appends up to `n` files the last pass read and this one has not, in the last pass's order,
-/// starting after position `cursor` of it and wrapping around (so that successive calls spread
-/// over the set, and a call that finds few continues where the last one stopped); returns the new
-/// cursor. Files this pass opened are never stepped over one by one (`unopened_from`).
-pub fn remaining(
-    tracker: &EpochTracker,
+/// What the planner makes of a file of the remaining set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Worth a prefetch now.
+    Take,
+    /// Not now (in flight, taken already, or no room yet): looked at again on a later walk.
+    Later,
+    /// Nothing more to do for it in this pass (fetched, held whole, failed): never looked at
+    /// again until the pass ends.
+    Settled,
+}
+
+/// Walks `members` (positions of a cursor's order, `len` of them) from after `cursor`, wrapping
+/// around once, until `visit` says stop or `budget` members were visited; returns the cursor
+/// (the last member `visit` passed; the one it stopped at is visited again by the next walk).
+/// `visit` gets a member and may remove it from `members`.
+fn walk(
+    members: &mut Positions,
     cursor: usize,
-    n: usize,
-    skip: &dyn Fn(&Path) -> bool,
-    out: &mut Vec<FileKey>,
+    budget: usize,
+    mut visit: impl FnMut(&mut Positions, usize) -> bool,
 ) -> usize {
-    let wanted = out.len() + n;
-    let (mut at, mut from, mut first) = (cursor, cursor + 1, None);
-    for _ in 0..n * SCAN_PER_PREDICTION {
-        if out.len() >= wanted {
+    let start = if cursor + 1 >= members.len() {
+        0
+    } else {
+        cursor + 1
+    };
+    let (mut at, mut from, mut wrapped) = (cursor, start, false);
+    for _ in 0..budget {
+        let Some(i) = members.next_from(from) else {
             break;
-        }
-        let (i, f) = match tracker.unopened_from(from).next() {
-            Some(next) => next,
-            // Past the end: once more from the start (nothing left when that finds none).
-            None if from > 0 => {
-                from = 0;
-                continue;
-            }
-            None => break,
         };
-        // Round once: each file at most once per call.
-        if first == Some(i) {
+        wrapped |= i < from;
+        if wrapped && i >= start {
             break;
         }
-        first.get_or_insert(i);
-        if !skip(f) {
-            out.push(f.clone());
+        if !visit(members, i) {
+            break;
         }
         at = i;
         from = i + 1;
@@ -337,42 +342,82 @@ pub fn remaining(
     at
 }
 
+/// Appends up to `n` files the last pass read and this one has not, in the last pass's order,
+/// starting after position `cursor` of it (so that successive calls spread over the set, and a
+/// call that finds few continues where the last one stopped); returns the new cursor.
+/// `unplanned` holds the positions not settled yet: files found opened or `Settled` leave it,
+/// so no walk steps over them again this pass.
+pub fn remaining(
+    tracker: &EpochTracker,
+    unplanned: &mut Positions,
+    cursor: usize,
+    n: usize,
+    judge: &dyn Fn(&Path) -> Verdict,
+    out: &mut Vec<FileKey>,
+) -> usize {
+    let Some(order) = tracker.previous().map(|p| p.order()) else {
+        return cursor;
+    };
+    let wanted = out.len() + n;
+    walk(unplanned, cursor, n * SCAN_PER_PREDICTION, |members, i| {
+        if out.len() >= wanted {
+            return false;
+        }
+        let Some(f) = order.get(i) else {
+            return false;
+        };
+        if !tracker.is_unopened(i) {
+            members.remove(i);
+            return true;
+        }
+        match judge(f) {
+            Verdict::Take => out.push(f.clone()),
+            Verdict::Later => {}
+            Verdict::Settled => members.remove(i),
+        }
+        true
+    })
+}
+
 /// Appends up to `n` files of `by_size` (positions in the last pass, `smallest_first`) after
-/// `cursor` that this pass has not read and `skip` passes, stopping at the first that `fits`
+/// `cursor` that this pass has not read and `judge` takes, stopping at the first that `fits`
 /// refuses (those after it are larger); returns the new cursor (the last file taken or passed).
+/// `unfetched` holds the indexes of `by_size` not settled yet, as `remaining`'s `unplanned`.
+#[allow(clippy::too_many_arguments)]
 pub fn smallest_remaining(
     tracker: &EpochTracker,
     by_size: &[u32],
+    unfetched: &mut Positions,
     cursor: usize,
     n: usize,
-    skip: &dyn Fn(&Path) -> bool,
+    judge: &dyn Fn(&Path) -> Verdict,
     fits: &dyn Fn(&Path) -> bool,
     out: &mut Vec<FileKey>,
 ) -> usize {
     let Some(order) = tracker.previous().map(|p| p.order()) else {
         return cursor;
     };
-    let len = by_size.len();
     let wanted = out.len() + n;
-    let mut at = cursor;
-    for _ in 0..len.min(n * SCAN_PER_PREDICTION) {
+    walk(unfetched, cursor, n * SCAN_PER_PREDICTION, |members, i| {
         if out.len() >= wanted {
-            break;
+            return false;
         }
-        let next = (at + 1) % len.max(1);
-        let position = by_size[next] as usize;
-        if let Some(f) = order.get(position)
-            && tracker.is_unopened(position)
-            && !skip(f)
-        {
-            if !fits(f) {
-                break;
-            }
-            out.push(f.clone());
+        let position = by_size.get(i).map_or(usize::MAX, |&p| p as usize);
+        let Some(f) = order.get(position) else {
+            return false;
+        };
+        if !tracker.is_unopened(position) {
+            members.remove(i);
+            return true;
         }
-        at = next;
-    }
-    at
+        match judge(f) {
+            Verdict::Take if !fits(f) => return false,
+            Verdict::Take => out.push(f.clone()),
+            Verdict::Later => {}
+            Verdict::Settled => members.remove(i),
+        }
+        true
+    })
 }
 
 /// The positions of a pass's files (of `sizes`) smallest first by size class (powers of two; unknown sizes
@@ -642,15 +687,21 @@ mod tests {
             t.open(f);
         }
         let mut first = Vec::new();
-        let cursor = remaining(&t, 0, 25, &|_| false, &mut first);
+        let mut unplanned = Positions::all(files.len());
+        let cursor = remaining(&t, &mut unplanned, 0, 25, &|_| Verdict::Take, &mut first);
         let mut rest = Vec::new();
-        remaining(
-            &t,
-            cursor,
-            100,
-            &|p| first.iter().any(|f| &**f == p),
-            &mut rest,
-        );
+        let judge = |p: &Path| {
+            if first.iter().any(|f| &**f == p) {
+                Verdict::Settled
+            } else {
+                Verdict::Take
+            }
+        };
+        remaining(&t, &mut unplanned, cursor, 100, &judge, &mut rest);
+        // Settled and opened files left the set: a third walk finds only the rest's.
+        let mut again = Vec::new();
+        remaining(&t, &mut unplanned, 0, 100, &judge, &mut again);
+        assert_eq!(again.len(), 40 - first.len());
         let mut got: Vec<FileKey> = first.into_iter().chain(rest).collect();
         got.sort();
         got.dedup();
@@ -677,13 +728,18 @@ mod tests {
         ];
         let mut tracker = EpochTracker::default();
         let (mut work, mut opens, mut cursor) = (0u64, 0u64, 0usize);
+        let mut unplanned = Positions::all(0);
+        let mut settled: std::collections::HashSet<FileKey> = Default::default();
         let passes = [files.clone(), shuffled(&files, 1), shuffled(&files, 2)];
         for pass in &passes {
             for p in &mut predictors {
                 p.forget_listings();
             }
             for f in pass {
-                tracker.open(f);
+                if tracker.open(f) == super::super::epoch::Opened::NewEpoch {
+                    unplanned = Positions::all(tracker.previous().map_or(0, |p| p.len()));
+                    settled.clear();
+                }
                 opens += 1;
                 let looked = std::cell::Cell::new(0u64);
                 let current = tracker.current();
@@ -697,9 +753,24 @@ mod tests {
                     }
                     work += p.take_work();
                 }
-                if tracker.previous().is_some() {
-                    cursor = remaining(&tracker, cursor, PLANNED_DEPTH, &skip, &mut Vec::new());
-                }
+                // Each file taken is settled (fetched) by the next open.
+                let judge = |p: &Path| {
+                    if skip(p) || settled.contains(p) {
+                        Verdict::Settled
+                    } else {
+                        Verdict::Take
+                    }
+                };
+                let mut taken = Vec::new();
+                cursor = remaining(
+                    &tracker,
+                    &mut unplanned,
+                    cursor,
+                    PLANNED_DEPTH,
+                    &judge,
+                    &mut taken,
+                );
+                settled.extend(taken);
                 work += looked.get();
             }
         }
@@ -763,14 +834,22 @@ mod tests {
             t.open(f);
         }
         let by_size: Vec<u32> = (0..files.len() as u32).rev().collect();
-        let skip = |p: &Path| *p == *files[59];
+        let mut unfetched = Positions::all(by_size.len());
+        let judge = |p: &Path| {
+            if *p == *files[59] {
+                Verdict::Settled
+            } else {
+                Verdict::Take
+            }
+        };
         let mut out = Vec::new();
         let cursor = smallest_remaining(
             &t,
             &by_size,
+            &mut unfetched,
             by_size.len() - 1,
             4,
-            &skip,
+            &judge,
             &|p: &Path| *p != *files[56],
             &mut out,
         );
@@ -780,7 +859,16 @@ mod tests {
             "stops at the first that does not fit"
         );
         let mut more = Vec::new();
-        smallest_remaining(&t, &by_size, cursor, 2, &skip, &|_| true, &mut more);
+        smallest_remaining(
+            &t,
+            &by_size,
+            &mut unfetched,
+            cursor,
+            2,
+            &judge,
+            &|_| true,
+            &mut more,
+        );
         assert_eq!(
             more,
             [files[56].clone(), files[55].clone()],
