@@ -675,14 +675,15 @@ impl SetState {
         let looked = std::cell::Cell::new(0u64);
         let judge = |p: &Path| {
             looked.set(looked.get() + 1);
-            if current.contains(p) {
-                return Verdict::Settled;
-            }
+            // Outcomes first: ahead of the readers most candidates are fetched already.
             let outcome = outcomes.lock().get(p).copied();
             match outcome {
                 Some(Outcome::InFlight) => return Verdict::Later,
                 Some(Outcome::Done | Outcome::Settled) => return Verdict::Settled,
                 Some(Outcome::Parked) | None => {}
+            }
+            if current.contains(p) {
+                return Verdict::Settled;
             }
             let identity = known.get(p);
             if identity
