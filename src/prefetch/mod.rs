@@ -764,6 +764,9 @@ impl SetState {
         let mut jobs = shared.jobs.lock();
         jobs.queue
             .retain(|j| !matches!(j, Job::File { set: s, .. } if *s == set));
+        // One worker woken per job, at most all of them: waking every worker at every open
+        // cost the planner more CPU than planning (each wake is a system call).
+        let wake = next.len().min(threads);
         for file in next {
             let identity = self.known.get(&file).copied();
             jobs.queue.push_back(Job::File {
@@ -773,7 +776,9 @@ impl SetState {
             });
         }
         drop(jobs);
-        shared.work.notify_all();
+        for _ in 0..wake {
+            shared.work.notify_one();
+        }
         looked.get()
     }
 
