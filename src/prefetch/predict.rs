@@ -5,8 +5,10 @@
 //! lists read; `remaining`: any file the last pass read and this one has not, for shuffled
 //! epochs) and `Score`, which measures each predictor's precision and recall online: a
 //! prediction is right when the file is opened within `HORIZON` opens of it. Must never predict
-//! a file the current pass already opened, and never do I/O except `Tree` listing directories
-//! (on the planner thread, cached for the pass).
+//! a file the current pass already opened, never do I/O except `Tree` listing directories (on
+//! the planner thread, cached and indexed for the pass), and never do work per open that grows
+//! with the number of files (each walk is capped by `SCAN_PER_PREDICTION` and finds its starting
+//! place by a lookup, not a search).
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
