@@ -64,6 +64,10 @@ if [ $# -eq 0 ]; then
   # needs no release build of its own (one compile of the dependencies for the whole suite).
   say "epochs benchmark, quick mode"
   cargo test --locked --bench epochs -- --quick
+  # The scale benchmark's quick mode: 2,000 files listed and read twice through a mount, every
+  # open planned or counted as dropped (no timing).
+  say "scale benchmark, quick mode"
+  cargo test --locked --bench scale -- --quick
   # The trainer is a cargo feature the default build (tested above, as users install it) leaves
   # out; its tests are the scheduler's unit tests with it. This compiles burn and the few
   # dependencies whose features burn widens, not the whole tree again.

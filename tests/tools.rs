@@ -47,6 +47,18 @@ fn warm_fills_the_cache_without_counting_an_epoch_and_reports_what_did_not_fit()
         "ram=0 disk=0 blocks=1",
         "nothing is cached before the warm-up"
     );
+    // What `ls -l` asks of every file: no such attribute (answered without the source).
+    for name in ["security.selinux", "system.posix_acl_access", "user.other"] {
+        let mut value = [0u8; 96];
+        for path in [t.m("small/00"), t.m("small")] {
+            assert_eq!(
+                rustix::fs::getxattr(&path, name, &mut value[..]),
+                Err(rustix::io::Errno::NODATA),
+                "{name} of {}",
+                path.display()
+            );
+        }
+    }
 
     let out = common::run(&["warm".as_ref(), t.mnt.as_os_str()]);
     let text = stdout(&out);

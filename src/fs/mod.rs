@@ -379,6 +379,13 @@ impl Fs {
         Ok(Self::source_attr(ino, &meta))
     }
 
+    /// Whether the answer for extended attribute `name` may need the source: only
+    /// `CACHED_XATTR`'s does; every other name is `ENODATA` (what `ls -l` asks of each file,
+    /// `security.selinux` and `system.posix_acl_access`, is answered without a round trip).
+    pub fn xattr_needs_source(&self, name: &OsStr) -> bool {
+        name == CACHED_XATTR
+    }
+
     /// The value of extended attribute `name` of `ino`. Only `CACHED_XATTR` exists, on dataset
     /// files: `ram=R disk=D blocks=N`, the 1 MiB blocks of the source file's current version
     /// that the RAM tier and the disk tier hold, out of its `N`.

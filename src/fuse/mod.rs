@@ -4,9 +4,9 @@
 //! connection settings (1 MiB requests, direct I/O, mmap on direct-I/O files, passthrough), the
 //! passthrough backing ids, counting requests per op, and where each request runs. What cannot
 //! wait on the source is answered on the FUSE thread: the virtual files and directories (stats
-//! always answer), cache hits, listings of an opened directory, releases and forgets. Everything
-//! else (lookups and attributes of dataset entries, opens, directory opens, reads that miss,
-//! statfs, xattrs) runs on the `RequestPool` with a deadline (`--source-timeout`): a hung source
+//! always answer), cache hits, listings of an opened directory, releases and forgets, and every
+//! xattr but prepfs's own. Everything else (lookups and attributes of dataset entries, opens,
+//! directory opens, reads that miss, statfs, `user.prepfs.cached`) runs on the `RequestPool` with a deadline (`--source-timeout`): a hung source
 //! holds up only the requests that touch it, and each is answered EIO at its deadline at the
 //! latest. An open of a file the cache holds whole is answered from the cache if the source does
 //! not answer within `CACHED_OPEN_PATIENCE`. Must never hold file-system semantics of its own
@@ -551,6 +551,14 @@ impl Filesystem for Adapter {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if !self.fs().xattr_needs_source(name) {
+            return match self.done(Op::Xattr, self.fs().xattr(ino.0, name)) {
+                Ok(value) if size == 0 => reply.size(value.len() as u32),
+                Ok(value) if value.len() <= size as usize => reply.data(&value),
+                Ok(_) => reply.error(Errno::from_i32(libc::ERANGE)),
+                Err(e) => reply.error(e),
+            };
+        }
         let name = name.to_owned();
         self.off_thread(
             Op::Xattr,

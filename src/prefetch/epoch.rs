@@ -1,7 +1,9 @@
 //! `EpochTracker`: infers epochs of one file set from the opens it sees, with no loader hooks.
 //!
-//! Owns: the current pass (files opened, in first-open order), the last complete pass, and the
-//! rule that ends a pass. A pass ends when a file it already opened is opened again and either
+//! Owns: the current pass (files opened, in first-open order), the last complete pass and which
+//! of its files the current pass has not opened yet (a `Positions` set, so that walks over what
+//! remains cost no more per open at a million files than at a thousand), and the rule that ends
+//! a pass. A pass ends when a file it already opened is opened again and either
 //! the pass has covered the previous pass's files (`COVERED`), or such repeats of files opened
 //! long ago keep coming (`RESTART_REPEATS`: the loader started over on a different subset, or
 //! this is the first pass and there is nothing to cover). Repeats of files opened moments ago are
@@ -9,6 +11,7 @@
 //! never opened are its stragglers (another worker finishing it), not members of the new one.
 //! Must never do I/O or block: it is plain data driven by the prefetch planner.
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
@@ -93,12 +96,89 @@ impl Pass {
     }
 }
 
+/// A set of positions `0..len` that only shrinks (until it is made anew): removing one costs
+/// O(1), and finding the first member at or after any position costs amortized O(1) (a
+/// disjoint-set "next member" array with path halving). The epoch tracker keeps the previous
+/// pass's files the current one has not opened in one, and the planner the files it has not
+/// settled, so that no walk steps over opened or settled files one by one, whatever the pass's
+/// size.
+#[derive(Debug, Clone)]
+pub struct Positions {
+    /// `next[i]`: `i` itself while a member, else a position at most as far as the next member;
+    /// the last entry is the end (`len`).
+    next: Vec<Cell<u32>>,
+}
+
+impl Positions {
+    /// Every position of `0..len`.
+    pub fn all(len: usize) -> Positions {
+        Positions {
+            next: (0..=len as u32).map(Cell::new).collect(),
+        }
+    }
+
+    /// The positions' range end.
+    pub fn len(&self) -> usize {
+        self.next.len() - 1
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first member at or after `i` (`len` when none).
+    pub fn find(&self, i: usize) -> usize {
+        let mut i = i.min(self.len());
+        loop {
+            let next = self.next[i].get() as usize;
+            if next == i {
+                return i;
+            }
+            let after = self.next[next].get();
+            self.next[i].set(after);
+            i = after as usize;
+        }
+    }
+
+    /// Whether `i` is a member.
+    pub fn contains(&self, i: usize) -> bool {
+        i < self.len() && self.find(i) == i
+    }
+
+    /// Removes `i`.
+    pub fn remove(&mut self, i: usize) {
+        if i < self.len() {
+            self.next[i].set(i as u32 + 1);
+        }
+    }
+
+    /// One more member, at the end of the range.
+    pub fn push(&mut self) {
+        let end = self.next.len() as u32;
+        self.next.push(Cell::new(end));
+    }
+
+    /// The first member at or after `from`, wrapping around to the start once: the walk of a
+    /// cursor over a set that shrinks as it goes.
+    pub fn next_from(&self, from: usize) -> Option<usize> {
+        let i = self.find(from);
+        if i < self.len() {
+            return Some(i);
+        }
+        let i = self.find(0);
+        (i < self.len()).then_some(i)
+    }
+}
+
 /// The epoch state of one file set.
 #[derive(Debug, Clone)]
 pub struct EpochTracker {
     epoch: u64,
     current: Pass,
     previous: Option<Pass>,
+    /// Positions in `previous` the current pass has not opened.
+    unopened: Positions,
     /// Files of `previous` the current pass has opened (for coverage).
     covered: usize,
     /// Opens seen, all passes together.
@@ -115,6 +195,7 @@ impl Default for EpochTracker {
             epoch: 1,
             current: Pass::default(),
             previous: None,
+            unopened: Positions::all(0),
             covered: 0,
             opens: 0,
             repeats: VecDeque::new(),
@@ -135,6 +216,7 @@ impl EpochTracker {
             && !previous.contains(file)
         {
             previous.add(file);
+            self.unopened.push();
             return Opened::Straggler;
         }
         // A lone repeat long before the next ones was a sample read again, not a new pass.
@@ -145,7 +227,8 @@ impl EpochTracker {
             self.old_repeats = None;
         }
         self.current.add(file);
-        if self.previous.as_ref().is_some_and(|p| p.contains(file)) {
+        if let Some(at) = self.previous.as_ref().and_then(|p| p.position(file)) {
+            self.unopened.remove(at);
             self.covered += 1;
         }
         Opened::First
@@ -182,12 +265,14 @@ impl EpochTracker {
         }
         self.old_repeats = None;
         let ended = std::mem::replace(&mut self.current, next);
-        self.covered = self
-            .current
-            .order
-            .iter()
-            .filter(|f| ended.contains(f))
-            .count();
+        self.unopened = Positions::all(ended.len());
+        self.covered = 0;
+        for f in &self.current.order {
+            if let Some(at) = ended.position(f) {
+                self.unopened.remove(at);
+                self.covered += 1;
+            }
+        }
         self.previous = Some(ended);
         self.epoch += 1;
         Opened::NewEpoch
@@ -216,10 +301,24 @@ impl EpochTracker {
 
     /// Files of the previous pass not opened yet in this one: what is still to come this epoch.
     pub fn remaining(&self) -> impl Iterator<Item = &FileKey> {
-        self.previous
-            .iter()
-            .flat_map(|p| p.order.iter())
-            .filter(|f| !self.current.contains(f))
+        self.unopened_from(0).map(|(_, f)| f)
+    }
+
+    /// The previous pass's files this pass has not opened, from position `at` of that pass on,
+    /// with their positions: each step costs amortized O(1), however many were opened between.
+    pub fn unopened_from(&self, at: usize) -> impl Iterator<Item = (usize, &FileKey)> {
+        let order = self.previous.as_ref().map_or(&[][..], |p| &p.order[..]);
+        let mut next = at;
+        std::iter::from_fn(move || {
+            let i = self.unopened.find(next);
+            next = i + 1;
+            order.get(i).map(|f| (i, f))
+        })
+    }
+
+    /// Whether the file at position `at` of the previous pass is still to come in this one.
+    pub fn is_unopened(&self, at: usize) -> bool {
+        self.unopened.contains(at)
     }
 }
 

@@ -66,6 +66,24 @@ pub const DECODED_AHEAD: Metric = Metric::counter(
     "prefetch_decoded_ahead_total",
     "View images decoded ahead of their opens into the decoded-pixel cache.",
 );
+/// Opens the planner took.
+pub const PLANNED: Metric = Metric::counter(
+    "prefetch.planner.opens",
+    "prefetch_planner_opens_total",
+    "Opens the planner took in (scored its predictors and planned after).",
+);
+/// CPU the planner spent on them.
+pub const PLANNER_SECONDS: Metric = Metric::counter(
+    "prefetch.planner.seconds",
+    "prefetch_planner_seconds_total",
+    "CPU time the planner thread spent on the opens it took.",
+);
+/// Items the planner examined.
+pub const PLANNER_WORK: Metric = Metric::counter(
+    "prefetch.planner.work",
+    "prefetch_planner_work_total",
+    "Candidate files and directory entries the planner examined for the opens it took.",
+);
 /// The planner's depth.
 pub const DEPTH: Metric = Metric::gauge(
     "prefetch.depth",
@@ -102,6 +120,12 @@ pub struct PrefetchMetrics {
     pub opens_saved: Counter,
     /// See `DECODED_AHEAD`.
     pub decoded_ahead: Counter,
+    /// See `PLANNED`.
+    pub planned: Counter,
+    /// Nanoseconds of `PLANNER_SECONDS`.
+    pub planner_ns: Counter,
+    /// See `PLANNER_WORK`.
+    pub planner_work: Counter,
 }
 
 impl PrefetchMetrics {
@@ -117,6 +141,9 @@ impl PrefetchMetrics {
         out.count(&OPENED_AHEAD, &self.opened_ahead);
         out.count(&OPENS_SAVED, &self.opens_saved);
         out.count(&DECODED_AHEAD, &self.decoded_ahead);
+        out.count(&PLANNED, &self.planned);
+        out.seconds(&PLANNER_SECONDS, &self.planner_ns);
+        out.count(&PLANNER_WORK, &self.planner_work);
         out.put(&DEPTH, depth as f64);
         out.put(&PARKED, parked as f64);
     }

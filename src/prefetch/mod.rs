@@ -40,11 +40,11 @@ use crate::control::knobs::Knobs;
 use crate::metrics::Samples;
 use crate::source::{Identity, Source, SourceFile};
 use diagnosis::{Capacity, PassFigures, diagnose};
-use epoch::{EpochTracker, FileKey, Opened};
+use epoch::{EpochTracker, FileKey, Opened, Positions};
 use hint::{Hint, OrderFile, OrderSlot, Polled};
 use metrics::PrefetchMetrics;
 use parked::Parked;
-use predict::{HORIZON, Predictor, Replay, Score, Tree};
+use predict::{HORIZON, Predictor, Replay, Score, Tree, Verdict};
 
 /// Opens waiting for the planner; beyond it they are dropped (and counted), never waited for.
 const EVENT_QUEUE: usize = 4096;
@@ -234,7 +234,11 @@ struct SetState {
     /// `by_size` (the last pass's files, smallest first).
     cursor: usize,
     fetch_cursor: usize,
-    by_size: Vec<FileKey>,
+    by_size: Vec<u32>,
+    /// The last pass's files (positions) and `by_size` entries not settled in this pass: the
+    /// remaining-set walks step over each settled file once, not at every open.
+    unplanned: Positions,
+    unfetched: Positions,
     in_use: &'static str,
     /// Opens per second (moving average) and when the last one came.
     rate: f64,
@@ -541,6 +545,8 @@ impl SetState {
             cursor: 0,
             fetch_cursor: 0,
             by_size: Vec::new(),
+            unplanned: Positions::all(0),
+            unfetched: Positions::all(0),
             in_use: "none",
             rate: 0.0,
             last_open: None,
@@ -566,19 +572,19 @@ impl SetState {
         let now = Marks::now(shared);
         let pass = self.tracker.previous();
         let files = pass.map_or(0, |p| p.len());
-        let known = &self.known;
-        self.by_size = pass.map_or_else(Vec::new, |p| {
-            predict::smallest_first(p.order(), |f| known.get(f).map(|i| i.size))
-        });
-        // The walk starts after the cursor: at the smallest file.
-        self.fetch_cursor = self.by_size.len().saturating_sub(1);
         // Sizes are known for dataset files (their identities), not for view files.
-        let working_set = pass.and_then(|p| {
+        let sizes: Vec<Option<u64>> = pass.map_or_else(Vec::new, |p| {
             p.order()
                 .iter()
                 .map(|f| self.known.get(f).map(|i| i.size))
-                .sum::<Option<u64>>()
+                .collect()
         });
+        self.by_size = predict::smallest_first(&sizes);
+        self.unplanned = Positions::all(files);
+        self.unfetched = Positions::all(self.by_size.len());
+        // The walk starts after the cursor: at the smallest file.
+        self.fetch_cursor = self.by_size.len().saturating_sub(1);
+        let working_set = pass.and_then(|_| sizes.iter().copied().sum::<Option<u64>>());
         let figures = now.figures(
             &self.marks,
             self.tracker.epoch() - 1,
@@ -617,7 +623,11 @@ impl SetState {
         }
         self.opens += 1;
         let current = self.tracker.current();
-        let opened_now = |p: &Path| current.contains(p);
+        let looked = std::cell::Cell::new(0u64);
+        let opened_now = |p: &Path| {
+            looked.set(looked.get() + 1);
+            current.contains(p)
+        };
         for (predictor, score) in &mut self.predictors {
             score.opened(&file, self.opens);
             let mut out = Vec::new();
@@ -630,14 +640,20 @@ impl SetState {
             );
             score.predicted(&out, self.opens);
         }
+        let mut work = looked.get();
         if shared.enabled {
-            self.plan(shared, set, &file);
+            work += self.plan(shared, set, &file);
         }
+        for (predictor, _) in &mut self.predictors {
+            work += predictor.take_work();
+        }
+        shared.metrics.planner_work.add(work);
     }
 
     /// Replaces this set's queued files with the next `depth` predicted ones (the scheduler's
-    /// depth while it holds the knob, else `controller_depth`).
-    fn plan(&mut self, shared: &Shared, set: SetId, last: &Path) {
+    /// depth while it holds the knob, else `controller_depth`); returns the candidates it looked
+    /// at.
+    fn plan(&mut self, shared: &Shared, set: SetId, last: &Path) -> u64 {
         let file_seconds = f64::from_bits(shared.file_seconds.load(Ordering::Relaxed));
         let threads = shared.threads.max(1);
         let depth = shared
@@ -656,29 +672,36 @@ impl SetState {
                 id.size.clamp(1, crate::cache::BLOCK_SIZE)
             })
         };
-        let skip = |p: &Path| {
-            if current.contains(p) {
-                return true;
-            }
+        let looked = std::cell::Cell::new(0u64);
+        let judge = |p: &Path| {
+            looked.set(looked.get() + 1);
+            // Outcomes first: ahead of the readers most candidates are fetched already.
             let outcome = outcomes.lock().get(p).copied();
-            if matches!(
-                outcome,
-                Some(Outcome::InFlight | Outcome::Done | Outcome::Settled)
-            ) {
-                return true;
+            match outcome {
+                Some(Outcome::InFlight) => return Verdict::Later,
+                Some(Outcome::Done | Outcome::Settled) => return Verdict::Settled,
+                Some(Outcome::Parked) | None => {}
+            }
+            if current.contains(p) {
+                return Verdict::Settled;
             }
             let identity = known.get(p);
             if identity
                 .and_then(|id| fetcher.ram().get(id))
                 .is_some_and(|e| e.is_complete())
             {
-                return true;
+                return Verdict::Settled;
             }
             // Without room for its bytes a file is worth an open ahead, once, while there are
             // descriptors to hold it.
-            !fetcher.has_prefetch_room(first_block(p))
+            if !fetcher.has_prefetch_room(first_block(p))
                 && (outcome == Some(Outcome::Parked) || parked_full)
+            {
+                return Verdict::Later;
+            }
+            Verdict::Take
         };
+        let skip = |p: &Path| judge(p) != Verdict::Take;
         let best = self
             .predictors
             .iter_mut()
@@ -692,27 +715,41 @@ impl SetState {
             }
             // The remaining set: fetch its smallest files while their bytes have room (the most
             // misses hidden per byte held), then open the next ones ahead, in any order.
-            None if let Some(previous) = self.tracker.previous() => {
+            None if self.tracker.previous().is_some() => {
                 self.in_use = "remaining";
                 let fits = |p: &Path| fetcher.has_prefetch_room(first_block(p));
+                // Stragglers joined the last pass since it closed: their positions too.
+                let files = self.tracker.previous().map_or(0, |p| p.len());
+                while self.unplanned.len() < files {
+                    self.unplanned.push();
+                }
                 self.fetch_cursor = predict::smallest_remaining(
                     &self.tracker,
                     &self.by_size,
+                    &mut self.unfetched,
                     self.fetch_cursor,
                     depth,
-                    &skip,
+                    &judge,
                     &fits,
                     &mut next,
                 );
                 let mut opens = Vec::new();
+                let taken: std::collections::HashSet<&Path> = next.iter().map(|f| &**f).collect();
                 self.cursor = predict::remaining(
                     &self.tracker,
-                    previous.order(),
+                    &mut self.unplanned,
                     self.cursor,
                     depth.saturating_sub(next.len()),
-                    &|p: &Path| skip(p) || next.iter().any(|f| **f == *p),
+                    &|p: &Path| {
+                        if taken.contains(p) {
+                            Verdict::Later
+                        } else {
+                            judge(p)
+                        }
+                    },
                     &mut opens,
                 );
+                drop(taken);
                 next.append(&mut opens);
             }
             // Epoch 1 in an order nobody predicts: nothing worth the source's time. A
@@ -721,12 +758,15 @@ impl SetState {
             // most 0.88x on a shuffled cold epoch.
             None => {
                 self.in_use = "none";
-                return;
+                return looked.get();
             }
         }
         let mut jobs = shared.jobs.lock();
         jobs.queue
             .retain(|j| !matches!(j, Job::File { set: s, .. } if *s == set));
+        // One worker woken per job, at most all of them: waking every worker at every open
+        // cost the planner more CPU than planning (each wake is a system call).
+        let wake = next.len().min(threads);
         for file in next {
             let identity = self.known.get(&file).copied();
             jobs.queue.push_back(Job::File {
@@ -736,7 +776,10 @@ impl SetState {
             });
         }
         drop(jobs);
-        shared.work.notify_all();
+        for _ in 0..wake {
+            shared.work.notify_one();
+        }
+        looked.get()
     }
 
     fn status(&self) -> Value {
@@ -787,7 +830,11 @@ fn plan(
             Ok(event) => {
                 let set = event.set;
                 if let Some(state) = sets.get_mut(set) {
+                    let cpu = crate::cache::thread_cpu();
                     state.opened(shared, set, event);
+                    shared.metrics.planned.inc();
+                    let spent = crate::cache::thread_cpu().saturating_sub(cpu);
+                    shared.metrics.planner_ns.add(spent);
                     dirty = true;
                 }
             }

@@ -5,15 +5,17 @@
 //! lists read; `remaining`: any file the last pass read and this one has not, for shuffled
 //! epochs) and `Score`, which measures each predictor's precision and recall online: a
 //! prediction is right when the file is opened within `HORIZON` opens of it. Must never predict
-//! a file the current pass already opened, and never do I/O except `Tree` listing directories
-//! (on the planner thread, cached for the pass).
+//! a file the current pass already opened, never do I/O except `Tree` listing directories (on
+//! the planner thread, cached and indexed for the pass), and never do work per open that grows
+//! with the number of files (each walk is capped by `SCAN_PER_PREDICTION` and finds its starting
+//! place by a lookup, not a search).
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::epoch::{EpochTracker, FileKey};
+use super::epoch::{EpochTracker, FileKey, Positions};
 use crate::source::{Kind, Source};
 
 /// Opens within which a prediction must come true to count as right.
@@ -45,6 +47,11 @@ pub trait Predictor: Send {
     );
     /// Drops what it cached about the tree (a new pass may see a changed one).
     fn forget_listings(&mut self) {}
+    /// Items it examined beyond the candidates `skip` was asked about (directory entries listed
+    /// and names looked up) since the last call: the planner's work counter.
+    fn take_work(&mut self) -> u64 {
+        0
+    }
 }
 
 /// The last pass's order again (fixed seed, no shuffle, sorted lists).
@@ -64,13 +71,10 @@ impl Predictor for Replay {
         skip: &dyn Fn(&Path) -> bool,
         out: &mut Vec<FileKey>,
     ) {
-        let Some(previous) = tracker.previous() else {
+        let Some(at) = tracker.previous().and_then(|p| p.position(last)) else {
             return;
         };
-        let Some(at) = previous.position(last) else {
-            return;
-        };
-        take_unskipped(&previous.order()[at + 1..], n, skip, out);
+        take_unskipped(tracker.unopened_from(at + 1).map(|(_, f)| f), n, skip, out);
     }
 }
 
@@ -111,22 +115,48 @@ pub fn take_unskipped<C: Candidate>(
     }
 }
 
-/// A directory's files and subdirectories, in walk order.
-struct Listing {
-    files: Vec<OsString>,
-    dirs: Vec<OsString>,
+/// Names of one kind in a directory, in walk order, with where each stands (a prediction after a
+/// file finds it in one lookup, whatever the directory's size).
+#[derive(Default)]
+struct Names {
+    names: Vec<OsString>,
+    /// Position of each name by the xxh3 of its bytes (a colliding name keeps the first one's
+    /// slot and is then not found: one prediction missed, never a wrong one).
+    at: HashMap<u64, u32>,
 }
 
-/// The names after `name` (all of them when `None`; none when `name` is not there).
-fn after_name<'a>(names: &'a [OsString], name: Option<&std::ffi::OsStr>) -> &'a [OsString] {
-    let start = match name {
-        Some(name) => names
-            .iter()
-            .position(|n| n == name)
-            .map_or(names.len(), |i| i + 1),
-        None => 0,
-    };
-    &names[start..]
+impl Names {
+    fn index(names: Vec<OsString>) -> Names {
+        let mut at = HashMap::with_capacity(names.len());
+        for (i, n) in names.iter().enumerate() {
+            at.entry(name_hash(n)).or_insert(i as u32);
+        }
+        Names { names, at }
+    }
+
+    /// The names after `name` (all of them when `None`; none when `name` is not there).
+    fn after(&self, name: Option<&std::ffi::OsStr>) -> &[OsString] {
+        let start = match name {
+            Some(name) => self
+                .at
+                .get(&name_hash(name))
+                .map(|&i| i as usize)
+                .filter(|&i| self.names.get(i).is_some_and(|n| n == name))
+                .map_or(self.names.len(), |i| i + 1),
+            None => 0,
+        };
+        &self.names[start..]
+    }
+}
+
+fn name_hash(name: &std::ffi::OsStr) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(name.as_encoded_bytes())
+}
+
+/// A directory's files and subdirectories, in walk order.
+struct Listing {
+    files: Names,
+    dirs: Names,
 }
 
 /// A depth-first walk of the source tree as `os.walk` yields it: a directory's files, then each
@@ -137,6 +167,8 @@ pub struct Tree {
     listings: HashMap<PathBuf, Arc<Listing>>,
     budget: usize,
     scan: usize,
+    /// Entries listed and names looked up since `take_work`.
+    work: u64,
 }
 
 impl Tree {
@@ -148,6 +180,7 @@ impl Tree {
             listings: HashMap::new(),
             budget: 0,
             scan: 0,
+            work: 0,
         }
     }
 
@@ -165,25 +198,26 @@ impl Tree {
             dir
         };
         let entries = self.source.list(at).ok()?;
-        let mut listing = Listing {
-            files: Vec::new(),
-            dirs: Vec::new(),
-        };
+        self.work += entries.len() as u64;
+        let (mut files, mut dirs) = (Vec::new(), Vec::new());
         for e in entries {
             match e.kind {
-                Kind::File => listing.files.push(e.name),
-                Kind::Directory => listing.dirs.push(e.name),
+                Kind::File => files.push(e.name),
+                Kind::Directory => dirs.push(e.name),
                 Kind::Symlink | Kind::Other => {}
             }
         }
         if self.sorted {
-            listing.files.sort();
-            listing.dirs.sort();
+            files.sort_unstable();
+            dirs.sort_unstable();
         }
         if self.listings.len() >= LISTINGS_KEPT {
             self.listings.clear();
         }
-        let listing = Arc::new(listing);
+        let listing = Arc::new(Listing {
+            files: Names::index(files),
+            dirs: Names::index(dirs),
+        });
         self.listings.insert(dir.to_path_buf(), listing.clone());
         Some(listing)
     }
@@ -202,8 +236,9 @@ impl Tree {
         let Some(listing) = self.listing(dir) else {
             return;
         };
+        self.work += 1;
         if after_dir.is_none() {
-            for name in after_name(&listing.files, after) {
+            for name in listing.files.after(after) {
                 if out.len() >= want || self.scan == 0 {
                     return;
                 }
@@ -214,10 +249,13 @@ impl Tree {
                 }
             }
         }
-        for name in after_name(&listing.dirs, after_dir) {
+        for name in listing.dirs.after(after_dir) {
             if out.len() >= want || self.budget == 0 || self.scan == 0 {
                 return;
             }
+            // A directory passed costs a candidate too: a walk over many empty (cached)
+            // directories stays bounded.
+            self.scan -= 1;
             self.walk(&dir.join(name), None, None, want, skip, out);
         }
     }
@@ -230,6 +268,10 @@ impl Predictor for Tree {
 
     fn forget_listings(&mut self) {
         self.listings.clear();
+    }
+
+    fn take_work(&mut self) -> u64 {
+        std::mem::take(&mut self.work)
     }
 
     fn predict(
@@ -257,63 +299,155 @@ impl Predictor for Tree {
     }
 }
 
-/// Appends up to `n` files of `order` (the last pass's files, in some order) that this pass has
-/// not read, starting after `cursor` (so that successive calls spread over the set, and a call
-/// that finds few continues where the last one stopped); returns the new cursor.
-pub fn remaining(
-    tracker: &EpochTracker,
-    order: &[FileKey],
-    cursor: usize,
-    n: usize,
-    skip: &dyn Fn(&Path) -> bool,
-    out: &mut Vec<FileKey>,
-) -> usize {
-    smallest_remaining(tracker, order, cursor, n, skip, &|_| true, out)
+/// What the planner makes of a file of the remaining set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Worth a prefetch now.
+    Take,
+    /// Not now (in flight, taken already, or no room yet): looked at again on a later walk.
+    Later,
+    /// Nothing more to do for it in this pass (fetched, held whole, failed): never looked at
+    /// again until the pass ends.
+    Settled,
 }
 
-/// Appends up to `n` files of `order` after `cursor` that this pass has not read and `skip`
-/// passes, stopping at the first that `fits` refuses (in `smallest_first` order, those after it
-/// are larger); returns the new cursor (the last file taken or passed).
-pub fn smallest_remaining(
-    tracker: &EpochTracker,
-    order: &[FileKey],
+/// Walks `members` (positions of a cursor's order, `len` of them) from after `cursor`, wrapping
+/// around once, until `visit` says stop or `budget` members were visited; returns the cursor
+/// (the last member `visit` passed; the one it stopped at is visited again by the next walk).
+/// `visit` gets a member and may remove it from `members`.
+fn walk(
+    members: &mut Positions,
     cursor: usize,
-    n: usize,
-    skip: &dyn Fn(&Path) -> bool,
-    fits: &dyn Fn(&Path) -> bool,
-    out: &mut Vec<FileKey>,
+    budget: usize,
+    mut visit: impl FnMut(&mut Positions, usize) -> bool,
 ) -> usize {
-    let len = order.len();
-    let wanted = out.len() + n;
-    let mut at = cursor;
-    for _ in 0..len.min(n * SCAN_PER_PREDICTION) {
-        if out.len() >= wanted {
+    let start = if cursor + 1 >= members.len() {
+        0
+    } else {
+        cursor + 1
+    };
+    let (mut at, mut from, mut wrapped) = (cursor, start, false);
+    for _ in 0..budget {
+        let Some(i) = members.next_from(from) else {
+            break;
+        };
+        wrapped |= i < from;
+        if wrapped && i >= start {
             break;
         }
-        let next = (at + 1) % len.max(1);
-        let f = &order[next];
-        if !tracker.current().contains(f) && !skip(f) {
-            if !fits(f) {
-                break;
-            }
-            out.push(f.clone());
+        if !visit(members, i) {
+            break;
         }
-        at = next;
+        at = i;
+        from = i + 1;
     }
     at
 }
 
-/// `order` smallest file first (`size` of a file, unknown sizes last): the order in which the
-/// remaining set is staged. In a shuffled pass every remaining file is equally likely next, and a
-/// miss costs a round trip whatever its size, so the same staging bytes hide the most misses
-/// when they hold the smallest files.
-pub fn smallest_first(order: &[FileKey], size: impl Fn(&Path) -> Option<u64>) -> Vec<FileKey> {
-    let mut sized: Vec<(u64, &FileKey)> = order
+/// Appends up to `n` files the last pass read and this one has not, in the last pass's order,
+/// starting after position `cursor` of it (so that successive calls spread over the set, and a
+/// call that finds few continues where the last one stopped); returns the new cursor.
+/// `unplanned` holds the positions not settled yet: files found opened or `Settled` leave it,
+/// so no walk steps over them again this pass.
+pub fn remaining(
+    tracker: &EpochTracker,
+    unplanned: &mut Positions,
+    cursor: usize,
+    n: usize,
+    judge: &dyn Fn(&Path) -> Verdict,
+    out: &mut Vec<FileKey>,
+) -> usize {
+    let Some(order) = tracker.previous().map(|p| p.order()) else {
+        return cursor;
+    };
+    let wanted = out.len() + n;
+    walk(unplanned, cursor, n * SCAN_PER_PREDICTION, |members, i| {
+        if out.len() >= wanted {
+            return false;
+        }
+        let Some(f) = order.get(i) else {
+            return false;
+        };
+        if !tracker.is_unopened(i) {
+            members.remove(i);
+            return true;
+        }
+        match judge(f) {
+            Verdict::Take => out.push(f.clone()),
+            Verdict::Later => {}
+            Verdict::Settled => members.remove(i),
+        }
+        true
+    })
+}
+
+/// Appends up to `n` files of `by_size` (positions in the last pass, `smallest_first`) after
+/// `cursor` that this pass has not read and `judge` takes, stopping at the first that `fits`
+/// refuses (those after it are larger); returns the new cursor (the last file taken or passed).
+/// `unfetched` holds the indexes of `by_size` not settled yet, as `remaining`'s `unplanned`.
+#[allow(clippy::too_many_arguments)]
+pub fn smallest_remaining(
+    tracker: &EpochTracker,
+    by_size: &[u32],
+    unfetched: &mut Positions,
+    cursor: usize,
+    n: usize,
+    judge: &dyn Fn(&Path) -> Verdict,
+    fits: &dyn Fn(&Path) -> bool,
+    out: &mut Vec<FileKey>,
+) -> usize {
+    let Some(order) = tracker.previous().map(|p| p.order()) else {
+        return cursor;
+    };
+    let wanted = out.len() + n;
+    walk(unfetched, cursor, n * SCAN_PER_PREDICTION, |members, i| {
+        if out.len() >= wanted {
+            return false;
+        }
+        let position = by_size.get(i).map_or(usize::MAX, |&p| p as usize);
+        let Some(f) = order.get(position) else {
+            return false;
+        };
+        if !tracker.is_unopened(position) {
+            members.remove(i);
+            return true;
+        }
+        match judge(f) {
+            Verdict::Take if !fits(f) => return false,
+            Verdict::Take => out.push(f.clone()),
+            Verdict::Later => {}
+            Verdict::Settled => members.remove(i),
+        }
+        true
+    })
+}
+
+/// The positions of a pass's files (of `sizes`) smallest first by size class (powers of two; unknown sizes
+/// last, the order kept within a class): the order in which the remaining set is staged. In a
+/// shuffled pass every remaining file is equally likely next, and a miss costs a round trip
+/// whatever its size, so the same staging bytes hide the most misses when they hold the smallest
+/// files. Linear in the files (a counting sort over 66 classes), so that closing a pass of
+/// millions costs no sort.
+pub fn smallest_first(sizes: &[Option<u64>]) -> Vec<u32> {
+    // Class 0 holds empty files, class k files of 2^(k-1)..2^k bytes, the last unknown sizes.
+    const CLASSES: usize = 66;
+    let classes: Vec<u8> = sizes
         .iter()
-        .map(|f| (size(f).unwrap_or(u64::MAX), f))
+        .map(|s| s.map_or(CLASSES - 1, |s| (u64::BITS - s.leading_zeros()) as usize) as u8)
         .collect();
-    sized.sort_by_key(|(size, _)| *size);
-    sized.into_iter().map(|(_, f)| f.clone()).collect()
+    let mut starts = [0usize; CLASSES + 1];
+    for &c in &classes {
+        starts[c as usize + 1] += 1;
+    }
+    for c in 0..CLASSES {
+        starts[c + 1] += starts[c];
+    }
+    let mut positions = vec![0u32; sizes.len()];
+    for (i, &c) in classes.iter().enumerate() {
+        positions[starts[c as usize]] = i as u32;
+        starts[c as usize] += 1;
+    }
+    positions
 }
 
 /// The online record of one predictor: what it predicted, what came true.
@@ -555,22 +689,119 @@ mod tests {
             t.open(f);
         }
         let mut first = Vec::new();
-        let last_pass = t.previous().map(|p| p.order().to_vec()).unwrap_or_default();
-        let cursor = remaining(&t, &last_pass, 0, 25, &|_| false, &mut first);
+        let mut unplanned = Positions::all(files.len());
+        let cursor = remaining(&t, &mut unplanned, 0, 25, &|_| Verdict::Take, &mut first);
         let mut rest = Vec::new();
-        remaining(
-            &t,
-            &last_pass,
-            cursor,
-            100,
-            &|p| first.iter().any(|f| &**f == p),
-            &mut rest,
-        );
+        let judge = |p: &Path| {
+            if first.iter().any(|f| &**f == p) {
+                Verdict::Settled
+            } else {
+                Verdict::Take
+            }
+        };
+        remaining(&t, &mut unplanned, cursor, 100, &judge, &mut rest);
+        // Settled and opened files left the set: a third walk finds only the rest's.
+        let mut again = Vec::new();
+        remaining(&t, &mut unplanned, 0, 100, &judge, &mut again);
+        assert_eq!(again.len(), 40 - first.len());
         let mut got: Vec<FileKey> = first.into_iter().chain(rest).collect();
         got.sort();
         got.dedup();
         assert_eq!(got.len(), 40);
         assert!(got.iter().all(|f| !order[..20].contains(f)));
+    }
+
+    /// Items the planner examines per open, on average over three passes (sorted, then two
+    /// shuffled) of `n` files in one directory: every predictor scored after each open and
+    /// followed to the largest depth, and the remaining-set walk, as `SetState::opened` does.
+    fn planner_work_per_open(n: usize) -> f64 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut files = Vec::new();
+        for i in 0..n {
+            let rel = format!("img{i:07}.jpg");
+            std::fs::File::create(dir.path().join(&rel)).expect("create");
+            files.push(FileKey::from(Path::new(&rel)));
+        }
+        let src = source(&dir);
+        let mut predictors: Vec<Box<dyn Predictor>> = vec![
+            Box::new(Replay),
+            Box::new(Tree::new(src.clone(), true)),
+            Box::new(Tree::new(src, false)),
+        ];
+        let mut tracker = EpochTracker::default();
+        let (mut work, mut opens, mut cursor) = (0u64, 0u64, 0usize);
+        let mut unplanned = Positions::all(0);
+        let mut settled: std::collections::HashSet<FileKey> = Default::default();
+        let passes = [files.clone(), shuffled(&files, 1), shuffled(&files, 2)];
+        for pass in &passes {
+            for p in &mut predictors {
+                p.forget_listings();
+            }
+            for f in pass {
+                if tracker.open(f) == super::super::epoch::Opened::NewEpoch {
+                    unplanned = Positions::all(tracker.previous().map_or(0, |p| p.len()));
+                    settled.clear();
+                }
+                opens += 1;
+                let looked = std::cell::Cell::new(0u64);
+                let current = tracker.current();
+                let skip = |p: &Path| {
+                    looked.set(looked.get() + 1);
+                    current.contains(p)
+                };
+                for p in &mut predictors {
+                    for n in [HORIZON as usize / 2, PLANNED_DEPTH] {
+                        p.predict(&tracker, f, n, &skip, &mut Vec::new());
+                    }
+                    work += p.take_work();
+                }
+                // Each file taken is settled (fetched) by the next open.
+                let judge = |p: &Path| {
+                    if skip(p) || settled.contains(p) {
+                        Verdict::Settled
+                    } else {
+                        Verdict::Take
+                    }
+                };
+                let mut taken = Vec::new();
+                cursor = remaining(
+                    &tracker,
+                    &mut unplanned,
+                    cursor,
+                    PLANNED_DEPTH,
+                    &judge,
+                    &mut taken,
+                );
+                settled.extend(taken);
+                work += looked.get();
+            }
+        }
+        work as f64 / opens as f64
+    }
+
+    /// A depth the planner follows predictions to (a few times `DEPTH_MIN`).
+    const PLANNED_DEPTH: usize = 16;
+
+    fn shuffled(files: &[FileKey], seed: u64) -> Vec<FileKey> {
+        let mut out = files.to_vec();
+        fastrand::Rng::with_seed(seed).shuffle(&mut out);
+        out
+    }
+
+    #[test]
+    fn planner_work_per_open_does_not_grow_with_the_file_count() {
+        // Both sets larger than any one scan cap, so that neither is bounded by its own size.
+        let small = planner_work_per_open(600);
+        let large = planner_work_per_open(6_000);
+        eprintln!("planner work per open: {small:.1} items (600 files), {large:.1} (6,000)");
+        // Bounded by the scan caps (a few candidates per file predicted, one lookup per walk,
+        // each directory listed once per pass): ten times the files, about the same work.
+        assert!(
+            large <= small * 1.25 + 8.0,
+            "{small:.0} -> {large:.0} items per open"
+        );
+        let cap = (4 * (HORIZON as usize / 2 + PLANNED_DEPTH) * SCAN_PER_PREDICTION) as f64;
+        assert!(large <= cap, "{large:.0} items per open");
     }
 
     #[test]
@@ -584,8 +815,12 @@ mod tests {
             Some("c") => Some(100),
             _ => Some(200),
         };
-        let sorted = smallest_first(&files, size);
-        let got: Vec<&str> = sorted.iter().map(|f| f.to_str().unwrap_or("")).collect();
+        let sizes: Vec<Option<u64>> = files.iter().map(|f| size(f)).collect();
+        let sorted = smallest_first(&sizes);
+        let got: Vec<&str> = sorted
+            .iter()
+            .map(|&i| files[i as usize].to_str().unwrap_or(""))
+            .collect();
         assert_eq!(got, ["c", "d", "a", "b"]);
     }
 
@@ -600,15 +835,23 @@ mod tests {
         for f in files[..10].iter().chain([&files[58]]) {
             t.open(f);
         }
-        let by_size: Vec<FileKey> = files.iter().rev().cloned().collect();
-        let skip = |p: &Path| *p == *files[59];
+        let by_size: Vec<u32> = (0..files.len() as u32).rev().collect();
+        let mut unfetched = Positions::all(by_size.len());
+        let judge = |p: &Path| {
+            if *p == *files[59] {
+                Verdict::Settled
+            } else {
+                Verdict::Take
+            }
+        };
         let mut out = Vec::new();
         let cursor = smallest_remaining(
             &t,
             &by_size,
+            &mut unfetched,
             by_size.len() - 1,
             4,
-            &skip,
+            &judge,
             &|p: &Path| *p != *files[56],
             &mut out,
         );
@@ -618,7 +861,16 @@ mod tests {
             "stops at the first that does not fit"
         );
         let mut more = Vec::new();
-        smallest_remaining(&t, &by_size, cursor, 2, &skip, &|_| true, &mut more);
+        smallest_remaining(
+            &t,
+            &by_size,
+            &mut unfetched,
+            cursor,
+            2,
+            &judge,
+            &|_| true,
+            &mut more,
+        );
         assert_eq!(
             more,
             [files[56].clone(), files[55].clone()],
