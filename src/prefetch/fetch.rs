@@ -1,0 +1,175 @@
+//! The prefetch workers: take planned files from the bounded queue and fetch their first blocks
+//! into the cache (else the staging buffer, else open and park them), and readahead ranges of
+//! files being read.
+//!
+//! Owns the fetching of one planned file or range. Must never plan (the planner decides what is
+//! queued), never run while a demand read needs the source more (at most half the workers then),
+//! and never fetch past the cache's or the staging buffer's room.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::epoch::FileKey;
+use super::{EWMA, FILE_BLOCKS, Job, Outcome, SetId, Shared};
+use crate::cache::Prefetched;
+use crate::source::Identity;
+
+pub(super) fn work(shared: &Shared) {
+    loop {
+        let job = {
+            let mut jobs = shared.jobs.lock();
+            loop {
+                if shared.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let threads = shared.threads.max(1);
+                let allowed = if shared.demand.load(Ordering::Acquire) > 0 {
+                    (threads / 2).max(1)
+                } else {
+                    threads
+                };
+                if jobs.running < allowed
+                    && let Some(job) = jobs.queue.pop_front()
+                {
+                    jobs.running += 1;
+                    break job;
+                }
+                shared.work.wait_for(&mut jobs, Duration::from_millis(20));
+            }
+        };
+        match job {
+            Job::File {
+                set,
+                file,
+                identity,
+            } => fetch_file(shared, set, &file, identity),
+            Job::Blocks {
+                entry,
+                source,
+                blocks,
+            } => {
+                for index in blocks {
+                    if shared.stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    match shared.fetcher.prefetch(&entry, index, source.as_ref()) {
+                        Ok(Prefetched::Fetched | Prefetched::Staged) => {
+                            shared.metrics.blocks.inc();
+                        }
+                        Ok(Prefetched::Present) => {}
+                        Ok(Prefetched::NoRoom) | Err(_) => break,
+                    }
+                }
+            }
+        }
+        shared.jobs.lock().running -= 1;
+        shared.work.notify_one();
+    }
+}
+
+/// Fetches the first blocks of `file` ahead of its open, and for a view set decodes the image
+/// ahead when the CPU is idle. When there is no room for the bytes, the opened file is parked
+/// instead, so that the reader's open at least makes no round trip (and a later try, once room
+/// frees, makes none either).
+fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identity>) {
+    if let Some(entry) = known.and_then(|id| shared.fetcher.ram().get(&id))
+        && entry.is_complete()
+    {
+        return;
+    }
+    {
+        let mut outcomes = shared.outcomes[set].lock();
+        if matches!(
+            outcomes.get(file),
+            Some(Outcome::InFlight | Outcome::Done | Outcome::Settled)
+        ) {
+            return;
+        }
+        outcomes.insert(file.clone(), Outcome::InFlight);
+    }
+    let started = Instant::now();
+    let mut fetched = false;
+    let mut took = 0.0;
+    let mut decoded = false;
+    let mut parked_now = false;
+    let parked = shared.parked.take(file, None);
+    let opened_now = parked.is_none();
+    match parked.map_or_else(|| shared.source.open(file), Ok) {
+        Ok(source) => {
+            let entry = shared.fetcher.ram().file(source.identity(), file);
+            let mut no_room = false;
+            for index in 0..entry.blocks().min(FILE_BLOCKS) {
+                if shared.stop.load(Ordering::Acquire) {
+                    break;
+                }
+                match shared.fetcher.prefetch(&entry, index, source.as_ref()) {
+                    Ok(Prefetched::Fetched | Prefetched::Staged) => {
+                        shared.metrics.blocks.inc();
+                        fetched = true;
+                    }
+                    Ok(Prefetched::Present) => {}
+                    Ok(Prefetched::NoRoom) => {
+                        no_room = index == 0;
+                        break;
+                    }
+                    Err(_) => {
+                        shared.metrics.failed.inc();
+                        break;
+                    }
+                }
+            }
+            took = started.elapsed().as_secs_f64();
+            shared.fetcher.ram().settle(&entry);
+            if set > 0
+                && !no_room
+                && let Some(decode) = &shared.decode_ahead
+                && decode(set, file, source.as_ref())
+            {
+                shared.metrics.decoded_ahead.inc();
+                decoded = true;
+            }
+            if no_room {
+                if opened_now {
+                    shared.metrics.opened_ahead.inc();
+                }
+                parked_now = true;
+                for closed in shared.parked.park(file.clone(), source) {
+                    for outcomes in &shared.outcomes {
+                        let mut outcomes = outcomes.lock();
+                        if outcomes.get(&closed) == Some(&Outcome::Parked) {
+                            outcomes.remove(&closed);
+                        }
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            tracing::debug!(path = %file.display(), error = %e, "prefetch could not open a file");
+            shared.metrics.failed.inc();
+        }
+    }
+    let mut outcomes = shared.outcomes[set].lock();
+    // The reader may have opened it meanwhile (counted late, entry gone): leave that be.
+    if outcomes.get(file) == Some(&Outcome::InFlight) {
+        if fetched || decoded {
+            outcomes.insert(file.clone(), Outcome::Done);
+        } else if parked_now {
+            outcomes.insert(file.clone(), Outcome::Parked);
+        } else {
+            outcomes.insert(file.clone(), Outcome::Settled);
+        }
+    }
+    drop(outcomes);
+    if fetched || decoded {
+        shared.metrics.issued.inc();
+    }
+    if fetched {
+        let old = f64::from_bits(shared.file_seconds.load(Ordering::Relaxed));
+        let new = if old == 0.0 {
+            took
+        } else {
+            old + EWMA * (took - old)
+        };
+        shared.file_seconds.store(new.to_bits(), Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,391 @@
+//! The planner thread: one `SetState` per file set (the source tree, each view), which takes
+//! each open from the bounded event channel, feeds the epoch tracker and scores the predictors,
+//! and replaces the set's queued files with the best predictor's next ones (or the remaining
+//! set's); and the depth controller. Publishes each set's status for stats.json.
+//!
+//! Owns what the planner knows per set and what it decides. Must never fetch (the workers in
+//! `fetch` do), never block an open (events arrive through a channel that drops when full), and
+//! never do work per open that grows with the number of files.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use super::diagnosis::{Capacity, diagnose};
+use super::epoch::{EpochTracker, FileKey, Opened, Positions};
+use super::hint::{Hint, OrderFile, OrderSlot, Polled};
+use super::predict::{self, HORIZON, Predictor, Replay, Score, Tree, Verdict};
+use super::{
+    DEPTH_MAX, DEPTH_MIN, EWMA, Event, HISTORY, Job, Marks, Outcome, STATUS_EVERY, SetId, Shared,
+};
+use crate::source::{Identity, Source};
+
+/// What the planner knows about one file set.
+pub(super) struct SetState {
+    name: String,
+    tracker: EpochTracker,
+    predictors: Vec<(Box<dyn Predictor>, Score)>,
+    /// Identities seen at opens (a fully cached file is not queued again).
+    known: HashMap<FileKey, Identity>,
+    opens: u64,
+    /// Where the remaining-set walks stand: opens ahead in the last pass's order, fetches in
+    /// `by_size` (the last pass's files, smallest first).
+    cursor: usize,
+    fetch_cursor: usize,
+    by_size: Vec<u32>,
+    /// The last pass's files (positions) and `by_size` entries not settled in this pass: the
+    /// remaining-set walks step over each settled file once, not at every open.
+    unplanned: Positions,
+    unfetched: Positions,
+    in_use: &'static str,
+    /// Opens per second (moving average) and when the last one came.
+    rate: f64,
+    last_open: Option<Instant>,
+    epoch_started: Instant,
+    marks: Marks,
+    history: VecDeque<Value>,
+    /// What kept readers waiting in the last complete pass (`null` before one).
+    diagnosis: Value,
+}
+
+/// The depth controller: twice the files consumed while one file is fetched (`rate` opens/s x
+/// `file_seconds`), plus one per worker, within `DEPTH_MIN..=DEPTH_MAX`. Also restated as the
+/// scheduler's heuristic action.
+pub fn controller_depth(rate: f64, file_seconds: f64, threads: usize) -> usize {
+    ((rate * file_seconds * 2.0).ceil() as usize + threads).clamp(DEPTH_MIN, DEPTH_MAX)
+}
+
+impl SetState {
+    pub(super) fn new(
+        name: String,
+        source: &Arc<dyn Source>,
+        marks: Marks,
+        hint: Option<&OrderSlot>,
+    ) -> SetState {
+        let mut predictors: Vec<(Box<dyn Predictor>, Score)> = vec![
+            (Box::new(Replay), Score::default()),
+            (Box::new(Tree::new(source.clone(), true)), Score::default()),
+            (Box::new(Tree::new(source.clone(), false)), Score::default()),
+        ];
+        if let Some(slot) = hint {
+            predictors.push((Box::new(Hint::new(slot.clone())), Score::default()));
+        }
+        SetState {
+            name,
+            tracker: EpochTracker::default(),
+            predictors,
+            known: HashMap::new(),
+            opens: 0,
+            cursor: 0,
+            fetch_cursor: 0,
+            by_size: Vec::new(),
+            unplanned: Positions::all(0),
+            unfetched: Positions::all(0),
+            in_use: "none",
+            rate: 0.0,
+            last_open: None,
+            epoch_started: Instant::now(),
+            marks,
+            history: VecDeque::new(),
+            diagnosis: Value::Null,
+        }
+    }
+
+    /// Ends the epoch that just ended: its record, wasted prefetches, staged leftovers.
+    fn close_epoch(&mut self, shared: &Shared, set: SetId) {
+        let mut outcomes = shared.outcomes[set].lock();
+        let wasted = outcomes.values().filter(|o| **o == Outcome::Done).count();
+        outcomes.retain(|_, o| matches!(o, Outcome::InFlight | Outcome::Parked));
+        drop(outcomes);
+        shared.metrics.wasted.add(wasted as u64);
+        shared.fetcher.staging().retire();
+        for (p, score) in &mut self.predictors {
+            p.forget_listings();
+            score.new_pass();
+        }
+        let now = Marks::now(shared);
+        let pass = self.tracker.previous();
+        let files = pass.map_or(0, |p| p.len());
+        // Sizes are known for dataset files (their identities), not for view files.
+        let sizes: Vec<Option<u64>> = pass.map_or_else(Vec::new, |p| {
+            p.order()
+                .iter()
+                .map(|f| self.known.get(f).map(|i| i.size))
+                .collect()
+        });
+        self.by_size = predict::smallest_first(&sizes);
+        self.unplanned = Positions::all(files);
+        self.unfetched = Positions::all(self.by_size.len());
+        // The walk starts after the cursor: at the smallest file.
+        self.fetch_cursor = self.by_size.len().saturating_sub(1);
+        let working_set = pass.and_then(|_| sizes.iter().copied().sum::<Option<u64>>());
+        let figures = now.figures(
+            &self.marks,
+            self.tracker.epoch() - 1,
+            self.epoch_started.elapsed().as_secs_f64(),
+            working_set,
+        );
+        self.diagnosis = diagnose(&figures, &Capacity::of(&shared.fetcher.figures()));
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history
+            .push_back(now.since(&self.marks, &figures, files));
+        self.marks = now;
+        self.epoch_started = Instant::now();
+    }
+
+    fn opened(&mut self, shared: &Shared, set: SetId, event: Event) {
+        let file = event.file;
+        if let Some(identity) = event.identity {
+            self.known.insert(file.clone(), identity);
+        }
+        match self.tracker.open(&file) {
+            Opened::Repeat | Opened::Straggler => return,
+            Opened::NewEpoch => self.close_epoch(shared, set),
+            Opened::First => {}
+        }
+        match shared.outcomes[set].lock().remove(&file) {
+            Some(Outcome::Done) => shared.metrics.useful.inc(),
+            Some(Outcome::InFlight) => shared.metrics.late.inc(),
+            Some(Outcome::Parked | Outcome::Settled) | None => {}
+        }
+        let now = Instant::now();
+        if let Some(last) = self.last_open.replace(now) {
+            let gap = now.duration_since(last).as_secs_f64().max(1e-6);
+            self.rate += EWMA * (1.0 / gap - self.rate);
+        }
+        self.opens += 1;
+        let current = self.tracker.current();
+        let looked = std::cell::Cell::new(0u64);
+        let opened_now = |p: &Path| {
+            looked.set(looked.get() + 1);
+            current.contains(p)
+        };
+        for (predictor, score) in &mut self.predictors {
+            score.opened(&file, self.opens);
+            let mut out = Vec::new();
+            predictor.predict(
+                &self.tracker,
+                &file,
+                HORIZON as usize / 2,
+                &opened_now,
+                &mut out,
+            );
+            score.predicted(&out, self.opens);
+        }
+        let mut work = looked.get();
+        if shared.enabled {
+            work += self.plan(shared, set, &file);
+        }
+        for (predictor, _) in &mut self.predictors {
+            work += predictor.take_work();
+        }
+        shared.metrics.planner_work.add(work);
+    }
+
+    /// Replaces this set's queued files with the next `depth` predicted ones (the scheduler's
+    /// depth while it holds the knob, else `controller_depth`); returns the candidates it looked
+    /// at.
+    fn plan(&mut self, shared: &Shared, set: SetId, last: &Path) -> u64 {
+        let file_seconds = f64::from_bits(shared.file_seconds.load(Ordering::Relaxed));
+        let threads = shared.threads.max(1);
+        let depth = shared
+            .knobs
+            .depth()
+            .unwrap_or_else(|| controller_depth(self.rate, file_seconds, threads));
+        shared.depth.store(depth, Ordering::Relaxed);
+        let outcomes = &shared.outcomes[set];
+        let current = self.tracker.current();
+        let fetcher = &shared.fetcher;
+        let known = &self.known;
+        let parked_full = shared.parked.is_full();
+        // A file's first block, as much as a prefetch of it needs room for at first.
+        let first_block = |p: &Path| {
+            known.get(p).map_or(crate::cache::BLOCK_SIZE, |id| {
+                id.size.clamp(1, crate::cache::BLOCK_SIZE)
+            })
+        };
+        let looked = std::cell::Cell::new(0u64);
+        let judge = |p: &Path| {
+            looked.set(looked.get() + 1);
+            // Outcomes first: ahead of the readers most candidates are fetched already.
+            let outcome = outcomes.lock().get(p).copied();
+            match outcome {
+                Some(Outcome::InFlight) => return Verdict::Later,
+                Some(Outcome::Done | Outcome::Settled) => return Verdict::Settled,
+                Some(Outcome::Parked) | None => {}
+            }
+            if current.contains(p) {
+                return Verdict::Settled;
+            }
+            let identity = known.get(p);
+            if identity
+                .and_then(|id| fetcher.ram().get(id))
+                .is_some_and(|e| e.is_complete())
+            {
+                return Verdict::Settled;
+            }
+            // Without room for its bytes a file is worth an open ahead, once, while there are
+            // descriptors to hold it.
+            if !fetcher.has_prefetch_room(first_block(p))
+                && (outcome == Some(Outcome::Parked) || parked_full)
+            {
+                return Verdict::Later;
+            }
+            Verdict::Take
+        };
+        let skip = |p: &Path| judge(p) != Verdict::Take;
+        let best = self
+            .predictors
+            .iter_mut()
+            .filter(|(_, s)| s.trusted())
+            .max_by(|a, b| a.1.recent.total_cmp(&b.1.recent));
+        let mut next = Vec::new();
+        match best {
+            Some((predictor, _)) => {
+                self.in_use = predictor.name();
+                predictor.predict(&self.tracker, last, depth, &skip, &mut next);
+            }
+            // The remaining set: fetch its smallest files while their bytes have room (the most
+            // misses hidden per byte held), then open the next ones ahead, in any order.
+            None if self.tracker.previous().is_some() => {
+                self.in_use = "remaining";
+                let fits = |p: &Path| fetcher.has_prefetch_room(first_block(p));
+                // Stragglers joined the last pass since it closed: their positions too.
+                let files = self.tracker.previous().map_or(0, |p| p.len());
+                while self.unplanned.len() < files {
+                    self.unplanned.push();
+                }
+                self.fetch_cursor = predict::smallest_remaining(
+                    &self.tracker,
+                    &self.by_size,
+                    &mut self.unfetched,
+                    self.fetch_cursor,
+                    depth,
+                    &judge,
+                    &fits,
+                    &mut next,
+                );
+                let mut opens = Vec::new();
+                let taken: std::collections::HashSet<&Path> = next.iter().map(|f| &**f).collect();
+                self.cursor = predict::remaining(
+                    &self.tracker,
+                    &mut self.unplanned,
+                    self.cursor,
+                    depth.saturating_sub(next.len()),
+                    &|p: &Path| {
+                        if taken.contains(p) {
+                            Verdict::Later
+                        } else {
+                            judge(p)
+                        }
+                    },
+                    &mut opens,
+                );
+                drop(taken);
+                next.append(&mut opens);
+            }
+            // Epoch 1 in an order nobody predicts: nothing worth the source's time. A
+            // speculative fill of the cache in walk order was measured to starve the page
+            // cache under a tight memory limit (cold shards 1.1-2.0x the page cache) for at
+            // most 0.88x on a shuffled cold epoch.
+            None => {
+                self.in_use = "none";
+                return looked.get();
+            }
+        }
+        let mut jobs = shared.jobs.lock();
+        jobs.queue
+            .retain(|j| !matches!(j, Job::File { set: s, .. } if *s == set));
+        // One worker woken per job, at most all of them: waking every worker at every open
+        // cost the planner more CPU than planning (each wake is a system call).
+        let wake = next.len().min(threads);
+        for file in next {
+            let identity = self.known.get(&file).copied();
+            jobs.queue.push_back(Job::File {
+                set,
+                file,
+                identity,
+            });
+        }
+        drop(jobs);
+        for _ in 0..wake {
+            shared.work.notify_one();
+        }
+        looked.get()
+    }
+
+    fn status(&self) -> Value {
+        let predictors: serde_json::Map<String, Value> = self
+            .predictors
+            .iter()
+            .map(|(p, s)| {
+                (
+                    p.name().to_owned(),
+                    json!({
+                        "precision": s.precision(),
+                        "recall": s.recall(),
+                        "recent_recall": s.recent,
+                        "recent_precision": s.recent_precision,
+                        "hits": s.hits,
+                        "expired": s.expired,
+                    }),
+                )
+            })
+            .collect();
+        json!({
+            "epoch": self.tracker.epoch(),
+            "progress": self.tracker.progress(),
+            "files_this_epoch": self.tracker.current().len(),
+            "files_last_epoch": self.tracker.previous().map(|p| p.len()),
+            "predictor": self.in_use,
+            "opens_per_second": self.rate,
+            "predictors": predictors,
+            "history": self.history.iter().cloned().collect::<Vec<_>>(),
+            "diagnosis": self.diagnosis,
+        })
+    }
+}
+
+pub(super) fn plan(
+    shared: &Shared,
+    mut sets: Vec<SetState>,
+    events: &Receiver<Event>,
+    mut order_file: Option<OrderFile>,
+) {
+    let mut published = Instant::now();
+    let mut dirty = true;
+    loop {
+        if let Some(file) = &mut order_file {
+            dirty |= file.poll() == Polled::Published;
+        }
+        match events.recv_timeout(STATUS_EVERY) {
+            Ok(event) => {
+                let set = event.set;
+                if let Some(state) = sets.get_mut(set) {
+                    let cpu = crate::cache::thread_cpu();
+                    state.opened(shared, set, event);
+                    shared.metrics.planned.inc();
+                    let spent = crate::cache::thread_cpu().saturating_sub(cpu);
+                    shared.metrics.planner_ns.add(spent);
+                    dirty = true;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        if dirty && published.elapsed() >= STATUS_EVERY {
+            let status: serde_json::Map<String, Value> =
+                sets.iter().map(|s| (s.name.clone(), s.status())).collect();
+            *shared.status.lock() = Value::Object(status);
+            published = Instant::now();
+            dirty = false;
+        }
+    }
+}
