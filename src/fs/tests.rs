@@ -1134,3 +1134,39 @@ fn a_cached_file_of_one_block_opens_by_passthrough_only_when_passthrough_is_on()
         assert_eq!(ram(&fs).bytes, want, "passthrough {passthrough}");
     }
 }
+
+/// Past the process's memfd allowance a multi-block file stays on the heap, served by the
+/// daemon, with the same bytes: the cache never runs the daemon out of descriptors or mappings.
+#[test]
+fn multi_block_files_past_the_memfd_allowance_stay_on_the_heap_and_read_the_same() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let len = 2 * BLOCK_SIZE as usize + 1000;
+    for (i, name) in ["a", "b"].iter().enumerate() {
+        std::fs::write(dir.path().join(name), pattern(len, i as u8)).expect("write");
+    }
+    let mut setup = options(64 << 20);
+    setup.config.fuse.passthrough = true;
+    let fs = setup.build(Arc::new(
+        LocalSource::open(dir.path()).expect("source opens"),
+    ));
+    fs.fetcher.ram().limit_memfds_for_test(1);
+    for round in 0..2 {
+        for (i, name) in ["a", "b"].iter().enumerate() {
+            let opened = fs.open(ino_of(&fs, name), Intent::Read).expect("open");
+            let passthrough = matches!(opened.serve, Serve::Passthrough(_));
+            assert_eq!(
+                passthrough,
+                round == 1 && i == 0,
+                "{name}, round {round}: only the first file got a memfd, and only once complete"
+            );
+            if !passthrough {
+                assert_eq!(
+                    read_all(&fs, opened.fh, len as u64).expect("read"),
+                    pattern(len, i as u8),
+                    "{name}, round {round}"
+                );
+            }
+            fs.release(opened.fh).expect("release");
+        }
+    }
+}

@@ -6,8 +6,8 @@
 //! raw file offers to kernel passthrough. The first admitted block decides the layout: bytes
 //! worth compressing (see `codec`) stay on the heap, raw until the packer compresses them; other
 //! files keep their bytes in a memfd (see `memfd`), which the kernel can serve by passthrough
-//! once every block is present, except files of one block past the allowance of small memfds,
-//! which stay raw on the heap. Must never
+//! once every block is present, except files past the process's memfd allowance (and files of
+//! one block without passthrough), which stay raw on the heap. Must never
 //! return bytes that failed their checksum, never evict a block to make room, and never fetch:
 //! blocks come from `BlockFetcher`, which decides what is fetched from where.
 
@@ -58,8 +58,8 @@ impl Stored {
 /// How a file's blocks are stored, decided by its first admitted block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Layout {
-    /// Raw: in a memfd (passthrough-able), or on the heap (files of one block past the
-    /// allowance of small memfds, and decoded pixels of one block).
+    /// Raw: in a memfd (passthrough-able), or on the heap (files past the process's memfd
+    /// allowance, files of one block without passthrough, and decoded pixels of one block).
     Raw {
         /// Whether the bytes live in a memfd.
         memfd: bool,
@@ -423,9 +423,13 @@ impl RamFile {
                 // Image rows compress once filtered, even when the raw bytes look random.
                 Layout::Packable { lag }
             } else {
+                // A memfd while the process's share lasts; past it, the heap (served by the
+                // daemon) rather than running out of descriptors or mappings.
+                let wanted = self.slots.len() > 1
+                    || (self.content == Content::Source
+                        && self.ram.small_memfds.load(Ordering::Relaxed));
                 Layout::Raw {
-                    memfd: self.slots.len() > 1
-                        || (self.content == Content::Source && self.ram.small_memfds.take()),
+                    memfd: wanted && self.ram.memfds.take(),
                 }
             }
         });
@@ -701,8 +705,8 @@ impl Drop for RamFile {
             }
         });
         ledger.budget.release(Use::Cache, self.overhead);
-        if self.slots.len() == 1 && self.layout.get() == Some(&Layout::Raw { memfd: true }) {
-            self.ram.small_memfds.give_back();
+        if self.layout.get() == Some(&Layout::Raw { memfd: true }) {
+            self.ram.memfds.give_back();
         }
         let tally = ledger.tally(self.content);
         if present > 0 {

@@ -87,11 +87,11 @@ const MAX_MAP_COUNT: &str = "/proc/sys/vm/max_map_count";
 /// The kernel's default `vm.max_map_count`, assumed when it cannot be read.
 const DEFAULT_MAX_MAP_COUNT: u64 = 65_530;
 
-/// How many files of a single block may keep their bytes in a memfd (so that passthrough can
-/// serve them) rather than on the heap. Each memfd holds a descriptor and a mapping for as long
-/// as its file is cached, and an ImageNet-sized dataset has over a million such files: past the
-/// allowance they stay on the heap, served by the daemon, instead of exhausting the descriptors
-/// or mappings every other part of the mount needs.
+/// How many files may keep their bytes in a memfd (so that passthrough can serve them) rather
+/// than on the heap. Each memfd holds a descriptor and a mapping for as long as its file is
+/// cached, and an ImageNet-sized dataset has over a million files: past the allowance they stay
+/// on the heap, served by the daemon, instead of exhausting the descriptors or mappings every
+/// other part of the mount needs (source opens, parked files, the FUSE connection).
 #[derive(Debug)]
 pub struct MemfdAllowance {
     left: AtomicUsize,
@@ -105,10 +105,10 @@ impl MemfdAllowance {
         }
     }
 
-    /// How many memfds files of one block may hold in this process: half the descriptors it may
-    /// open (prefetch parks a quarter, and the FUSE connection, multi-block memfds and readers'
-    /// handles need the rest) or a quarter of the mappings it may make (the heap, libraries and
-    /// thread stacks map too), whichever is smaller.
+    /// How many memfds cached files may hold in this process: half the descriptors it may open
+    /// (prefetch parks a quarter, and the FUSE connection, source files and readers' handles need
+    /// the rest) or a quarter of the mappings it may make (the heap, libraries and thread stacks
+    /// map too), whichever is smaller.
     pub fn process_share() -> usize {
         let files = rustix::process::getrlimit(rustix::process::Resource::Nofile)
             .current
@@ -120,16 +120,17 @@ impl MemfdAllowance {
         usize::try_from((files / 2).min(maps / 4)).unwrap_or(usize::MAX)
     }
 
-    /// Adds room for `count` more memfds.
-    pub fn grant(&self, count: usize) {
-        self.left.fetch_add(count, Ordering::AcqRel);
-    }
-
     /// Takes room for one memfd; false when none is left.
     pub fn take(&self) -> bool {
         self.left
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
             .is_ok()
+    }
+
+    /// Sets the room left to `count` (tests of running out).
+    #[cfg(test)]
+    pub fn limit_for_test(&self, count: usize) {
+        self.left.store(count, Ordering::Release);
     }
 
     /// Gives back the room one memfd took.
@@ -144,9 +145,8 @@ mod tests {
 
     #[test]
     fn the_allowance_runs_out_and_refills_as_memfds_are_given_back() {
-        let allowance = MemfdAllowance::new(0);
-        assert!(!allowance.take(), "nothing granted yet");
-        allowance.grant(2);
+        assert!(!MemfdAllowance::new(0).take(), "nothing granted");
+        let allowance = MemfdAllowance::new(2);
         assert!(allowance.take());
         assert!(allowance.take());
         assert!(!allowance.take(), "a third memfd past an allowance of two");

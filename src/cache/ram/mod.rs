@@ -19,7 +19,7 @@ mod slots;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -137,8 +137,10 @@ pub(crate) struct Shared {
     ledger: Ledger,
     metrics: Arc<CacheMetrics>,
     packer: Arc<Packer>,
-    /// Memfds that files of one block may still take.
-    small_memfds: MemfdAllowance,
+    /// Memfds that files may still take (a descriptor and a mapping each).
+    memfds: MemfdAllowance,
+    /// Whether files of one block take memfds too (only passthrough makes them worth it).
+    small_memfds: AtomicBool,
 }
 
 /// The RAM tier of one mount: cached files (and decoded images) by identity.
@@ -181,7 +183,8 @@ impl RamTier {
                 ledger: Ledger::new(budget),
                 metrics,
                 packer,
-                small_memfds: MemfdAllowance::new(0),
+                memfds: MemfdAllowance::new(MemfdAllowance::process_share()),
+                small_memfds: AtomicBool::new(false),
             }),
             files: ShardedMap::default(),
             decoded: ShardedMap::default(),
@@ -193,16 +196,20 @@ impl RamTier {
         }
     }
 
-    /// This cache, keeping files of one block in a memfd (up to the process's share, see
+    /// This cache, keeping files of one block in a memfd too (within the process's share, see
     /// `MemfdAllowance`) when `passthrough` can serve them from it; else on the heap, where a
     /// memfd would only cost a descriptor and a mapping.
     pub fn with_small_memfds(self, passthrough: bool) -> RamTier {
-        if passthrough {
-            self.shared
-                .small_memfds
-                .grant(MemfdAllowance::process_share());
-        }
+        self.shared
+            .small_memfds
+            .store(passthrough, Ordering::Relaxed);
         self
+    }
+
+    /// Leaves room for only `count` more memfds (tests of the allowance running out).
+    #[cfg(test)]
+    pub(crate) fn limit_memfds_for_test(&self, count: usize) {
+        self.shared.memfds.limit_for_test(count);
     }
 
     /// This cache, keeping view images' decoded pixels as `mode` says.
