@@ -25,6 +25,9 @@
 //! B1 case is among them). Mounts are always unmounted, also on panic or Ctrl-C.
 //! Benchmarks report numbers; they never assert timing.
 
+#[path = "common/daemon.rs"]
+mod daemon;
+
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -706,20 +709,8 @@ impl MountGuard {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        guard.daemon = guard.find_daemon();
+        guard.daemon = daemon::daemon_of(&guard.path);
         guard
-    }
-
-    /// Finds the daemon: the process whose arguments hold `--daemon-child` and this mountpoint.
-    fn find_daemon(&self) -> Option<u32> {
-        let mnt = self.path.as_os_str().as_encoded_bytes();
-        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-            let mut args = cmd.split(|&b| b == 0);
-            let ours = args.clone().any(|a| a == b"--daemon-child") && args.any(|a| a == mnt);
-            ours.then_some(pid)
-        })
     }
 
     /// The daemon's user + system CPU time so far, in seconds.

@@ -18,6 +18,9 @@
 //! Mounts are always unmounted, also on panic. Benchmarks report numbers; they never assert
 //! timing.
 
+#[path = "common/daemon.rs"]
+mod daemon;
+
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -253,20 +256,8 @@ impl MountGuard {
             assert!(Instant::now() < deadline, "mount not ready");
             std::thread::sleep(Duration::from_millis(5));
         }
-        guard.daemon = guard.find_daemon();
+        guard.daemon = daemon::daemon_of(&guard.path);
         guard
-    }
-
-    /// The process whose arguments hold `--daemon-child` and this mountpoint.
-    fn find_daemon(&self) -> Option<u32> {
-        let mnt = self.path.as_os_str().as_encoded_bytes();
-        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-            let mut args = cmd.split(|&b| b == 0);
-            let ours = args.clone().any(|a| a == b"--daemon-child") && args.any(|a| a == mnt);
-            ours.then_some(pid)
-        })
     }
 
     /// The daemon's user + system CPU so far, in seconds.
