@@ -27,6 +27,8 @@
 
 #[path = "common/daemon.rs"]
 mod daemon;
+#[path = "common/measure.rs"]
+mod measure;
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -35,6 +37,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+
+use measure::{loadavg, median};
 
 /// The binary under test, built by cargo for this bench; `PREPFS_BENCH_BIN` names another (an
 /// earlier build, to compare before and after in one session).
@@ -634,17 +638,6 @@ fn write_random(path: &Path, size: u64, seed: u64) {
     }
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let m = s.len() / 2;
-    if s.len() % 2 == 1 {
-        s[m]
-    } else {
-        (s[m - 1] + s[m]) / 2.0
-    }
-}
-
 /// This process's user + system CPU time so far, in seconds (all threads).
 fn self_cpu() -> f64 {
     // SAFETY: getrusage only writes the struct we hand it.
@@ -652,12 +645,6 @@ fn self_cpu() -> f64 {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 fn fs_type(path: &Path) -> String {

@@ -20,12 +20,16 @@
 
 #[path = "common/daemon.rs"]
 mod daemon;
+#[path = "common/measure.rs"]
+mod measure;
 
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use measure::{loadavg, median};
 
 /// The binary under test, built by cargo for this bench.
 const PREPFS: &str = env!("CARGO_BIN_EXE_prepfs");
@@ -210,23 +214,6 @@ fn timed_count(cmd: &str, args: &[&str], dir: &Path) -> (f64, usize) {
     assert!(child.wait().expect("wait").success(), "{cmd} failed");
     let secs = t.elapsed().as_secs_f64();
     (secs, out.iter().filter(|&&b| b == b'\n').count())
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let m = s.len() / 2;
-    if s.len() % 2 == 1 {
-        s[m]
-    } else {
-        (s[m - 1] + s[m]) / 2.0
-    }
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 /// A mounted prepfs; unmounts on drop, so panics never leave a mount behind.
