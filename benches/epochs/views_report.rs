@@ -119,6 +119,17 @@ fn find(summaries: &[Summary], pipeline: Pipeline) -> Option<&Summary> {
     summaries.iter().find(|s| s.pipeline == pipeline)
 }
 
+/// The target that `view` delivers at least `bound` times the images per second of `base`.
+fn speedup(name: String, view: &Summary, base: &Summary, bound: f64) -> Target {
+    let ratio = view.images_per_s / base.images_per_s.max(1e-9);
+    Target {
+        name,
+        measured: ratio,
+        bound: format!(">= {bound:.2}"),
+        met: ratio >= bound,
+    }
+}
+
 /// The targets of issues 25 and 4, for the pipelines that ran.
 pub fn targets(summaries: &[Summary]) -> Vec<Target> {
     let mut out = Vec::new();
@@ -128,16 +139,15 @@ pub fn targets(summaries: &[Summary]) -> Vec<Target> {
             (Pipeline::ViewUint8Off, UINT8_VS_DALI_ROI),
         ] {
             if let Some(view) = find(summaries, pipeline) {
-                let ratio = view.images_per_s / roi.images_per_s.max(1e-9);
-                out.push(Target {
-                    name: format!(
+                out.push(speedup(
+                    format!(
                         "views (issue 25): {} images/s / DALI CPU image_random_crop",
                         pipeline.name()
                     ),
-                    measured: ratio,
-                    bound: format!(">= {bound:.2}"),
-                    met: ratio >= bound,
-                });
+                    view,
+                    roi,
+                    bound,
+                ));
             }
         }
     }
@@ -154,16 +164,15 @@ pub fn targets(summaries: &[Summary]) -> Vec<Target> {
     if let Some(stock) = find(summaries, Pipeline::Stock) {
         for pipeline in [Pipeline::ViewFloat32Off, Pipeline::ViewFloat32] {
             if let Some(view) = find(summaries, pipeline) {
-                let ratio = view.images_per_s / stock.images_per_s.max(1e-9);
-                out.push(Target {
-                    name: format!(
+                out.push(speedup(
+                    format!(
                         "views (issue 4): {} images/s / stock PyTorch",
                         pipeline.name()
                     ),
-                    measured: ratio,
-                    bound: format!(">= {FLOAT32_VS_STOCK:.2}"),
-                    met: ratio >= FLOAT32_VS_STOCK,
-                });
+                    view,
+                    stock,
+                    FLOAT32_VS_STOCK,
+                ));
             }
         }
     }
