@@ -130,6 +130,8 @@ pub struct Options {
     pub rounds: usize,
     /// The views comparison's pipelines, in the order of its first round.
     pub pipelines: Vec<views::Pipeline>,
+    /// DataLoader workers or DALI threads of every views pipeline alike.
+    pub workers: usize,
     /// Whether to run the prefetch comparison over a slow, latency-bound source.
     pub prefetch: bool,
     /// The prefetch comparison's scenarios to run (all when empty).
@@ -149,7 +151,7 @@ pub struct Options {
 const USAGE: &str = "usage: cargo bench --bench epochs -- [--quick] [--files N] [--epochs N] \
 [--read-mbps N] [--read-iops N] [--mem-ratio F] [--shard-mib N] [--readers plain,torch,shards,views,prefetch] \
 [--scenarios sorted,shuffled,fixed,torch,shards] [--staging-mib N] [--prefetch-threads N] \
-[--view-files N] [--rounds N] [--pipelines stock,tvio,dali,dali-roi,f32-off,u8-off,f32,u8] \
+[--view-files N] [--rounds N] [--workers N] [--pipelines stock,tvio,dali,dali-roi,f32-off,u8-off,f32,u8] \
 [--seed N] [--workdir DIR] [--out DIR]";
 
 impl Options {
@@ -178,6 +180,7 @@ impl Options {
                 .into_iter()
                 .filter(|p| !(quick && p.needs_dali()))
                 .collect(),
+            workers: views::WORKERS,
             prefetch: false,
             scenarios: Vec::new(),
             staging_bytes: prefetch::STAGING,
@@ -218,6 +221,7 @@ impl Options {
                 "--prefetch-threads" => o.prefetch_threads = Some(value.parse().map_err(bad)?),
                 "--view-files" => o.view_files = value.parse().map_err(bad)?,
                 "--rounds" => o.rounds = value.parse().map_err(bad)?,
+                "--workers" => o.workers = value.parse::<usize>().map_err(bad)?.max(1),
                 "--pipelines" => {
                     o.pipelines = value
                         .split(',')

@@ -226,7 +226,10 @@ pub fn write(
             }),
         )?);
         md.push_str(&crate::views_report::markdown(
-            manifest, view_runs, &summaries,
+            manifest,
+            view_runs,
+            &summaries,
+            opts.workers,
         ));
         targets.extend(view_targets);
     }

@@ -36,8 +36,9 @@ pub const FLOAT32_VIEW: &str = "train=decode,random_resized_crop(224),hflip,norm
 pub const UINT8_VIEW: &str = "train_u8=decode,random_resized_crop(224),hflip,uint8";
 /// Images per batch, as in the issue's measurements (ResNet-50 on one device).
 const BATCH: usize = 64;
-/// DataLoader workers, DALI threads: one per core of the 2-core machine the targets are set on.
-const WORKERS: usize = 2;
+/// DataLoader workers, DALI threads by default (`--workers`): one per core of the 2-core machine
+/// the targets are set on.
+pub const WORKERS: usize = 2;
 
 /// Which pipeline a run measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -246,7 +247,7 @@ fn run_pipeline(
         "--batch-size".to_owned(),
         BATCH.to_string(),
         "--workers".to_owned(),
-        WORKERS.to_string(),
+        opts.workers.to_string(),
     ];
     let mut session = ReaderSession::start(
         &group,

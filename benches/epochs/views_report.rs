@@ -198,7 +198,12 @@ fn versions(runs: &[ViewRun]) -> String {
 }
 
 /// The views section: what ran, and one row per pipeline (empty when none ran).
-pub fn markdown(manifest: &Manifest, runs: &[ViewRun], summaries: &[Summary]) -> String {
+pub fn markdown(
+    manifest: &Manifest,
+    runs: &[ViewRun],
+    summaries: &[Summary],
+    workers: usize,
+) -> String {
     if summaries.is_empty() {
         return String::new();
     }
@@ -208,7 +213,8 @@ pub fn markdown(manifest: &Manifest, runs: &[ViewRun], summaries: &[Summary]) ->
         "\n**Views** (issues 4 and 25): {} photo-like JPEGs (`src/synthetic.rs`, {:.0} KB mean, \
          400-640 x 300-480 px) in 100 class folders on an ext4 loop mount, unthrottled, its page \
          cache warm. Every pipeline delivers shuffled batches of 64 RandomResizedCrop(224) + \
-         horizontal flip images as torch tensors, with 2 DataLoader workers or 2 DALI threads. \
+         horizontal flip images as torch tensors, with {workers} DataLoader workers or {workers} DALI \
+         threads. \
          Each pipeline runs {rounds} round(s), the order rotated by one each round; a run is a \
          fresh process (and prepfs mount), 1 warm-up epoch and {measured} measured. Numbers are \
          medians over the rounds of each round's measured epochs. CPU is the pipeline's cpuacct \
