@@ -21,6 +21,7 @@ use crate::control::action::{Action, CODECS, Head, Mask};
 use crate::control::knobs::Knobs;
 use crate::fs::metrics::Op;
 use crate::fs::{Figures, Fs, FsMetrics, FsOptions, Parts, Report, View, Views};
+use crate::inode::InodeTable;
 use crate::memory::{MemoryBudget, MemoryPlan, Shed};
 use crate::metrics::Samples;
 use crate::prefetch::{DecodeAhead, Prefetcher, ReaderWaits};
@@ -30,7 +31,7 @@ use crate::telemetry::{Pipeline, Probe, Sampler, Sources, Telemetry};
 use crate::view::gpu::{Gpu, GpuMode, GpuOptions};
 
 /// Share of the machine's CPU that must be idle for prefetch to decode view images ahead.
-const DECODE_AHEAD_IDLE: f64 = 0.25;
+const WORK_AHEAD_IDLE: f64 = 0.25;
 
 /// Builds the daemon of `config`'s mount over `source`, its memory budget split as `plan` (see
 /// `MountConfig::memory_plan`), with a disk tier when `disk` is given (started in the
@@ -119,6 +120,7 @@ pub(crate) fn build_observed(
         fetcher.clone(),
     ));
 
+    let inodes = Arc::new(InodeTable::with_views(views.len()));
     let view_names: Vec<String> = views_config.specs.iter().map(|v| v.name.clone()).collect();
     let prefetcher = Arc::new(Prefetcher::start(
         source.clone(),
@@ -127,7 +129,7 @@ pub(crate) fn build_observed(
         &config.prefetch,
         &config.mountpoint,
         &view_names,
-        decode_ahead(&views, &telemetry),
+        work_ahead(&views, &inodes, &telemetry),
         knobs.clone(),
     ));
     let sampler = Sampler::start(
@@ -172,6 +174,7 @@ pub(crate) fn build_observed(
             owner,
         },
         Parts {
+            inodes,
             source,
             fetcher,
             prefetcher,
@@ -182,17 +185,28 @@ pub(crate) fn build_observed(
     )
 }
 
-/// Decoding ahead for prefetch (views only): while at least `DECODE_AHEAD_IDLE` of the CPU is
-/// idle and no render waits for a thread, so it only takes time nobody else wants.
-fn decode_ahead(views: &Arc<Views>, telemetry: &Arc<Telemetry>) -> Option<DecodeAhead> {
+/// View work ahead for prefetch (views only): decoding the predicted images, or rendering their
+/// next opens (`Views::ahead`: decoding only while at least `WORK_AHEAD_IDLE` of the CPU is idle,
+/// since the pixels may go unused).
+fn work_ahead(
+    views: &Arc<Views>,
+    inodes: &Arc<InodeTable>,
+    telemetry: &Arc<Telemetry>,
+) -> Option<DecodeAhead> {
     if views.is_empty() {
         return None;
     }
-    let (views, telemetry) = (views.clone(), telemetry.clone());
-    Some(Arc::new(move |_, path: &Path, source: &dyn SourceFile| {
-        let idle = telemetry.cpu_idle() >= DECODE_AHEAD_IDLE && views.renders_waiting() == 0;
-        idle && views.decode_ahead(path, source)
-    }))
+    let (views, inodes, telemetry) = (views.clone(), inodes.clone(), telemetry.clone());
+    Some(Arc::new(
+        move |set, path: &Path, source: &dyn SourceFile| {
+            // Set 0 is the source tree; set 1 + i is view i.
+            let Some(view) = set.checked_sub(1).and_then(|v| u16::try_from(v).ok()) else {
+                return false;
+            };
+            let idle = telemetry.cpu_idle() >= WORK_AHEAD_IDLE;
+            views.ahead(view, inodes.view_file(view, path), path, source, idle)
+        },
+    ))
 }
 
 /// What the scheduler may choose on this mount: GPU placements only with a usable GPU backend,

@@ -143,7 +143,7 @@ struct DirSnapshot {
 pub struct Fs {
     source: Arc<dyn Source>,
     options: FsOptions,
-    inodes: InodeTable,
+    inodes: Arc<InodeTable>,
     /// The cache tiers' fetch chain: what a file handle reads through.
     fetcher: Arc<BlockFetcher>,
     /// Infers epochs from opens and fetches ahead of the readers.
@@ -159,6 +159,9 @@ pub struct Fs {
 
 /// What `crate::daemon::build` hands a file system: the pieces its semantics use.
 pub struct Parts {
+    /// The mount's nodes (shared with render-ahead, which finds the view files prefetch
+    /// predicts).
+    pub inodes: Arc<InodeTable>,
     /// The dataset.
     pub source: Arc<dyn Source>,
     /// The fetch chain of the cache tiers.
@@ -186,7 +189,7 @@ impl Fs {
     /// The file system over the pieces `crate::daemon::build` wired for it.
     pub fn new(options: FsOptions, parts: Parts) -> Fs {
         Fs {
-            inodes: InodeTable::with_views(parts.views.len()),
+            inodes: parts.inodes,
             source: parts.source,
             fetcher: parts.fetcher,
             prefetcher: parts.prefetcher,

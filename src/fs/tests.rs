@@ -916,6 +916,83 @@ fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
     assert!(m.decoded_hits.get() <= fs.prefetcher.metrics().decoded_ahead.get());
 }
 
+/// A mount of a random-crop view over the photos in `dir`, decoded pixels not cached, over a
+/// source of 2 ms reads, with prefetch when `prefetch`; and the telemetry it reads the CPU from.
+fn render_ahead_fs(dir: &Path, prefetch: bool) -> (Arc<Fs>, Arc<crate::telemetry::Telemetry>) {
+    let spec = crate::view::ViewSpec::parse("v=decode,random_resized_crop(64),hflip,uint8(hwc)")
+        .expect("spec");
+    let (source, plan) = FaultySource::new(Arc::new(LocalSource::open(dir).expect("source")));
+    plan.read_delay_us.store(2000, Ordering::SeqCst);
+    let telemetry = Arc::new(crate::telemetry::Telemetry::default());
+    let mut setup = options(1 << 30);
+    setup.config.views.specs = vec![spec];
+    setup.config.cache.decoded = DecodedCaching::Off;
+    setup.config.prefetch.enabled = prefetch;
+    setup.plan.staging = 8 << 20;
+    let fs = Arc::new(crate::daemon::build_observed(
+        Arc::new(source),
+        &setup.config,
+        setup.plan,
+        None,
+        telemetry.clone(),
+    ));
+    (fs, telemetry)
+}
+
+#[test]
+fn predicted_view_files_are_rendered_ahead_byte_identical_to_their_opens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for i in 0..24 {
+        let jpeg = crate::synthetic::photo(i).expect("jpeg");
+        std::fs::write(dir.path().join(format!("a{i:02}.jpg")), jpeg).expect("write");
+    }
+    let (fs, telemetry) = render_ahead_fs(dir.path(), true);
+    let (reference, _) = render_ahead_fs(dir.path(), false);
+    // The test machine may be busy; the rule under test is what happens when it is idle.
+    let stop = Arc::new(AtomicBool::new(false));
+    let idle = {
+        let (telemetry, stop) = (telemetry.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                telemetry.set_cpu_idle(1.0);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let read_view = |fs: &Fs, i: u32| {
+        let ino = ino_of(fs, &format!(".prepfs/views/v/a{i:02}.jpg.npy"));
+        let size = fs.getattr(ino).expect("attr").size;
+        let fh = fs.open(ino, Intent::Read).expect("open").fh;
+        let bytes = read_all(fs, fh, size).expect("read");
+        fs.release(fh).expect("release");
+        bytes
+    };
+    // Two passes in walk order, a training step between files: every open's tensor is the one
+    // a mount without prefetch renders for the same open, made ahead or not.
+    let mut distinct = std::collections::HashSet::new();
+    for pass in 0..2 {
+        for i in 0..24 {
+            let got = read_view(&fs, i);
+            assert_eq!(got, read_view(&reference, i), "pass {pass}, a{i:02}");
+            distinct.insert(got);
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    idle.join().expect("idle thread");
+    assert_eq!(distinct.len(), 48, "a fresh augmentation per open");
+    let m = &fs.views.iter().next().expect("view").metrics;
+    let (made, used) = (m.rendered_ahead.get(), m.ahead_used.get());
+    assert!(
+        used > 0,
+        "no open found its render made ahead ({made} made)"
+    );
+    assert!(used <= made);
+    assert_eq!(m.errors.get(), 0);
+    let none = &reference.views.iter().next().expect("view").metrics;
+    assert_eq!((none.rendered_ahead.get(), none.ahead_used.get()), (0, 0));
+}
+
 #[test]
 fn quiet_opens_are_served_but_not_counted_as_accesses() {
     let (_dir, fs, _plan) = slow_prefetching_fs(10, 0, None);

@@ -7,16 +7,24 @@
 //! cores) at once, so decoding overlaps the loader's open-to-read gap, and reads wait for it off
 //! the FUSE threads. Raw image bytes come through the never-evict cache like any source read;
 //! the decoded pixels are offered to it too, and a render that finds them cached runs only the
-//! ops after the decode. Must never serve part of a render: a render that fails answers EIO for
-//! that open, counted by path and logged. Must never read more of a source file than a decode
-//! can use: a file over `MAX_ENCODED_BYTES` is refused unread.
+//! ops after the decode. For the files prefetch predicts, work is done ahead with spare memory
+//! while no render waits for a thread: their pixels decoded into the cache (with idle CPU), or
+//! (when it keeps none) the render of their next open made and held, at most `AHEAD_RENDERS` for `AHEAD_PATIENCE`; since an open's
+//! seed is a pure function of the view, the path and the open's count, the open that takes it
+//! gets the bytes it would have rendered. Must never serve part of a render: a render that fails
+//! answers EIO for that open, counted by path and logged. Must never read more of a source file
+//! than a decode can use: a file over `MAX_ENCODED_BYTES` is refused unread, and never let a
+//! render made ahead wait for memory or shed anything to get it.
 
+use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use super::{Attr, DirSnapshot, Fs, Handle, Intent, SOURCE_TTL};
 use crate::cache::{BLOCK_SIZE, BlockFetcher, Unpacked};
@@ -45,6 +53,15 @@ const RENDER_QUEUE_DEPTH: usize = 64;
 /// How long a render waits for room in the memory budget (other renders finishing, view files
 /// being closed) before it fails with EIO.
 const RENDER_PATIENCE: Duration = Duration::from_secs(10);
+/// Renders made ahead of their opens that may wait to be taken at once: the planner's smallest
+/// queue of predicted files (`prefetch::DEPTH_MIN`) twice over, so a correct prediction keeps
+/// the next opens served while a wrong one holds little memory.
+const AHEAD_RENDERS: usize = 8;
+/// How long a render made ahead waits for its open; past it the prediction was wrong and the
+/// render (and its memory) is dropped. `AHEAD_RENDERS` renders ahead of a reader that opens a
+/// few files per second or more are taken well within it, and a wrong prediction (or a render
+/// for a file whose open came first, now for its next one) holds its place no longer.
+const AHEAD_PATIENCE: Duration = Duration::from_secs(2);
 /// st_blksize of view files. Python's `open()` buffers st_blksize bytes, and `np.load` reads the
 /// file again through a second descriptor after checking the magic, so a 1 MiB block made every
 /// load transfer the whole render twice; one page makes the first, buffered read a small one.
@@ -70,6 +87,16 @@ pub struct Views {
     pool: Option<WorkerPool>,
     /// Renders queued and not started (the pool's own gauge).
     waiting: Arc<AtomicUsize>,
+    /// Renders made ahead of the opens they are for, oldest first (at most `AHEAD_RENDERS`).
+    ahead: Mutex<VecDeque<Ahead>>,
+}
+
+/// A render made (or being made) for the open that will be view file `ino`'s `count`th (from 0).
+struct Ahead {
+    ino: u64,
+    count: u64,
+    slot: AheadSlot,
+    started: Instant,
 }
 
 /// A view file opened for reading: rendered once, by the render pool or by its first read.
@@ -78,6 +105,21 @@ pub struct ViewOpen {
     node: Arc<Node>,
     seed: u64,
     rendered: OnceLock<Result<Rendered, FsError>>,
+    /// The render made ahead for this open, finished or still running, when one was.
+    ahead: Option<AheadSlot>,
+}
+
+/// Where a render made ahead lands: `None` when it failed (the open then renders for itself).
+type AheadSlot = Arc<OnceLock<Option<Rendered>>>;
+
+/// Fills its slot with `None` when dropped unfilled, so no open waits on a render that ended
+/// without a result.
+struct FillOnDrop(AheadSlot);
+
+impl Drop for FillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.set(None);
+    }
 }
 
 /// What a render starts from.
@@ -167,6 +209,7 @@ impl Views {
             fetcher,
             pool,
             waiting,
+            ahead: Mutex::new(VecDeque::new()),
         }
     }
 
@@ -284,14 +327,18 @@ impl Views {
         }
     }
 
-    /// Room in the memory budget for `bytes` of a render's data, waiting for it within
-    /// `RENDER_PATIENCE`.
-    fn room(&self, bytes: u64) -> Result<Work, String> {
-        self.fetcher
-            .ram()
-            .budget()
-            .work(bytes, RENDER_PATIENCE)
-            .map_err(|e| format!("no memory for the render: {e}"))
+    /// Room in the memory budget for `bytes` of a render's data: for an open's render, waiting
+    /// for it within `RENDER_PATIENCE`; for a render made ahead, only memory free now.
+    fn room(&self, bytes: u64, need: Need) -> Result<Work, String> {
+        let budget = self.fetcher.ram().budget();
+        match need {
+            Need::Open => budget
+                .work(bytes, RENDER_PATIENCE)
+                .map_err(|e| format!("no memory for the render: {e}")),
+            Need::Ahead => budget
+                .try_work(bytes)
+                .ok_or_else(|| "no memory to spare for a render ahead".to_owned()),
+        }
     }
 
     /// What a render of `node`'s image under `spec` with `seed` starts from, and its charge to
@@ -299,7 +346,13 @@ impl Views {
     /// pixels; else the encoded file, fetched through the cache, decoded whole and offered to the
     /// cache when it may keep the pixels (`decodes_whole`), or left for the render to decode
     /// only what it reads.
-    fn image(&self, node: &Node, spec: &ViewSpec, seed: u64) -> Result<(Image, Work), String> {
+    fn image(
+        &self,
+        node: &Node,
+        spec: &ViewSpec,
+        seed: u64,
+        need: Need,
+    ) -> Result<(Image, Work), String> {
         let source = self
             .source
             .open(&node.path)
@@ -308,7 +361,7 @@ impl Views {
         let memory = |(w, h): (u32, u32)| {
             plan::render_memory(spec, w, h)
                 .map_err(|e| e.to_string())
-                .and_then(|bytes| self.room(bytes))
+                .and_then(|bytes| self.room(bytes, need))
         };
         if let Some(bytes) = self.fetcher.ram().decoded(&identity, &Unpacked::default()) {
             let size = Rgb::size_of_bytes(bytes.as_slice()).map_err(|e| e.to_string())?;
@@ -322,7 +375,7 @@ impl Views {
                 }
             }
         }
-        let _encoded_room = self.room(encoded_size(source.as_ref())?)?;
+        let _encoded_room = self.room(encoded_size(source.as_ref())?, need)?;
         let encoded = self.read_image(source.as_ref(), &node.path)?;
         let size = render::dimensions(&encoded).map_err(|e| e.to_string())?;
         let work = memory(size)?;
@@ -365,8 +418,8 @@ impl Views {
 
     /// Decodes the image at `path` (the open `source`) into the decoded-pixel cache ahead of its
     /// open, unless the cache holds its pixels already or would not keep them now; true when it
-    /// decoded and the cache kept them. Prefetch calls it when the CPU is idle.
-    pub fn decode_ahead(&self, path: &Path, source: &dyn SourceFile) -> bool {
+    /// decoded and the cache kept them.
+    fn decode_ahead(&self, path: &Path, source: &dyn SourceFile) -> bool {
         let identity = source.identity();
         if self.fetcher.ram().has_decoded(&identity)
             || !self.fetcher.ram().decoded_choice().1.keeps()
@@ -392,11 +445,28 @@ impl Views {
             .is_ok_and(|(_, _, kept)| kept)
     }
 
+    /// Renders `open` for a reader waiting on it: a failure is counted, logged and answered EIO.
     fn render(&self, open: &ViewOpen) -> Result<Rendered, FsError> {
         let view = self.get(open.view)?;
+        if let Some(rendered) = open.ahead.as_ref().and_then(|slot| slot.wait().clone()) {
+            view.metrics.ahead_used.inc();
+            return Ok(rendered);
+        }
+        self.render_for(view, open, Need::Open).map_err(|why| {
+            let m = &view.metrics;
+            m.errors.inc();
+            m.failed_files
+                .record(&open.node.path.to_string_lossy(), &why);
+            tracing::warn!(view = %view.spec.name, path = %open.node.path.display(), error = %why, "view render failed; EIO");
+            FsError::Io
+        })
+    }
+
+    /// Renders `open` of `view` with the memory `need` allows; counts what it rendered.
+    fn render_for(&self, view: &View, open: &ViewOpen, need: Need) -> Result<Rendered, String> {
         let started = Instant::now();
         let result = self
-            .image(&open.node, &view.spec, open.seed)
+            .image(&open.node, &view.spec, open.seed, need)
             .and_then(|(image, work)| {
                 // The size getattr announced, from the image in hand (no second source read).
                 let expected = match view.spec.fixed_size() {
@@ -436,33 +506,126 @@ impl Views {
             });
         let m = &view.metrics;
         m.render_latency.record(started.elapsed());
-        match result {
-            Ok((rendered, mut work)) => {
-                tracing::debug!(view = %view.spec.name, path = %open.node.path.display(), seed = open.seed, crops = ?rendered.crops, flipped = rendered.flipped, "view rendered");
-                if rendered.decode > Duration::ZERO {
-                    m.decode_latency.record(rendered.decode);
-                }
-                m.transform_latency.record(rendered.transform);
-                m.renders.inc();
-                m.render_rate.tick();
-                m.bytes_out.add(rendered.npy.len() as u64);
-                // The file stays charged until it is closed; the rest of the render's memory
-                // is free now.
-                work.shrink_to(rendered.npy.len() as u64);
-                Ok(Rendered {
-                    npy: Arc::new(rendered.npy),
-                    _held: Arc::new(work),
-                })
-            }
-            Err(why) => {
-                m.errors.inc();
-                m.failed_files
-                    .record(&open.node.path.to_string_lossy(), &why);
-                tracing::warn!(view = %view.spec.name, path = %open.node.path.display(), error = %why, "view render failed; EIO");
-                Err(FsError::Io)
-            }
+        let (rendered, mut work) = result?;
+        tracing::debug!(view = %view.spec.name, path = %open.node.path.display(), seed = open.seed, crops = ?rendered.crops, flipped = rendered.flipped, "view rendered");
+        if rendered.decode > Duration::ZERO {
+            m.decode_latency.record(rendered.decode);
         }
+        m.transform_latency.record(rendered.transform);
+        m.renders.inc();
+        m.render_rate.tick();
+        m.bytes_out.add(rendered.npy.len() as u64);
+        // The file stays charged until it is closed; the rest of the render's memory is free now.
+        work.shrink_to(rendered.npy.len() as u64);
+        Ok(Rendered {
+            npy: Arc::new(rendered.npy),
+            _held: Arc::new(work),
+        })
     }
+
+    /// The seed of the `count`th open (from 0) of view `view`'s file for the image at `path`: a
+    /// pure function of them and the mount's seed, so a render made ahead of an open is the one
+    /// the open would make.
+    fn seed_of(&self, view: &View, path: &Path, count: u64) -> u64 {
+        let mut key = Vec::new();
+        key.extend_from_slice(&self.seed.to_le_bytes());
+        key.extend_from_slice(view.spec.name.as_bytes());
+        key.push(0);
+        key.extend_from_slice(path.as_os_str().as_bytes());
+        key.push(0);
+        key.extend_from_slice(&count.to_le_bytes());
+        xxhash_rust::xxh3::xxh3_64(&key)
+    }
+
+    /// Makes ready, with memory nobody else wants now and while no render waits for a thread,
+    /// what the next open of `path`'s image in view `view` will need: its decoded pixels when
+    /// the cache keeps them (every later open of any view starts from them; only while the CPU
+    /// is `idle`, since the pixels may never be used), else that open's render itself, when the
+    /// view file `node` is known (work that open would do anyway when the prediction is right;
+    /// a wrong one wastes at most `AHEAD_RENDERS` renders per `AHEAD_PATIENCE`). Prefetch calls
+    /// it for the files it predicts. True when it did work an open will use.
+    pub fn ahead(
+        &self,
+        view: u16,
+        node: Option<Arc<Node>>,
+        path: &Path,
+        source: &dyn SourceFile,
+        idle: bool,
+    ) -> bool {
+        if self.renders_waiting() > 0 {
+            return false;
+        }
+        if self.fetcher.ram().decoded_choice().1.keeps() {
+            return idle && self.decode_ahead(path, source);
+        }
+        node.is_some_and(|node| node.view == Some(view) && self.render_ahead(&node))
+    }
+
+    /// Renders the next open of view file `node` now, unless one is made for it already or
+    /// `AHEAD_RENDERS` are; kept until that open takes it, for at most `AHEAD_PATIENCE`. The
+    /// slot is published before the render starts, so an open that comes meanwhile waits for
+    /// it instead of rendering the same tensor again.
+    fn render_ahead(&self, node: &Arc<Node>) -> bool {
+        let Some(Ok(view)) = node.view.map(|v| self.get(v)) else {
+            return false;
+        };
+        let slot = AheadSlot::default();
+        let count = {
+            let mut ahead = self.ahead.lock();
+            ahead.retain(|a| a.started.elapsed() < AHEAD_PATIENCE);
+            if ahead.len() >= AHEAD_RENDERS || ahead.iter().any(|a| a.ino == node.ino) {
+                return false;
+            }
+            let count = node.opens.load(Ordering::Acquire);
+            ahead.push_back(Ahead {
+                ino: node.ino,
+                count,
+                slot: slot.clone(),
+                started: Instant::now(),
+            });
+            count
+        };
+        // An open may wait on the slot: it is filled whatever happens, a failure with `None`.
+        let filled = FillOnDrop(slot.clone());
+        let open = ViewOpen {
+            view: node.view.unwrap_or_default(),
+            node: node.clone(),
+            seed: self.seed_of(view, &node.path, count),
+            rendered: OnceLock::new(),
+            ahead: None,
+        };
+        let rendered = self.render_for(view, &open, Need::Ahead).ok();
+        let made = rendered.is_some();
+        let _ = slot.set(rendered);
+        drop(filled);
+        if made {
+            view.metrics.rendered_ahead.inc();
+        } else {
+            self.ahead.lock().retain(|a| !Arc::ptr_eq(&a.slot, &slot));
+        }
+        made
+    }
+
+    /// The render made (or being made) ahead for the `count`th open of view file `ino`, if
+    /// there is one; any other one for that file is for an open that went by, and is dropped.
+    fn take_ahead(&self, ino: u64, count: u64) -> Option<AheadSlot> {
+        let mut ahead = self.ahead.lock();
+        ahead.retain(|a| a.started.elapsed() < AHEAD_PATIENCE);
+        let at = ahead.iter().position(|a| a.ino == ino)?;
+        ahead
+            .remove(at)
+            .filter(|a| a.count == count)
+            .map(|a| a.slot)
+    }
+}
+
+/// Whose render asks for memory.
+#[derive(Clone, Copy)]
+enum Need {
+    /// An open's: it waits for room within `RENDER_PATIENCE`.
+    Open,
+    /// One made ahead of its open: only memory free now, never waiting or shedding.
+    Ahead,
 }
 
 impl Fs {
@@ -592,20 +755,18 @@ impl Fs {
             self.prefetcher
                 .opened(1 + usize::from(index), &node.path, None);
         }
-        let count = node.opens.fetch_add(1, Ordering::Relaxed);
-        let mut key = Vec::new();
-        key.extend_from_slice(&self.views.seed.to_le_bytes());
-        key.extend_from_slice(view.spec.name.as_bytes());
-        key.push(0);
-        key.extend_from_slice(node.path.as_os_str().as_bytes());
-        key.push(0);
-        key.extend_from_slice(&count.to_le_bytes());
+        let count = node.opens.fetch_add(1, Ordering::AcqRel);
         let open = Arc::new(ViewOpen {
             view: index,
-            node,
-            seed: xxhash_rust::xxh3::xxh3_64(&key),
+            seed: self.views.seed_of(view, &node.path, count),
             rendered: OnceLock::new(),
+            ahead: self.views.take_ahead(node.ino, count),
+            node,
         });
+        if open.ahead.is_some() {
+            // Its render is made or being made: the first read takes (or waits for) it.
+            return Ok(Handle::View(open));
+        }
         // Queued at once, so decoding overlaps the loader's open-to-read gap; with the queue full
         // (or no pool) the first read renders it, on its own thread.
         if let Some(pool) = &self.views.pool {

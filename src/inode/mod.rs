@@ -242,6 +242,27 @@ impl InodeTable {
             .copied()
     }
 
+    /// The node of view `view`'s file for the source image `image` (its path relative to the
+    /// source root), if the table knows every directory on the way and the file (creates
+    /// nothing).
+    pub fn view_file(&self, view: u16, image: &Path) -> Option<Arc<Node>> {
+        let tables = self.tables.read();
+        let mut parent = FIRST_VIEW_ROOT + u64::from(view);
+        let mut names = image.components().peekable();
+        while let Some(component) = names.next() {
+            let mut name = component.as_os_str().to_owned();
+            if names.peek().is_none() {
+                name.push(".npy");
+            }
+            parent = *tables.by_name.get(&(parent, name))?;
+        }
+        tables
+            .by_ino
+            .get(&parent)
+            .filter(|node| node.kind == Kind::File && node.view == Some(view))
+            .cloned()
+    }
+
     /// Counts one lookup of `node` answered to the kernel (which now holds its number until it
     /// forgets it); puts the node back in the table if a `forget` raced it out.
     pub fn remember(&self, node: &Arc<Node>) {

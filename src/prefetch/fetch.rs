@@ -120,8 +120,11 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
             }
             took = started.elapsed().as_secs_f64();
             shared.fetcher.ram().settle(&entry);
+            // A file whose open came meanwhile (its outcome taken) needs no work ahead now.
+            let unopened = || shared.outcomes[set].lock().get(file) == Some(&Outcome::InFlight);
             if set > 0
                 && !no_room
+                && unopened()
                 && let Some(decode) = &shared.decode_ahead
                 && decode(set, file, source.as_ref())
             {

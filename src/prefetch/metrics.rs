@@ -60,11 +60,11 @@ pub const OPENS_SAVED: Metric = Metric::counter(
     "prefetch_opens_saved_total",
     "Reader opens that took a file opened ahead (no round trip to the source).",
 );
-/// Images decoded ahead.
+/// Images decoded or rendered ahead.
 pub const DECODED_AHEAD: Metric = Metric::counter(
     "prefetch.decoded_ahead",
     "prefetch_decoded_ahead_total",
-    "View images decoded ahead of their opens into the decoded-pixel cache.",
+    "View images prepared ahead of their opens: decoded into the cache, or rendered for the next open.",
 );
 /// Opens the planner took.
 pub const PLANNED: Metric = Metric::counter(

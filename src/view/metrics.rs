@@ -65,6 +65,10 @@ pub struct ViewMetrics {
     pub transform_latency: Histogram,
     /// Time to render one file: read through the cache, decode, ops, encode.
     pub render_latency: Histogram,
+    /// Renders made ahead of their opens, for files prefetch predicted.
+    pub rendered_ahead: Counter,
+    /// Opens that found their render made ahead (no render waited for).
+    pub ahead_used: Counter,
 }
 
 /// Opens of a view's files.
@@ -124,6 +128,21 @@ pub const RENDER_LATENCY: Metric = Metric::latency(
 )
 .by("view");
 
+/// Renders made ahead.
+pub const RENDERED_AHEAD: Metric = Metric::counter(
+    "views.*.rendered_ahead",
+    "view_rendered_ahead_total",
+    "Renders made ahead of their opens, for files prefetch predicted, with idle CPU and spare memory.",
+)
+.by("view");
+/// Opens served by a render made ahead.
+pub const AHEAD_USED: Metric = Metric::counter(
+    "views.*.ahead_used",
+    "view_ahead_used_total",
+    "Opens that found their render made ahead (rendered_ahead minus these: predictions that missed).",
+)
+.by("view");
+
 impl ViewMetrics {
     /// The samples of view `name`: under `views.<name>.` in stats.json, labelled `view` in
     /// metrics.
@@ -136,6 +155,8 @@ impl ViewMetrics {
         out.latency_for(&DECODE_LATENCY, name, &self.decode_latency);
         out.latency_for(&TRANSFORM_LATENCY, name, &self.transform_latency);
         out.latency_for(&RENDER_LATENCY, name, &self.render_latency);
+        out.put_for(&RENDERED_AHEAD, name, self.rendered_ahead.get() as f64);
+        out.put_for(&AHEAD_USED, name, self.ahead_used.get() as f64);
     }
 }
 
