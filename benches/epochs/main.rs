@@ -132,6 +132,8 @@ pub struct Options {
     pub pipelines: Vec<views::Pipeline>,
     /// DataLoader workers or DALI threads of every views pipeline alike.
     pub workers: usize,
+    /// The views consumers' compute per batch, ms (a training step on a device).
+    pub step_ms: f64,
     /// Whether to run the prefetch comparison over a slow, latency-bound source.
     pub prefetch: bool,
     /// The prefetch comparison's scenarios to run (all when empty).
@@ -151,7 +153,8 @@ pub struct Options {
 const USAGE: &str = "usage: cargo bench --bench epochs -- [--quick] [--files N] [--epochs N] \
 [--read-mbps N] [--read-iops N] [--mem-ratio F] [--shard-mib N] [--readers plain,torch,shards,views,prefetch] \
 [--scenarios sorted,shuffled,fixed,torch,shards] [--staging-mib N] [--prefetch-threads N] \
-[--view-files N] [--rounds N] [--workers N] [--pipelines stock,tvio,dali,dali-roi,f32-off,u8-off,f32,u8] \
+[--view-files N] [--rounds N] [--workers N] [--step-ms F] \
+[--pipelines stock,tvio,dali,dali-roi,f32-off,u8-off,f32,u8,u8-ahead] \
 [--seed N] [--workdir DIR] [--out DIR]";
 
 impl Options {
@@ -181,6 +184,7 @@ impl Options {
                 .filter(|p| !(quick && p.needs_dali()))
                 .collect(),
             workers: views::WORKERS,
+            step_ms: 0.0,
             prefetch: false,
             scenarios: Vec::new(),
             staging_bytes: prefetch::STAGING,
@@ -222,6 +226,11 @@ impl Options {
                 "--view-files" => o.view_files = value.parse().map_err(bad)?,
                 "--rounds" => o.rounds = value.parse().map_err(bad)?,
                 "--workers" => o.workers = value.parse::<usize>().map_err(bad)?.max(1),
+                "--step-ms" => {
+                    o.step_ms = value
+                        .parse()
+                        .map_err(|_| format!("bad value for {flag}: {value}"))?
+                }
                 "--pipelines" => {
                     o.pipelines = value
                         .split(',')

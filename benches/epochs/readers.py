@@ -26,6 +26,10 @@ run and the prepfs run see exactly the same accesses.
 - view: the drop-in for `torch` over a prepfs tensor view: torchvision DatasetFolder over the
   view's .npy files with np.load as the loader, same DataLoader settings; the decode and the
   augmentation happen in the prepfs daemon.
+- `--step-ms` (torch, tvio, dali*, view): the consumer computes that long per batch, as a training
+  step on a device does while the loader works ahead; `--order-file FILE` (torch, tvio, view):
+  the sampler shuffles like the DataLoader's and writes each epoch's paths to FILE before it
+  starts (docs/CONFIGURATION.md's PublishedOrder), for a prepfs mount's `--order-file`.
 - shards: WebDataset-style tar shards, each streamed member by member with tarfile, in a shuffled
   shard order per epoch (or `--order sorted|fixed`).
 """
@@ -93,15 +97,45 @@ def versions(*modules):
     return {m: getattr(sys.modules[m], "__version__", "?") for m in modules if m in sys.modules}
 
 
+def step(args):
+    """The consumer's work on one batch (`--step-ms`), as a device's training step."""
+    if args.step_ms:
+        time.sleep(args.step_ms / 1000.0)
+
+
+def published_order(dataset, order_file, generator):
+    """docs/CONFIGURATION.md's PublishedOrder: a shuffling sampler that writes its order first."""
+    import torch
+
+    class PublishedOrder(torch.utils.data.Sampler):
+        def __len__(self):
+            return len(dataset)
+
+        def __iter__(self):
+            order = torch.randperm(len(dataset), generator=generator).tolist()
+            tmp = order_file + ".tmp"
+            with open(tmp, "w") as f:
+                f.writelines(dataset.samples[i][0] + "\n" for i in order)
+            os.replace(tmp, order_file)
+            return iter(order)
+
+    return PublishedOrder()
+
+
 def dataset_epochs(args, dataset):
     """The epochs of a torchvision folder dataset through the stock DataLoader settings."""
     import torch
     from torch.utils.data import DataLoader
 
     nbytes = sum(os.path.getsize(path) for path, _ in dataset.samples)
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
-                        num_workers=args.workers,
-                        generator=torch.Generator().manual_seed(args.seed))
+    generator = torch.Generator().manual_seed(args.seed)
+    if args.order_file:
+        sampler = published_order(dataset, args.order_file, generator)
+        loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
+                            num_workers=args.workers)
+    else:
+        loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
+                            num_workers=args.workers, generator=generator)
     emit({"ready": True, "items": len(dataset),
           "versions": versions("torch", "torchvision", "numpy", "PIL")})
     for epoch in range(1, args.epochs + 1):
@@ -109,6 +143,7 @@ def dataset_epochs(args, dataset):
         started, items = time.perf_counter(), 0
         for images, _labels in loader:
             items += images.shape[0]
+            step(args)
         emit({"epoch": epoch, "seconds": time.perf_counter() - started,
               "items": items, "bytes": nbytes})
 
@@ -181,6 +216,7 @@ def dali_loader(args, roi):
         started, items = time.perf_counter(), 0
         for batch in loader:
             items += batch[0]["images"].shape[0]
+            step(args)
         emit({"epoch": epoch, "seconds": time.perf_counter() - started, "items": items})
 
 
@@ -219,6 +255,9 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--order", choices=["shuffled", "fixed", "sorted"], default="shuffled")
     parser.add_argument("--think-ms", type=float, default=0.0)
+    parser.add_argument("--step-ms", type=float, default=0.0,
+                        help="torch, tvio, dali*, view: the consumer's compute per batch")
+    parser.add_argument("--order-file", help="torch, tvio, view: publish each epoch's order here")
     parser.add_argument("--suffix", default=".jpg", help="plain: the files to read")
     parser.add_argument("--batch-size", type=int, default=32, help="torch, tvio, dali*, view")
     parser.add_argument("--workers", type=int, default=2,

@@ -230,6 +230,7 @@ pub fn write(
             view_runs,
             &summaries,
             opts.workers,
+            opts.step_ms,
         ));
         targets.extend(view_targets);
     }

@@ -9,7 +9,12 @@
 //!   `fn.decoders.image_random_crop`, which decodes only the crop;
 //! - prepfs float32 and uint8 views (DatasetFolder + np.load over `.prepfs/views/<view>`), on a
 //!   mount with `--decoded-cache off` (every render decodes: ImageNet-sized data whose pixels do
-//!   not fit) and on a mount with the defaults (budget and `--decoded-cache auto`).
+//!   not fit) and on a mount with the defaults (budget and `--decoded-cache auto`); and the
+//!   uint8 view with `--decoded-cache off` whose sampler publishes each epoch's order to the
+//!   mount's `--order-file`, so prefetch renders the next opens ahead with idle CPU.
+//!
+//! `--step-ms` makes every consumer compute that long per batch, as a training step on a device
+//! does while the loader works ahead (what render-ahead is for).
 //!
 //! Each pipeline runs in a fresh process (and, for a view, a fresh mount) inside its own cpuacct
 //! cgroup that also holds the prepfs daemon, so CPU per image counts everything the pipeline
@@ -34,6 +39,8 @@ use crate::{Options, PrepfsMount, ReaderSession};
 pub const FLOAT32_VIEW: &str = "train=decode,random_resized_crop(224),hflip,normalize(imagenet)";
 /// The same augmentation as uint8 CHW; normalisation left to the training step.
 pub const UINT8_VIEW: &str = "train_u8=decode,random_resized_crop(224),hflip,uint8";
+/// Where a sampler publishes its order for the mount (outside it; the mount is read-only).
+const ORDER_FILE: &str = "/dev/shm/prepfs-views-order";
 /// Images per batch, as in the measurements (ResNet-50 on one device).
 const BATCH: usize = 64;
 /// DataLoader workers, DALI threads by default (`--workers`): one per core of the 2-core machine
@@ -60,11 +67,13 @@ pub enum Pipeline {
     ViewFloat32,
     /// The uint8 view on a mount with the defaults.
     ViewUint8,
+    /// The uint8 view with `--decoded-cache off`, its order published: renders made ahead.
+    ViewUint8Ahead,
 }
 
 impl Pipeline {
     /// Every pipeline, in the order of the first round and of the table.
-    pub const ALL: [Pipeline; 8] = [
+    pub const ALL: [Pipeline; 9] = [
         Pipeline::Stock,
         Pipeline::TorchvisionIo,
         Pipeline::Dali,
@@ -73,6 +82,7 @@ impl Pipeline {
         Pipeline::ViewUint8Off,
         Pipeline::ViewFloat32,
         Pipeline::ViewUint8,
+        Pipeline::ViewUint8Ahead,
     ];
 
     /// Its name for `--pipelines`.
@@ -86,6 +96,7 @@ impl Pipeline {
             Pipeline::ViewUint8Off => "u8-off",
             Pipeline::ViewFloat32 => "f32",
             Pipeline::ViewUint8 => "u8",
+            Pipeline::ViewUint8Ahead => "u8-ahead",
         }
     }
 
@@ -105,6 +116,9 @@ impl Pipeline {
             Pipeline::ViewUint8Off => "prepfs uint8 view, --decoded-cache off",
             Pipeline::ViewFloat32 => "prepfs float32 view, defaults (--decoded-cache auto)",
             Pipeline::ViewUint8 => "prepfs uint8 view, defaults (--decoded-cache auto)",
+            Pipeline::ViewUint8Ahead => {
+                "prepfs uint8 view, --decoded-cache off, order published (renders made ahead)"
+            }
         }
     }
 
@@ -118,7 +132,8 @@ impl Pipeline {
             Pipeline::ViewFloat32Off
             | Pipeline::ViewUint8Off
             | Pipeline::ViewFloat32
-            | Pipeline::ViewUint8 => "view",
+            | Pipeline::ViewUint8
+            | Pipeline::ViewUint8Ahead => "view",
         }
     }
 
@@ -130,8 +145,14 @@ impl Pipeline {
             Pipeline::ViewUint8Off => Some((UINT8_VIEW, OFF)),
             Pipeline::ViewFloat32 => Some((FLOAT32_VIEW, &[])),
             Pipeline::ViewUint8 => Some((UINT8_VIEW, &[])),
+            Pipeline::ViewUint8Ahead => Some((UINT8_VIEW, OFF)),
             Pipeline::Stock | Pipeline::TorchvisionIo | Pipeline::Dali | Pipeline::DaliRoi => None,
         }
+    }
+
+    /// Whether its sampler publishes each epoch's order to the mount's `--order-file`.
+    fn publishes_order(self) -> bool {
+        self == Pipeline::ViewUint8Ahead
     }
 
     /// Whether it needs the benchmarks' peers (`python/ensure-env --bench`).
@@ -229,6 +250,10 @@ fn run_pipeline(
         Some((spec, options)) => {
             let mut extra = vec!["--view".to_owned(), spec.to_owned()];
             extra.extend(options.iter().map(|o| (*o).to_owned()));
+            if pipeline.publishes_order() {
+                extra.push("--order-file".to_owned());
+                extra.push(ORDER_FILE.to_owned());
+            }
             Some(PrepfsMount::start(
                 &group,
                 opts,
@@ -243,12 +268,18 @@ fn run_pipeline(
         (Some(m), Some((spec, _))) => m.mountpoint.join(".prepfs/views").join(view_name(spec)),
         _ => disk.mountpoint.clone(),
     };
-    let extra = [
+    let mut extra = vec![
         "--batch-size".to_owned(),
         BATCH.to_string(),
         "--workers".to_owned(),
         opts.workers.to_string(),
+        "--step-ms".to_owned(),
+        opts.step_ms.to_string(),
     ];
+    if pipeline.publishes_order() {
+        extra.push("--order-file".to_owned());
+        extra.push(ORDER_FILE.to_owned());
+    }
     let mut session = ReaderSession::start(
         &group,
         python,

@@ -203,6 +203,7 @@ pub fn markdown(
     runs: &[ViewRun],
     summaries: &[Summary],
     workers: usize,
+    step_ms: f64,
 ) -> String {
     if summaries.is_empty() {
         return String::new();
@@ -214,7 +215,7 @@ pub fn markdown(
          400-640 x 300-480 px) in 100 class folders on an ext4 loop mount, unthrottled, its page \
          cache warm. Every pipeline delivers shuffled batches of 64 RandomResizedCrop(224) + \
          horizontal flip images as torch tensors, with {workers} DataLoader workers or {workers} DALI \
-         threads. \
+         threads; the consumer computes {step_ms} ms per batch (`--step-ms`). \
          Each pipeline runs {rounds} round(s), the order rotated by one each round; a run is a \
          fresh process (and prepfs mount), 1 warm-up epoch and {measured} measured. Numbers are \
          medians over the rounds of each round's measured epochs. CPU is the pipeline's cpuacct \
