@@ -105,6 +105,47 @@ fn views_mirror_images_as_npy_with_exact_sizes_and_fresh_augmentation() {
 }
 
 #[test]
+fn renders_made_ahead_of_predicted_opens_are_the_tensors_those_opens_would_render() {
+    // Two mounts of the same photos with the same seed: one prefetching (it learns the walk and
+    // renders the next files ahead), one not. Every open must read the same tensor on both.
+    let mounts: Vec<TestMount> = [&["--decoded-cache", "off"][..], &["--no-prefetch"][..]]
+        .iter()
+        .map(|extra| {
+            let mut t = TestMount::new();
+            fs::create_dir(t.s("a")).expect("mkdir");
+            for i in 0..16u64 {
+                let jpeg = prepfs::synthetic::photo(i).expect("jpeg");
+                fs::write(t.s(&format!("a/{i:02}.jpg")), jpeg).expect("write");
+            }
+            let mut args = vec!["--view", TRAIN, "--seed", "7"];
+            args.extend_from_slice(extra);
+            t.mount(&args);
+            t
+        })
+        .collect();
+    let mut tensors = std::collections::HashSet::new();
+    for pass in 0..3 {
+        for i in 0..16 {
+            let name = format!(".prepfs/views/train/a/{i:02}.jpg.npy");
+            let ahead = fs::read(mounts[0].m(&name)).expect("read");
+            let own = fs::read(mounts[1].m(&name)).expect("read");
+            assert!(ahead == own, "pass {pass}, {name}: not the tensor of that open");
+            tensors.insert(ahead);
+            // A training step between samples: time for prefetch to work ahead.
+            std::thread::sleep(std::time::Duration::from_millis(40));
+        }
+    }
+    assert_eq!(tensors.len(), 48, "a fresh augmentation per open");
+    let stats = mounts[0].stats();
+    let train = &stats["views"]["train"];
+    let used = train["ahead_used"].as_u64().unwrap_or(0);
+    assert!(used > 0, "no open found its render made ahead: {train}");
+    assert!(used <= train["rendered_ahead"].as_u64().unwrap_or(0), "{train}");
+    assert_eq!(train["errors"], 0);
+    assert_eq!(mounts[1].stats()["views"]["train"]["rendered_ahead"], 0);
+}
+
+#[test]
 fn broken_images_fail_alone_with_eio() {
     let mut t = TestMount::new();
     dataset(&t);
