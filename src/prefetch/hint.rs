@@ -377,13 +377,19 @@ mod tests {
         let mut out = Vec::new();
         let never = |_: &Path| false;
         hint.predict(&tracker, Path::new("c"), 2, &never, &mut out);
-        assert_eq!(out, [Arc::from(Path::new("b")), Arc::from(Path::new("a"))]);
+        assert_eq!(
+            out,
+            [FileKey::from(Path::new("b")), FileKey::from(Path::new("a"))]
+        );
         for last in ["b", "a", "d", "c"] {
             out.clear();
             hint.predict(&tracker, Path::new(last), 2, &never, &mut out);
         }
         // The second "c" is the one after the cursor: the second epoch's order follows.
-        assert_eq!(out, [Arc::from(Path::new("d")), Arc::from(Path::new("a"))]);
+        assert_eq!(
+            out,
+            [FileKey::from(Path::new("d")), FileKey::from(Path::new("a"))]
+        );
         out.clear();
         hint.predict(&tracker, Path::new("zz"), 2, &never, &mut out);
         assert!(out.is_empty(), "a file not in the order predicts nothing");
@@ -394,9 +400,9 @@ mod tests {
         assert_eq!(
             out,
             [
-                Arc::from(Path::new("c")),
-                Arc::from(Path::new("d")),
-                Arc::from(Path::new("a"))
+                FileKey::from(Path::new("c")),
+                FileKey::from(Path::new("d")),
+                FileKey::from(Path::new("a"))
             ]
         );
     }

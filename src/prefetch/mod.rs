@@ -378,7 +378,7 @@ impl Prefetcher {
         let Some(tx) = &self.events else { return };
         let event = Event {
             set,
-            file: Arc::from(file),
+            file: FileKey::from(file),
             identity,
         };
         if let Err(TrySendError::Full(_)) = tx.try_send(event) {

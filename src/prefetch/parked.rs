@@ -87,7 +87,7 @@ impl Parked {
 
     /// The file parked for `path`, if it is at version `identity` (any version when `None`).
     pub fn take(&self, path: &Path, identity: Option<Identity>) -> Option<Arc<dyn SourceFile>> {
-        let (_, file) = self.slots.lock().files.remove(path)?;
+        let (_, file) = self.slots.lock().files.remove(path.as_os_str())?;
         match identity {
             Some(id) if id != file.identity() => None,
             _ => Some(file),
@@ -130,7 +130,7 @@ mod tests {
     }
 
     fn key(n: usize) -> FileKey {
-        Arc::from(Path::new(&format!("f{n}")))
+        FileKey::from(Path::new(&format!("f{n}")))
     }
 
     #[test]

@@ -207,15 +207,17 @@ impl SetState {
         let parked_full = shared.parked.is_full();
         // A file's first block, as much as a prefetch of it needs room for at first.
         let first_block = |p: &Path| {
-            known.get(p).map_or(crate::cache::BLOCK_SIZE, |id| {
-                id.size.clamp(1, crate::cache::BLOCK_SIZE)
-            })
+            known
+                .get(p.as_os_str())
+                .map_or(crate::cache::BLOCK_SIZE, |id| {
+                    id.size.clamp(1, crate::cache::BLOCK_SIZE)
+                })
         };
         let looked = std::cell::Cell::new(0u64);
         let judge = |p: &Path| {
             looked.set(looked.get() + 1);
             // Outcomes first: ahead of the readers most candidates are fetched already.
-            let outcome = outcomes.lock().get(p).copied();
+            let outcome = outcomes.lock().get(p.as_os_str()).copied();
             match outcome {
                 Some(Outcome::InFlight) => return Verdict::Later,
                 Some(Outcome::Done | Outcome::Settled) => return Verdict::Settled,
@@ -224,7 +226,7 @@ impl SetState {
             if current.contains(p) {
                 return Verdict::Settled;
             }
-            let identity = known.get(p);
+            let identity = known.get(p.as_os_str());
             if identity
                 .and_then(|id| fetcher.ram().get(id))
                 .is_some_and(|e| e.is_complete())
@@ -273,14 +275,15 @@ impl SetState {
                     &mut next,
                 );
                 let mut opens = Vec::new();
-                let taken: std::collections::HashSet<&Path> = next.iter().map(|f| &**f).collect();
+                let taken: std::collections::HashSet<&std::ffi::OsStr> =
+                    next.iter().map(|f| f.as_os_str()).collect();
                 self.cursor = predict::remaining(
                     &self.tracker,
                     &mut self.unplanned,
                     self.cursor,
                     depth.saturating_sub(next.len()),
                     &|p: &Path| {
-                        if taken.contains(p) {
+                        if taken.contains(p.as_os_str()) {
                             Verdict::Later
                         } else {
                             judge(p)

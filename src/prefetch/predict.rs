@@ -92,7 +92,7 @@ impl Candidate for &FileKey {
 
 impl Candidate for &Path {
     fn key(self) -> FileKey {
-        Arc::from(self)
+        FileKey::from(self)
     }
 }
 
@@ -245,7 +245,7 @@ impl Tree {
                 self.scan -= 1;
                 let path = dir.join(name);
                 if !skip(&path) {
-                    out.push(Arc::from(path));
+                    out.push(FileKey::from(path.as_path()));
                 }
             }
         }
@@ -472,7 +472,7 @@ impl Score {
     /// Scores an open of `file` (the `now`th open), before the next predictions are added.
     pub fn opened(&mut self, file: &Path, now: u64) {
         self.opens += 1;
-        let hit = self.outstanding.remove(file).is_some();
+        let hit = self.outstanding.remove(file.as_os_str()).is_some();
         if hit {
             self.hits += 1;
             self.recent_precision += RECENT_WEIGHT * (1.0 - self.recent_precision);
@@ -582,7 +582,7 @@ mod tests {
             for f in 0..per_dir {
                 let rel = format!("class{d:02}/img{f:03}.jpg");
                 std::fs::write(dir.path().join(&rel), b"x").expect("write");
-                paths.push(Arc::from(Path::new(&rel)));
+                paths.push(FileKey::from(Path::new(&rel)));
             }
         }
         (dir, paths)
@@ -656,7 +656,7 @@ mod tests {
         dirs.retain(|e| e.kind == Kind::Directory);
         for d in dirs {
             for e in src.list(Path::new(&d.name)).expect("list") {
-                listed.push(Arc::from(Path::new(&d.name).join(e.name)));
+                listed.push(FileKey::from(Path::new(&d.name).join(e.name).as_path()));
             }
         }
         let s = score(&mut Tree::new(src, false), &[], &listed);
@@ -670,7 +670,7 @@ mod tests {
         for i in 0..40 {
             let rel = format!("train-{i:05}.tar");
             std::fs::write(dir.path().join(&rel), b"x").expect("write");
-            shards.push(Arc::from(Path::new(&rel)));
+            shards.push(FileKey::from(Path::new(&rel)));
         }
         let s = score(&mut Tree::new(source(&dir), true), &[], &shards);
         assert!(s.recall() > 0.95, "{s:?}");
@@ -757,7 +757,7 @@ mod tests {
                 }
                 // Each file taken is settled (fetched) by the next open.
                 let judge = |p: &Path| {
-                    if skip(p) || settled.contains(p) {
+                    if skip(p) || settled.contains(p.as_os_str()) {
                         Verdict::Settled
                     } else {
                         Verdict::Take
