@@ -24,7 +24,7 @@ use crate::fs::{Figures, Fs, FsMetrics, FsOptions, Parts, Report, View, Views};
 use crate::inode::InodeTable;
 use crate::memory::{MemoryBudget, MemoryPlan, Shed};
 use crate::metrics::Samples;
-use crate::prefetch::{DecodeAhead, Prefetcher, ReaderWaits};
+use crate::prefetch::{Ahead, DecodeAhead, Prefetcher, ReaderWaits};
 use crate::scheduler::runtime::{Scheduler, Setup};
 use crate::source::{Source, SourceFile};
 use crate::telemetry::{Pipeline, Probe, Sampler, Sources, Telemetry};
@@ -201,7 +201,7 @@ fn work_ahead(
         move |set, path: &Path, source: &dyn SourceFile| {
             // Set 0 is the source tree; set 1 + i is view i.
             let Some(view) = set.checked_sub(1).and_then(|v| u16::try_from(v).ok()) else {
-                return false;
+                return Ahead::Nothing;
             };
             let idle = telemetry.cpu_idle() >= WORK_AHEAD_IDLE;
             views.ahead(view, inodes.view_file(view, path), path, source, idle)

@@ -129,7 +129,10 @@ fn renders_made_ahead_of_predicted_opens_are_the_tensors_those_opens_would_rende
             let name = format!(".prepfs/views/train/a/{i:02}.jpg.npy");
             let ahead = fs::read(mounts[0].m(&name)).expect("read");
             let own = fs::read(mounts[1].m(&name)).expect("read");
-            assert!(ahead == own, "pass {pass}, {name}: not the tensor of that open");
+            assert!(
+                ahead == own,
+                "pass {pass}, {name}: not the tensor of that open"
+            );
             tensors.insert(ahead);
             // A training step between samples: time for prefetch to work ahead.
             std::thread::sleep(std::time::Duration::from_millis(40));
@@ -140,7 +143,10 @@ fn renders_made_ahead_of_predicted_opens_are_the_tensors_those_opens_would_rende
     let train = &stats["views"]["train"];
     let used = train["ahead_used"].as_u64().unwrap_or(0);
     assert!(used > 0, "no open found its render made ahead: {train}");
-    assert!(used <= train["rendered_ahead"].as_u64().unwrap_or(0), "{train}");
+    assert!(
+        used <= train["rendered_ahead"].as_u64().unwrap_or(0),
+        "{train}"
+    );
     assert_eq!(train["errors"], 0);
     assert_eq!(mounts[1].stats()["views"]["train"]["rendered_ahead"], 0);
 }

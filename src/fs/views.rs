@@ -31,6 +31,7 @@ use crate::cache::{BLOCK_SIZE, BlockFetcher, Unpacked};
 use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
 use crate::memory::Work;
+use crate::prefetch::Ahead;
 use crate::source::{Identity, Kind, Meta, Source, SourceFile};
 use crate::view::limits::MAX_ENCODED_BYTES;
 use crate::view::metrics::ViewMetrics;
@@ -88,11 +89,11 @@ pub struct Views {
     /// Renders queued and not started (the pool's own gauge).
     waiting: Arc<AtomicUsize>,
     /// Renders made ahead of the opens they are for, oldest first (at most `AHEAD_RENDERS`).
-    ahead: Mutex<VecDeque<Ahead>>,
+    ahead: Mutex<VecDeque<HeldRender>>,
 }
 
 /// A render made (or being made) for the open that will be view file `ino`'s `count`th (from 0).
-struct Ahead {
+struct HeldRender {
     ino: u64,
     count: u64,
     slot: AheadSlot,
@@ -329,15 +330,15 @@ impl Views {
 
     /// Room in the memory budget for `bytes` of a render's data: for an open's render, waiting
     /// for it within `RENDER_PATIENCE`; for a render made ahead, only memory free now.
-    fn room(&self, bytes: u64, need: Need) -> Result<Work, String> {
+    fn room(&self, bytes: u64, need: Need) -> Result<Work, Unrendered> {
         let budget = self.fetcher.ram().budget();
         match need {
             Need::Open => budget
                 .work(bytes, RENDER_PATIENCE)
-                .map_err(|e| format!("no memory for the render: {e}")),
+                .map_err(|e| Unrendered::NoRoom(format!("no memory for the render: {e}"))),
             Need::Ahead => budget
                 .try_work(bytes)
-                .ok_or_else(|| "no memory to spare for a render ahead".to_owned()),
+                .ok_or_else(|| Unrendered::NoRoom("no memory to spare for a render ahead".into())),
         }
     }
 
@@ -352,7 +353,7 @@ impl Views {
         spec: &ViewSpec,
         seed: u64,
         need: Need,
-    ) -> Result<(Image, Work), String> {
+    ) -> Result<(Image, Work), Unrendered> {
         let source = self
             .source
             .open(&node.path)
@@ -360,7 +361,7 @@ impl Views {
         let identity = source.identity();
         let memory = |(w, h): (u32, u32)| {
             plan::render_memory(spec, w, h)
-                .map_err(|e| e.to_string())
+                .map_err(|e| Unrendered::Failed(e.to_string()))
                 .and_then(|bytes| self.room(bytes, need))
         };
         if let Some(bytes) = self.fetcher.ram().decoded(&identity, &Unpacked::default()) {
@@ -452,7 +453,8 @@ impl Views {
             view.metrics.ahead_used.inc();
             return Ok(rendered);
         }
-        self.render_for(view, open, Need::Open).map_err(|why| {
+        self.render_for(view, open, Need::Open).map_err(|unrendered| {
+            let why = unrendered.why();
             let m = &view.metrics;
             m.errors.inc();
             m.failed_files
@@ -463,7 +465,7 @@ impl Views {
     }
 
     /// Renders `open` of `view` with the memory `need` allows; counts what it rendered.
-    fn render_for(&self, view: &View, open: &ViewOpen, need: Need) -> Result<Rendered, String> {
+    fn render_for(&self, view: &View, open: &ViewOpen, need: Need) -> Result<Rendered, Unrendered> {
         let started = Instant::now();
         let result = self
             .image(&open.node, &view.spec, open.seed, need)
@@ -500,7 +502,8 @@ impl Views {
                     return Err(format!(
                         "rendered {} bytes where {expected} were announced",
                         rendered.npy.len()
-                    ));
+                    )
+                    .into());
                 }
                 Ok((rendered, work))
             });
@@ -551,33 +554,45 @@ impl Views {
         path: &Path,
         source: &dyn SourceFile,
         idle: bool,
-    ) -> bool {
+    ) -> Ahead {
         if self.renders_waiting() > 0 {
-            return false;
+            return Ahead::NotNow;
         }
         if self.fetcher.ram().decoded_choice().1.keeps() {
-            return idle && self.decode_ahead(path, source);
+            if !idle {
+                return Ahead::NotNow;
+            }
+            return match self.decode_ahead(path, source) {
+                true => Ahead::Done,
+                false => Ahead::Nothing,
+            };
         }
-        node.is_some_and(|node| node.view == Some(view) && self.render_ahead(&node))
+        match node {
+            Some(node) if node.view == Some(view) => self.render_ahead(&node),
+            _ => Ahead::Nothing,
+        }
     }
 
     /// Renders the next open of view file `node` now, unless one is made for it already or
     /// `AHEAD_RENDERS` are; kept until that open takes it, for at most `AHEAD_PATIENCE`. The
     /// slot is published before the render starts, so an open that comes meanwhile waits for
     /// it instead of rendering the same tensor again.
-    fn render_ahead(&self, node: &Arc<Node>) -> bool {
+    fn render_ahead(&self, node: &Arc<Node>) -> Ahead {
         let Some(Ok(view)) = node.view.map(|v| self.get(v)) else {
-            return false;
+            return Ahead::Nothing;
         };
         let slot = AheadSlot::default();
         let count = {
             let mut ahead = self.ahead.lock();
             ahead.retain(|a| a.started.elapsed() < AHEAD_PATIENCE);
-            if ahead.len() >= AHEAD_RENDERS || ahead.iter().any(|a| a.ino == node.ino) {
-                return false;
+            if ahead.iter().any(|a| a.ino == node.ino) {
+                return Ahead::Nothing;
+            }
+            if ahead.len() >= AHEAD_RENDERS {
+                return Ahead::NotNow;
             }
             let count = node.opens.load(Ordering::Acquire);
-            ahead.push_back(Ahead {
+            ahead.push_back(HeldRender {
                 ino: node.ino,
                 count,
                 slot: slot.clone(),
@@ -594,16 +609,21 @@ impl Views {
             rendered: OnceLock::new(),
             ahead: None,
         };
-        let rendered = self.render_for(view, &open, Need::Ahead).ok();
-        let made = rendered.is_some();
-        let _ = slot.set(rendered);
+        let rendered = self.render_for(view, &open, Need::Ahead);
+        // No room is a passing reason; a render that failed would fail its open too.
+        let answer = match &rendered {
+            Ok(_) => Ahead::Done,
+            Err(Unrendered::NoRoom(_)) => Ahead::NotNow,
+            Err(Unrendered::Failed(_)) => Ahead::Nothing,
+        };
+        let _ = slot.set(rendered.ok());
         drop(filled);
-        if made {
+        if answer == Ahead::Done {
             view.metrics.rendered_ahead.inc();
         } else {
             self.ahead.lock().retain(|a| !Arc::ptr_eq(&a.slot, &slot));
         }
-        made
+        answer
     }
 
     /// The render made (or being made) ahead for the `count`th open of view file `ino`, if
@@ -616,6 +636,29 @@ impl Views {
             .remove(at)
             .filter(|a| a.count == count)
             .map(|a| a.slot)
+    }
+}
+
+/// Why a render produced nothing.
+enum Unrendered {
+    /// The memory budget had no room for it (now, for a render made ahead).
+    NoRoom(String),
+    /// The image could not be read, decoded or rendered.
+    Failed(String),
+}
+
+impl From<String> for Unrendered {
+    fn from(why: String) -> Unrendered {
+        Unrendered::Failed(why)
+    }
+}
+
+impl Unrendered {
+    /// What to log and count.
+    fn why(self) -> String {
+        match self {
+            Unrendered::NoRoom(why) | Unrendered::Failed(why) => why,
+        }
     }
 }
 

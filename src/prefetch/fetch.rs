@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::epoch::FileKey;
-use super::{EWMA, FILE_BLOCKS, Job, Outcome, SetId, Shared};
+use super::{Ahead, EWMA, FILE_BLOCKS, Job, Outcome, SetId, Shared};
 use crate::cache::Prefetched;
 use crate::source::Identity;
 
@@ -91,6 +91,8 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
     let mut fetched = false;
     let mut took = 0.0;
     let mut decoded = false;
+    // Prepared nothing for a passing reason: planned again rather than settled.
+    let mut later = false;
     let mut parked_now = false;
     let parked = shared.parked.take(file, None);
     let opened_now = parked.is_none();
@@ -126,10 +128,15 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
                 && !no_room
                 && unopened()
                 && let Some(decode) = &shared.decode_ahead
-                && decode(set, file, source.as_ref())
             {
-                shared.metrics.decoded_ahead.inc();
-                decoded = true;
+                match decode(set, file, source.as_ref()) {
+                    Ahead::Done => {
+                        shared.metrics.decoded_ahead.inc();
+                        decoded = true;
+                    }
+                    Ahead::NotNow => later = !fetched,
+                    Ahead::Nothing => {}
+                }
             }
             if no_room {
                 if opened_now {
@@ -158,6 +165,8 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
             outcomes.insert(file.clone(), Outcome::Done);
         } else if parked_now {
             outcomes.insert(file.clone(), Outcome::Parked);
+        } else if later {
+            outcomes.remove(file.as_os_str());
         } else {
             outcomes.insert(file.clone(), Outcome::Settled);
         }

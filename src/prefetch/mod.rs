@@ -131,9 +131,21 @@ enum Outcome {
     Settled,
 }
 
-/// Decodes a view image ahead of its open when the CPU is idle (the view set, the image's path,
-/// the open source file); true when it decoded and the cache kept the pixels.
-pub type DecodeAhead = Arc<dyn Fn(SetId, &Path, &dyn SourceFile) -> bool + Send + Sync>;
+/// Prepares a predicted view file ahead of its open (the view set, the image's path, the open
+/// source file): decodes its pixels into the cache or renders its next open.
+pub type DecodeAhead = Arc<dyn Fn(SetId, &Path, &dyn SourceFile) -> Ahead + Send + Sync>;
+
+/// What preparing a view file ahead of its open did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ahead {
+    /// Work its open will use: pixels decoded into the cache, or its render made.
+    Done,
+    /// Nothing for a passing reason (a render waits for a thread, no spare memory, no idle CPU,
+    /// as many renders held as allowed): the planner may queue it again.
+    NotNow,
+    /// Nothing to do for it (prepared already, unknown, or it failed).
+    Nothing,
+}
 
 enum Job {
     /// Fetch the first blocks of a file ahead of its open.
