@@ -148,7 +148,8 @@ impl Shared {
     /// Background jobs allowed to run now.
     fn lane_allows(&self, lane: &Lane) -> usize {
         if lane.demand.load(Ordering::Acquire) > 0 {
-            (self.background / 2).max(1)
+            // Half, at least one, but none from a lane of no threads.
+            self.background.min((self.background / 2).max(1))
         } else {
             self.background
         }
