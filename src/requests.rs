@@ -573,8 +573,8 @@ mod tests {
         }
     }
 
-    /// A lane over a queue of jobs the test fills, each of which counts itself running while it
-    /// waits at `gate`, and logs `name` when it starts.
+    /// A lane over a queue of jobs the test fills, each of which logs "job" when it starts and
+    /// counts itself running while it waits at its gate.
     struct TestLane {
         jobs: Arc<Mutex<VecDeque<Job>>>,
         running: Arc<AtomicUsize>,
