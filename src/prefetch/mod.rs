@@ -5,24 +5,25 @@
 //! large files, per-epoch records, and the heuristic controller of depth and concurrency. The
 //! fetches themselves run on the mount's one I/O pool (`requests::RequestPool`), as its
 //! background lane: a free thread pulls the next job from this queue when no kernel request
-//! waits, so the pool never holds a stale job. Opens reach the planner through a bounded channel (an open never waits on it;
-//! a full channel drops the event and counts it). The planner replaces its queued files after
-//! every open with the best predictor's next ones; when no predictor has been right recently it
-//! falls back to the files the last pass read and this one has not (epochs >= 2; their bytes
-//! smallest first, since each is equally likely next); in epoch 1 it fetches nothing. Jobs
-//! fetch into the never-evict cache, else into the staging buffer, else only open the file and
-//! park it for the reader's open (`Parked`); a parked file is planned again only once room for
-//! its bytes frees, and no file is opened ahead while the parked set is full and there is no
-//! room, so opens ahead never churn. Demand reads never queue behind prefetch (the pool takes a
-//! queued request before any job), at most `--prefetch-threads` jobs run at once (on threads the
-//! pool adds for them), and while any demand read waits on the source, at most half of them.
-//! Must never serve bytes (the cache does, keyed by file version), never block an open or a read
-//! on planning, and never fetch past the cache's budget and the staging buffer's.
+//! waits, so this queue is the only one of planned files and the pool never holds a stale job.
+//! Opens reach the planner through a bounded channel (an open never waits on it; a full channel
+//! drops the event and counts it). The planner replaces its queued files after every open with
+//! the best predictor's next ones; when no predictor has been right recently it falls back to
+//! the files the last pass read and this one has not (epochs >= 2; their bytes smallest first,
+//! since each is equally likely next); in epoch 1 it fetches nothing. Jobs fetch into the
+//! never-evict cache, else into the staging buffer, else only open the file and park it for the
+//! reader's open (`Parked`); a parked file is planned again only once room for its bytes frees,
+//! and no file is opened ahead while the parked set is full and there is no room, so opens ahead
+//! never churn. Demand reads never queue behind prefetch (the pool takes a queued request before
+//! any job), at most `--prefetch-threads` jobs run at once (on threads the pool adds for them),
+//! and while any demand read waits on the source, at most half of them. Must never serve bytes
+//! (the cache does, keyed by file version), never block an open or a read on planning, and never
+//! fetch past the cache's budget and the staging buffer's.
 //!
 //! Where each part lives: this file starts the planner, registers the lane and holds what they
 //! share (the queues, outcomes, readahead, per-epoch marks); `planner` is the planner thread and
-//! the depth controller; `fetch` runs one job; `epoch`, `predict`, `hint` and `parked` what the planner and
-//! the workers use; `diagnosis` and `metrics` what a pass and the mount report.
+//! the depth controller; `fetch` runs one job; `epoch`, `predict`, `hint` and `parked` what the
+//! planner and the jobs use; `diagnosis` and `metrics` what a pass and the mount report.
 
 pub mod diagnosis;
 pub mod epoch;
