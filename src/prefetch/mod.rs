@@ -272,11 +272,15 @@ pub struct Prefetcher {
 }
 
 /// Marks a demand read waiting on the source for as long as it lives.
-pub struct DemandGuard<'a>(&'a AtomicUsize);
+pub struct DemandGuard<'a>(&'a Shared);
 
 impl Drop for DemandGuard<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        // The last reader waiting on the source is answered: the pool's lane may run all its
+        // jobs again, at once rather than at the watchdog's next look.
+        if self.0.demand.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.bell.ring();
+        }
     }
 }
 
@@ -394,7 +398,7 @@ impl Prefetcher {
     /// Marks a demand read waiting on the source until the guard drops (prefetch yields).
     pub fn demand(&self) -> DemandGuard<'_> {
         self.shared.demand.fetch_add(1, Ordering::AcqRel);
-        DemandGuard(&self.shared.demand)
+        DemandGuard(&self.shared)
     }
 
     /// After a read of `len` bytes at `offset` of `entry` through one handle: when the handle
