@@ -19,10 +19,12 @@ use std::time::{Duration, Instant};
 use prepfs::view::jpeg::Jpeg;
 use prepfs::view::{ViewSpec, plan, render};
 
+#[path = "../tests/common/jpeg.rs"]
+mod test_jpeg;
+use test_jpeg::{encode_420, mirrored};
+
 /// The training pipeline of the benchmark.
 const TRAIN: &str = "t=decode,random_resized_crop(224),hflip,normalize(imagenet)";
-/// JPEG quality of the re-encoded sets: the synthetic photos' own.
-const QUALITY: i32 = 90;
 
 /// One way of decoding (or rendering) an image, timed per call.
 struct Way {
@@ -59,7 +61,10 @@ fn main() {
         ),
         (
             "large photos, 4:2:0 (mirrored to 2x: 800-1280 x 600-960)",
-            pixels.iter().map(|p| encode_420(&mirrored(p, 2))).collect(),
+            pixels
+                .iter()
+                .map(|p| encode_420(&mirrored(p, p.width() * 2, p.height() * 2)))
+                .collect(),
         ),
     ];
     let decodes = [
@@ -196,40 +201,6 @@ fn zune_whole(jpeg: &[u8]) -> render::Rgb {
         .expect("decodes")
         .into_rgb8();
     render::Rgb::from_raw(rgb.width(), rgb.height(), rgb.into_raw()).expect("within limits")
-}
-
-/// `img` encoded 4:2:0 at `QUALITY` by libjpeg-turbo.
-fn encode_420(img: &image::RgbImage) -> Vec<u8> {
-    let (width, height) = (img.width() as usize, img.height() as usize);
-    let image = turbojpeg::Image {
-        pixels: img.as_raw().as_slice(),
-        width,
-        pitch: width * 3,
-        height,
-        format: turbojpeg::PixelFormat::RGB,
-    };
-    let mut compressor = turbojpeg::Compressor::new().expect("compressor");
-    compressor.set_quality(QUALITY).expect("quality");
-    compressor
-        .set_subsamp(turbojpeg::Subsamp::Sub2x2)
-        .expect("subsampling");
-    compressor.compress_to_vec(image).expect("encodes")
-}
-
-/// `img` mirrored into an image `factor` times as wide and as tall (a photo's detail at every
-/// scale, unlike an upscale).
-fn mirrored(img: &image::RgbImage, factor: u32) -> image::RgbImage {
-    let (w, h) = img.dimensions();
-    image::RgbImage::from_fn(w * factor, h * factor, |x, y| {
-        let fold = |v: u32, n: u32| {
-            if (v / n).is_multiple_of(2) {
-                v % n
-            } else {
-                n - 1 - v % n
-            }
-        };
-        *img.get_pixel(fold(x, w), fold(y, h))
-    })
 }
 
 fn env_or(name: &str, default: u64) -> u64 {

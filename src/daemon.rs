@@ -1,7 +1,8 @@
 //! The composition root: builds every piece of one mount's daemon and wires them together.
 //!
 //! Owns: the order pieces are built in (the memory budget, the cache tiers and the fetch chain,
-//! the GPU backend and the view service, the prefetcher, telemetry and the scheduler), which
+//! the GPU backend and the view service, the one I/O pool, the prefetcher that runs its jobs on
+//! that pool's background lane, telemetry and the scheduler), which
 //! piece gets which handle to which other, and `Board`: what the control files show, gathered
 //! from every piece when one of them is opened (it also keeps the background pieces alive, and
 //! drops the scheduler before the sampler and the modules it drives). `Fs` gets only what
@@ -25,6 +26,7 @@ use crate::inode::InodeTable;
 use crate::memory::{MemoryBudget, MemoryPlan, Shed};
 use crate::metrics::Samples;
 use crate::prefetch::{Ahead, DecodeAhead, Prefetcher, ReaderWaits};
+use crate::requests::RequestPool;
 use crate::scheduler::runtime::{Scheduler, Setup};
 use crate::source::{Source, SourceFile};
 use crate::telemetry::{Pipeline, Probe, Sampler, Sources, Telemetry};
@@ -32,17 +34,30 @@ use crate::view::gpu::{Gpu, GpuMode, GpuOptions};
 
 /// Share of the machine's CPU that must be idle for prefetch to decode view images ahead.
 const WORK_AHEAD_IDLE: f64 = 0.25;
+/// Requests waiting for an I/O thread at most. The kernel has at most one request out per
+/// waiting reader thread, so a full queue means thousands of readers or a hung source; beyond it
+/// a request is answered EIO at once instead of blocking a FUSE thread.
+const REQUEST_QUEUE_DEPTH: usize = 4096;
+
+/// One mount's daemon: the file system the FUSE adapter serves, and the I/O pool its requests
+/// that may wait on the source run on (prefetch's jobs run there too, behind them).
+pub struct Daemon {
+    /// The file system.
+    pub fs: Fs,
+    /// The one I/O pool (its board keeps it too, so prefetch runs without a mount).
+    pub requests: Arc<RequestPool>,
+}
 
 /// Builds the daemon of `config`'s mount over `source`, its memory budget split as `plan` (see
 /// `MountConfig::memory_plan`), with a disk tier when `disk` is given (started in the
 /// background): every piece, wired, behind the `Fs` the FUSE adapter serves. Does no I/O on the
-/// source: the mount is ready at once.
+/// source: the mount is ready at once. Fails only when the I/O pool's threads cannot start.
 pub fn build(
     source: Arc<dyn Source>,
     config: &MountConfig,
     plan: MemoryPlan,
     disk: Option<DiskSetup>,
-) -> Fs {
+) -> std::io::Result<Daemon> {
     build_observed(source, config, plan, disk, Arc::new(Telemetry::default()))
 }
 
@@ -53,7 +68,7 @@ pub(crate) fn build_observed(
     plan: MemoryPlan,
     disk: Option<DiskSetup>,
     telemetry: Arc<Telemetry>,
-) -> Fs {
+) -> std::io::Result<Daemon> {
     let (cache, views_config) = (&config.cache, &config.views);
     let metrics = Arc::new(CacheMetrics::default());
     let fs_metrics = Arc::new(FsMetrics::default());
@@ -121,12 +136,22 @@ pub(crate) fn build_observed(
     ));
 
     let inodes = Arc::new(InodeTable::with_views(views.len()));
+    // The one pool for everything that may wait on the source: kernel requests on
+    // `--io-threads`, prefetch's jobs on `--prefetch-threads` more, behind the requests.
+    let requests = Arc::new(RequestPool::new(
+        "prepfs-io",
+        config.fuse.io_threads,
+        config.prefetch.readers(),
+        REQUEST_QUEUE_DEPTH,
+    )?);
     let view_names: Vec<String> = views_config.specs.iter().map(|v| v.name.clone()).collect();
     let prefetcher = Arc::new(Prefetcher::start(
         source.clone(),
         fetcher.clone(),
         waits(&fs_metrics),
         &config.prefetch,
+        &requests,
+        config.fuse.source_timeout,
         &config.mountpoint,
         &view_names,
         work_ahead(&views, &inodes, &telemetry),
@@ -163,12 +188,13 @@ pub(crate) fn build_observed(
         telemetry,
         gpu,
         _sampler: sampler,
+        _requests: requests.clone(),
     };
     let owner = (
         rustix::process::getuid().as_raw(),
         rustix::process::getgid().as_raw(),
     );
-    Fs::new(
+    let fs = Fs::new(
         FsOptions {
             passthrough: config.fuse.passthrough,
             owner,
@@ -182,7 +208,8 @@ pub(crate) fn build_observed(
             metrics: fs_metrics,
             board: Box::new(board),
         },
-    )
+    );
+    Ok(Daemon { fs, requests })
 }
 
 /// View work ahead for prefetch (views only): decoding the predicted images, or rendering their
@@ -280,6 +307,8 @@ struct Board {
     telemetry: Arc<Telemetry>,
     gpu: Gpu,
     _sampler: Sampler,
+    /// Dropped after the prefetcher above stops asking it for jobs.
+    _requests: Arc<RequestPool>,
 }
 
 impl Report for Board {

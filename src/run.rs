@@ -19,17 +19,12 @@ use crate::config::{ConfigError, MountConfig};
 use crate::fs::Fs;
 use crate::fuse::{Adapter, Config, MountOption, Session, SessionACL, SessionUnmounter};
 use crate::memory::pressure::PressureWatch;
-use crate::requests::RequestPool;
 use crate::source::{LocalSource, Source};
 
 /// Line a daemon child prints on stdout once its mount answers.
 const READY_LINE: &str = "prepfs-ready";
 /// How long a new mount may take to answer its first request.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
-/// Requests waiting for an I/O thread at most. The kernel has at most one request out per
-/// waiting reader thread, so a full queue means thousands of readers or a hung source; beyond it
-/// a request is answered EIO at once instead of blocking a FUSE thread.
-const REQUEST_QUEUE_DEPTH: usize = 4096;
 
 /// A failure of a lifecycle command, printed as one line.
 #[derive(Debug, thiserror::Error)]
@@ -132,10 +127,10 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
         .map_err(|e| mount_error(format!("source {}: {e}", cfg.source.display())))?;
     let source = Arc::new(source);
     let disk = disk_setup(cfg, source.clone())?;
-    let fs = Arc::new(crate::daemon::build(source, cfg, cfg.memory_plan(), disk));
-    let fuse = &cfg.fuse;
-    let requests = RequestPool::new("prepfs-io", fuse.io_threads, REQUEST_QUEUE_DEPTH)
+    let daemon = crate::daemon::build(source, cfg, cfg.memory_plan(), disk)
         .map_err(|e| mount_error(format!("cannot start I/O threads: {e}")))?;
+    let (fs, requests) = (Arc::new(daemon.fs), daemon.requests);
+    let fuse = &cfg.fuse;
     let adapter = Adapter::new(fs.clone(), requests, fuse.passthrough, fuse.source_timeout);
 
     let options = vec![

@@ -135,21 +135,7 @@ fn tf_data_reads_views_by_np_load_and_decode_raw_alike() {
 /// image crate's encoder writes 4:4:4 only), encoded by libjpeg-turbo.
 fn photo_420(seed: u64) -> Vec<u8> {
     let jpeg = prepfs::synthetic::photo(seed).expect("jpeg");
-    let img = image::load_from_memory(&jpeg).expect("decode").to_rgb8();
-    let (width, height) = (img.width() as usize, img.height() as usize);
-    let image = turbojpeg::Image {
-        pixels: img.as_raw().as_slice(),
-        width,
-        pitch: width * 3,
-        height,
-        format: turbojpeg::PixelFormat::RGB,
-    };
-    let mut compressor = turbojpeg::Compressor::new().expect("compressor");
-    compressor.set_quality(90).expect("quality");
-    compressor
-        .set_subsamp(turbojpeg::Subsamp::Sub2x2)
-        .expect("subsampling");
-    compressor.compress_to_vec(image).expect("encode")
+    common::jpeg::encode_420(&image::load_from_memory(&jpeg).expect("decode").to_rgb8())
 }
 
 #[test]

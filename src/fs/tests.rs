@@ -32,6 +32,8 @@ struct Setup {
 impl Setup {
     fn build(self, source: Arc<dyn Source>) -> Fs {
         build(source, &self.config, self.plan, None)
+            .expect("the daemon starts")
+            .fs
     }
 }
 
@@ -870,13 +872,17 @@ fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
     setup.config.cache.decoded = DecodedCaching::On;
     setup.config.prefetch.enabled = true;
     setup.plan.staging = 8 << 20;
-    let fs = Arc::new(crate::daemon::build_observed(
-        Arc::new(source),
-        &setup.config,
-        setup.plan,
-        None,
-        telemetry.clone(),
-    ));
+    let fs = Arc::new(
+        crate::daemon::build_observed(
+            Arc::new(source),
+            &setup.config,
+            setup.plan,
+            None,
+            telemetry.clone(),
+        )
+        .expect("the daemon starts")
+        .fs,
+    );
     // The test machine may be busy; the rule under test is what happens when it is idle.
     let stop = Arc::new(AtomicBool::new(false));
     let idle = {
@@ -929,13 +935,17 @@ fn render_ahead_fs(dir: &Path, prefetch: bool) -> (Arc<Fs>, Arc<crate::telemetry
     setup.config.cache.decoded = DecodedCaching::Off;
     setup.config.prefetch.enabled = prefetch;
     setup.plan.staging = 8 << 20;
-    let fs = Arc::new(crate::daemon::build_observed(
-        Arc::new(source),
-        &setup.config,
-        setup.plan,
-        None,
-        telemetry.clone(),
-    ));
+    let fs = Arc::new(
+        crate::daemon::build_observed(
+            Arc::new(source),
+            &setup.config,
+            setup.plan,
+            None,
+            telemetry.clone(),
+        )
+        .expect("the daemon starts")
+        .fs,
+    );
     (fs, telemetry)
 }
 
@@ -1118,7 +1128,9 @@ fn every_figure_of_a_full_mount_has_one_path_one_name_and_a_documented_row() {
         validate: Box::new(|_| None),
     };
     let source: Arc<dyn Source> = Arc::new(LocalSource::open(dir.path()).expect("source"));
-    let fs = build(source, &setup.config, setup.plan, Some(disk));
+    let fs = build(source, &setup.config, setup.plan, Some(disk))
+        .expect("the daemon starts")
+        .fs;
     let ino = ino_of(&fs, ".prepfs/views/v/a.jpg.npy");
     let opened = fs.open(ino, Intent::Read).expect("open view");
     read_all(&fs, opened.fh, 1 << 20).expect("read view");

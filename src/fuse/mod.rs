@@ -83,7 +83,7 @@ struct Shared {
 /// The `fuser::Filesystem` over one `Fs`.
 pub struct Adapter {
     shared: Arc<Shared>,
-    requests: RequestPool,
+    requests: Arc<RequestPool>,
     /// Longest a request may wait on the source before it is answered EIO.
     patience: Duration,
 }
@@ -121,7 +121,7 @@ impl Adapter {
     /// `patience`.
     pub fn new(
         fs: Arc<Fs>,
-        requests: RequestPool,
+        requests: Arc<RequestPool>,
         passthrough: bool,
         patience: Duration,
     ) -> Adapter {

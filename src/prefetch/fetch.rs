@@ -1,69 +1,57 @@
-//! The prefetch workers: take planned files from the bounded queue and fetch their first blocks
-//! into the cache (else the staging buffer, else open and park them), and readahead ranges of
-//! files being read.
+//! Prefetch's jobs, as the I/O pool's background lane runs them: fetch a planned file's first
+//! blocks into the cache (else the staging buffer, else open and park it), or a readahead range
+//! of a file being read.
 //!
-//! Owns the fetching of one planned file or range. Must never plan (the planner decides what is
-//! queued), never run while a demand read needs the source more (at most half the workers then),
-//! and never fetch past the cache's or the staging buffer's room.
+//! Owns the fetching of one planned file or range, and handing the pool the next job. Must never
+//! plan (the planner decides what is queued), never decide when a job runs (the pool does: after
+//! every queued request, at most `--prefetch-threads` at once, half while a demand read needs
+//! the source), and never fetch past the cache's or the staging buffer's room.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::epoch::FileKey;
 use super::{Ahead, EWMA, FILE_BLOCKS, Job, Outcome, SetId, Shared};
 use crate::cache::Prefetched;
+use crate::requests;
 use crate::source::Identity;
 
-pub(super) fn work(shared: &Shared) {
-    loop {
-        let job = {
-            let mut jobs = shared.jobs.lock();
-            loop {
+/// The next queued job, as the pool runs it; none once prefetch stops.
+pub(super) fn next(shared: &Arc<Shared>) -> Option<requests::Job> {
+    if shared.stop.load(Ordering::Acquire) {
+        return None;
+    }
+    let job = shared.jobs.lock().queue.pop_front()?;
+    let shared = shared.clone();
+    Some(Box::new(move || run(&shared, job)))
+}
+
+fn run(shared: &Shared, job: Job) {
+    match job {
+        Job::File {
+            set,
+            file,
+            identity,
+        } => fetch_file(shared, set, &file, identity),
+        Job::Blocks {
+            entry,
+            source,
+            blocks,
+        } => {
+            for index in blocks {
                 if shared.stop.load(Ordering::Acquire) {
-                    return;
+                    break;
                 }
-                let threads = shared.threads.max(1);
-                let allowed = if shared.demand.load(Ordering::Acquire) > 0 {
-                    (threads / 2).max(1)
-                } else {
-                    threads
-                };
-                if jobs.running < allowed
-                    && let Some(job) = jobs.queue.pop_front()
-                {
-                    jobs.running += 1;
-                    break job;
-                }
-                shared.work.wait_for(&mut jobs, Duration::from_millis(20));
-            }
-        };
-        match job {
-            Job::File {
-                set,
-                file,
-                identity,
-            } => fetch_file(shared, set, &file, identity),
-            Job::Blocks {
-                entry,
-                source,
-                blocks,
-            } => {
-                for index in blocks {
-                    if shared.stop.load(Ordering::Acquire) {
-                        break;
+                match shared.fetcher.prefetch(&entry, index, source.as_ref()) {
+                    Ok(Prefetched::Fetched | Prefetched::Staged) => {
+                        shared.metrics.blocks.inc();
                     }
-                    match shared.fetcher.prefetch(&entry, index, source.as_ref()) {
-                        Ok(Prefetched::Fetched | Prefetched::Staged) => {
-                            shared.metrics.blocks.inc();
-                        }
-                        Ok(Prefetched::Present) => {}
-                        Ok(Prefetched::NoRoom) | Err(_) => break,
-                    }
+                    Ok(Prefetched::Present) => {}
+                    Ok(Prefetched::NoRoom) | Err(_) => break,
                 }
             }
         }
-        shared.jobs.lock().running -= 1;
-        shared.work.notify_one();
     }
 }
 

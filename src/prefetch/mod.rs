@@ -1,25 +1,29 @@
 //! Predictive prefetch: epochs inferred from opens, the next files fetched before they are asked.
 //!
 //! Owns: the planner thread (one `EpochTracker` and set of scored predictors per file set: the
-//! source tree, and each view), the prefetch workers and their bounded queue, sequential
-//! readahead within large files, per-epoch records, and the heuristic controller of depth and
-//! concurrency. Opens reach the planner through a bounded channel (an open never waits on it;
-//! a full channel drops the event and counts it). The planner replaces its queued files after
-//! every open with the best predictor's next ones; when no predictor has been right recently it
-//! falls back to the files the last pass read and this one has not (epochs >= 2; their bytes
-//! smallest first, since each is equally likely next); in epoch 1 it fetches nothing. Workers
-//! fetch into the never-evict cache, else into the staging buffer, else only open the file and
-//! park it for the reader's open (`Parked`); a parked file is planned again only once room for
-//! its bytes frees, and no file is opened ahead while the parked set is full and there is no
-//! room, so opens ahead never churn. Demand reads never queue behind prefetch (they do not use
-//! this queue), and while any demand read waits on the source, at most half the workers run.
-//! Must never serve bytes (the cache does, keyed by file version), never block an open or a read
-//! on planning, and never fetch past the cache's budget and the staging buffer's.
+//! source tree, and each view), the bounded queue of planned jobs, sequential readahead within
+//! large files, per-epoch records, and the heuristic controller of depth and concurrency. The
+//! fetches themselves run on the mount's one I/O pool (`requests::RequestPool`), as its
+//! background lane: a free thread pulls the next job from this queue when no kernel request
+//! waits, so this queue is the only one of planned files and the pool never holds a stale job.
+//! Opens reach the planner through a bounded channel (an open never waits on it; a full channel
+//! drops the event and counts it). The planner replaces its queued files after every open with
+//! the best predictor's next ones; when no predictor has been right recently it falls back to
+//! the files the last pass read and this one has not (epochs >= 2; their bytes smallest first,
+//! since each is equally likely next); in epoch 1 it fetches nothing. Jobs fetch into the
+//! never-evict cache, else into the staging buffer, else only open the file and park it for the
+//! reader's open (`Parked`); a parked file is planned again only once room for its bytes frees,
+//! and no file is opened ahead while the parked set is full and there is no room, so opens ahead
+//! never churn. Demand reads never queue behind prefetch (the pool takes a queued request before
+//! any job), at most `--prefetch-threads` jobs run at once (on threads the pool adds for them),
+//! and while any demand read waits on the source, at most half of them. Must never serve bytes
+//! (the cache does, keyed by file version), never block an open or a read on planning, and never
+//! fetch past the cache's budget and the staging buffer's.
 //!
-//! Where each part lives: this file starts the threads and holds what they share (the queues,
-//! outcomes, readahead, per-epoch marks); `planner` is the planner thread and the depth
-//! controller; `fetch` the workers; `epoch`, `predict`, `hint` and `parked` what the planner and
-//! the workers use; `diagnosis` and `metrics` what a pass and the mount report.
+//! Where each part lives: this file starts the planner, registers the lane and holds what they
+//! share (the queues, outcomes, readahead, per-epoch marks); `planner` is the planner thread and
+//! the depth controller; `fetch` runs one job; `epoch`, `predict`, `hint` and `parked` what the
+//! planner and the jobs use; `diagnosis` and `metrics` what a pass and the mount report.
 
 pub mod diagnosis;
 pub mod epoch;
@@ -39,16 +43,16 @@ use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use crate::cache::{BlockFetcher, RamFile};
 use crate::control::knobs::Knobs;
 use crate::metrics::Samples;
+use crate::requests::{Bell, Lane, RequestPool};
 use crate::source::{Identity, Source, SourceFile};
 use diagnosis::PassFigures;
 use epoch::FileKey;
-use fetch::work;
 use hint::OrderFile;
 use metrics::PrefetchMetrics;
 use parked::Parked;
@@ -76,7 +80,7 @@ const HISTORY: usize = 32;
 /// Weight of the newest sample in the controller's moving averages.
 const EWMA: f64 = 0.1;
 
-/// Prefetch workers by default: concurrent fetches and opens hide a few ms of per-request
+/// Prefetch jobs at once by default: concurrent fetches and opens hide a few ms of per-request
 /// latency behind each other's transfers (two left a shuffled epoch's opens ahead behind the
 /// reader); each holds a block in flight, charged to the memory budget's work slice.
 pub const DEFAULT_THREADS: usize = 4;
@@ -90,7 +94,8 @@ pub const DEFAULT_BUFFER: u64 = 64 << 20;
 pub struct PrefetchConfig {
     /// Whether to prefetch at all (epochs are tracked either way).
     pub enabled: bool,
-    /// Worker threads (concurrent source fetches ahead of the readers).
+    /// Jobs at once (concurrent source fetches ahead of the readers), on as many threads the
+    /// I/O pool adds for them.
     pub threads: usize,
     /// The staging buffer asked for (`None`: `DEFAULT_BUFFER`, within its share of the budget).
     pub buffer: Option<u64>,
@@ -171,7 +176,6 @@ struct Event {
 #[derive(Default)]
 struct Jobs {
     queue: VecDeque<Job>,
-    running: usize,
 }
 
 /// Counter values at an epoch boundary, to record each epoch's share.
@@ -249,14 +253,15 @@ struct Shared {
     metrics: PrefetchMetrics,
     /// How long readers have waited so far.
     waits: Waits,
-    /// Whether workers run, and how many.
+    /// Whether jobs run, and how many at once.
     enabled: bool,
     threads: usize,
     jobs: Mutex<Jobs>,
-    work: Condvar,
+    /// Wakes the I/O pool when a job is queued.
+    bell: Bell,
     stop: AtomicBool,
-    /// Demand reads waiting on the source now.
-    demand: AtomicUsize,
+    /// Demand reads waiting on the source now (the pool's lane runs half its jobs meanwhile).
+    demand: Arc<AtomicUsize>,
     /// Per set: files queued or fetched ahead in this pass.
     outcomes: Vec<Mutex<HashMap<FileKey, Outcome>>>,
     /// Seconds a file prefetch takes (moving average, f64 bits).
@@ -275,15 +280,19 @@ struct Shared {
 pub struct Prefetcher {
     shared: Arc<Shared>,
     events: Option<SyncSender<Event>>,
-    threads: Vec<JoinHandle<()>>,
+    planner: Option<JoinHandle<()>>,
 }
 
 /// Marks a demand read waiting on the source for as long as it lives.
-pub struct DemandGuard<'a>(&'a AtomicUsize);
+pub struct DemandGuard<'a>(&'a Shared);
 
 impl Drop for DemandGuard<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        // The last reader waiting on the source is answered: the pool's lane may run all its
+        // jobs again, at once rather than at the watchdog's next look.
+        if self.0.demand.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.bell.ring();
+        }
     }
 }
 
@@ -309,16 +318,18 @@ pub struct Readahead {
 }
 
 impl Prefetcher {
-    /// Starts the planner and `config.threads` workers for the source tree and `views` views
-    /// (named `view_names`, their images decoded ahead by `decode_ahead` once fetched), following
-    /// `config`'s order file too when there is one (its paths name files in the mount at
-    /// `mountpoint`).
+    /// Starts the planner for the source tree and `views` views (named `view_names`, their
+    /// images decoded ahead by `decode_ahead` once fetched), following `config`'s order file too
+    /// when there is one (its paths name files in the mount at `mountpoint`); its jobs run on
+    /// `pool`'s background lane (sized for `config.readers()`), each stuck after `patience`.
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         source: Arc<dyn Source>,
         fetcher: Arc<BlockFetcher>,
         waits: Waits,
         config: &PrefetchConfig,
+        pool: &RequestPool,
+        patience: Duration,
         mountpoint: &Path,
         view_names: &[String],
         decode_ahead: Option<DecodeAhead>,
@@ -335,9 +346,9 @@ impl Prefetcher {
             enabled: config.enabled,
             threads: config.threads,
             jobs: Mutex::new(Jobs::default()),
-            work: Condvar::new(),
+            bell: pool.bell(),
             stop: AtomicBool::new(false),
-            demand: AtomicUsize::new(0),
+            demand: Arc::default(),
             outcomes: names.iter().map(|_| Mutex::default()).collect(),
             file_seconds: AtomicU64::new(0f64.to_bits()),
             depth: AtomicUsize::new(DEPTH_MIN),
@@ -356,31 +367,29 @@ impl Prefetcher {
             .map(|name| SetState::new(name, &source, Marks::now(&shared), slot.as_ref()))
             .collect();
         let (tx, rx) = sync_channel(EVENT_QUEUE);
-        let mut threads = Vec::new();
         let s = shared.clone();
-        match std::thread::Builder::new()
+        let planner = std::thread::Builder::new()
             .name("prepfs-planner".into())
             .spawn(move || plan(&s, sets, &rx, order_file))
-        {
-            Ok(t) => threads.push(t),
-            Err(e) => tracing::warn!(error = %e, "cannot start the prefetch planner; no prefetch"),
-        }
+            .inspect_err(
+                |e| tracing::warn!(error = %e, "cannot start the prefetch planner; no prefetch"),
+            )
+            .ok();
         if config.enabled {
-            for i in 0..config.threads.max(1) {
-                let s = shared.clone();
-                match std::thread::Builder::new()
-                    .name(format!("prepfs-prefetch-{i}"))
-                    .spawn(move || work(&s))
-                {
-                    Ok(t) => threads.push(t),
-                    Err(e) => tracing::warn!(error = %e, "cannot start a prefetch worker"),
-                }
+            let s = shared.clone();
+            let lane = Lane {
+                next: Box::new(move || fetch::next(&s)),
+                demand: shared.demand.clone(),
+                patience,
+            };
+            if pool.serve(lane).is_err() {
+                tracing::warn!("the I/O pool serves another lane already; no prefetch");
             }
         }
         Prefetcher {
             shared,
             events: Some(tx),
-            threads,
+            planner,
         }
     }
 
@@ -401,7 +410,7 @@ impl Prefetcher {
     /// Marks a demand read waiting on the source until the guard drops (prefetch yields).
     pub fn demand(&self) -> DemandGuard<'_> {
         self.shared.demand.fetch_add(1, Ordering::AcqRel);
-        DemandGuard(&self.shared.demand)
+        DemandGuard(&self.shared)
     }
 
     /// After a read of `len` bytes at `offset` of `entry` through one handle: when the handle
@@ -447,7 +456,7 @@ impl Prefetcher {
             blocks: from as usize..to as usize,
         });
         drop(jobs);
-        self.shared.work.notify_one();
+        self.shared.bell.ring();
     }
 
     /// The source file a prefetch opened ahead for `path`, if it is at version `identity`: the
@@ -500,9 +509,8 @@ impl Drop for Prefetcher {
     fn drop(&mut self) {
         self.events = None;
         self.shared.stop.store(true, Ordering::Release);
-        self.shared.work.notify_all();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+        if let Some(planner) = self.planner.take() {
+            let _ = planner.join();
         }
     }
 }

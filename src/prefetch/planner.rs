@@ -306,9 +306,7 @@ impl SetState {
         let mut jobs = shared.jobs.lock();
         jobs.queue
             .retain(|j| !matches!(j, Job::File { set: s, .. } if *s == set));
-        // One worker woken per job, at most all of them: waking every worker at every open
-        // cost the planner more CPU than planning (each wake is a system call).
-        let wake = next.len().min(threads);
+        let due = !next.is_empty();
         for file in next {
             let identity = self.known.get(&file).copied();
             jobs.queue.push_back(Job::File {
@@ -318,8 +316,10 @@ impl SetState {
             });
         }
         drop(jobs);
-        for _ in 0..wake {
-            shared.work.notify_one();
+        // One thread woken; each that takes a job wakes the next while the lane has room, so an
+        // open costs one wake per job, never one per thread.
+        if due {
+            shared.bell.ring();
         }
         looked.get()
     }

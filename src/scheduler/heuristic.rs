@@ -17,7 +17,8 @@ use crate::view::gpu::prefers_gpu;
 /// What the heuristic needs beyond the observation.
 #[derive(Debug, Clone, Copy)]
 pub struct Context {
-    /// Prefetch worker threads (the depth controller adds them to its estimate).
+    /// Prefetch jobs at once (`--prefetch-threads`; the depth controller adds them to its
+    /// estimate).
     pub prefetch_threads: usize,
     /// Whether the decoded-caching rule (`cache::policy::keep_decoded`) keeps pixels here.
     pub keep_decoded: bool,

@@ -229,6 +229,10 @@ impl Drop for Handle {
 }
 
 #[cfg(test)]
+#[path = "../../tests/common/jpeg.rs"]
+mod test_jpeg;
+
+#[cfg(test)]
 pub(crate) mod tests {
     use super::*;
 
@@ -243,31 +247,8 @@ pub(crate) mod tests {
     ) -> Vec<u8> {
         let photo = crate::synthetic::photo(7).expect("jpeg");
         let rgb = image::load_from_memory(&photo).expect("decodes").to_rgb8();
-        let mut pixels = Vec::with_capacity(width * height * 3);
-        let mirror = |v: usize, n: u32| {
-            let (n, v) = (n as usize, v % (2 * n as usize));
-            (if v < n { v } else { 2 * n - 1 - v }) as u32
-        };
-        for y in 0..height {
-            for x in 0..width {
-                let (sx, sy) = (mirror(x, rgb.width()), mirror(y, rgb.height()));
-                pixels.extend_from_slice(&rgb.get_pixel(sx, sy).0);
-            }
-        }
-        let image = turbojpeg::Image {
-            pixels: pixels.as_slice(),
-            width,
-            pitch: width * 3,
-            height,
-            format: turbojpeg::PixelFormat::RGB,
-        };
-        let mut compressor = turbojpeg::Compressor::new().expect("compressor");
-        compressor.set_quality(90).expect("quality");
-        compressor.set_subsamp(subsampling).expect("subsampling");
-        compressor
-            .set_progressive(progressive)
-            .expect("progressive");
-        compressor.compress_to_vec(image).expect("encodes")
+        let pixels = test_jpeg::mirrored(&rgb, width as u32, height as u32);
+        test_jpeg::encode(&pixels, subsampling, progressive)
     }
 
     fn whole(jpeg: &[u8], scale: u32) -> (Part, Vec<u8>) {
