@@ -498,15 +498,21 @@ fn symlinks_are_shown_never_followed() {
     );
 }
 
+/// Writes `count` synthetic photos into `dir`, photo `i` named `name(i)`; their bytes.
+fn write_photos(dir: &Path, count: u64, name: fn(u64) -> String) -> Vec<Vec<u8>> {
+    (0..count)
+        .map(|i| {
+            let jpeg = crate::synthetic::photo(i).expect("jpeg");
+            std::fs::write(dir.join(name(i)), &jpeg).expect("write");
+            jpeg
+        })
+        .collect()
+}
+
 #[test]
 fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let jpegs: Vec<Vec<u8>> = (0..3)
-        .map(|i| crate::synthetic::photo(i).expect("jpeg"))
-        .collect();
-    for (i, jpeg) in jpegs.iter().enumerate() {
-        std::fs::write(dir.path().join(format!("a{i}.jpg")), jpeg).expect("write");
-    }
+    let jpegs = write_photos(dir.path(), 3, |i| format!("a{i}.jpg"));
     // 300-480 rows to 256: never shrinks by 2, so renders read the images at full scale.
     let spec = crate::view::ViewSpec::parse("v=decode,resize(256),uint8(hwc)").expect("spec");
     let fs_with = |mode| {
@@ -852,25 +858,21 @@ fn shuffled_epochs_stage_the_smallest_remaining_files_first() {
     read_pass(&fs, &rest, |i| pattern(size(i), i));
 }
 
-#[test]
-fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let jpegs: Vec<Vec<u8>> = (0..24)
-        .map(|i| crate::synthetic::photo(i).expect("jpeg"))
-        .collect();
-    for (i, jpeg) in jpegs.iter().enumerate() {
-        std::fs::write(dir.path().join(format!("a{i:02}.jpg")), jpeg).expect("write");
-    }
-    // Never shrinks by 2 (see `renders_that_read_their_jpeg_scaled_never_render_from_cached_pixels`).
-    let spec = crate::view::ViewSpec::parse("v=decode,resize(256),uint8(hwc)").expect("spec");
-    let (source, plan) =
-        FaultySource::new(Arc::new(LocalSource::open(dir.path()).expect("source")));
+/// A mount of `spec` over the photos in `dir`, decoded pixels cached as `decoded`, over a source
+/// of 2 ms reads, with prefetch when `prefetch`; and the telemetry it reads the CPU from.
+fn view_fs(
+    dir: &Path,
+    spec: &crate::view::ViewSpec,
+    decoded: DecodedCaching,
+    prefetch: bool,
+) -> (Arc<Fs>, Arc<crate::telemetry::Telemetry>) {
+    let (source, plan) = FaultySource::new(Arc::new(LocalSource::open(dir).expect("source")));
     plan.read_delay_us.store(2000, Ordering::SeqCst);
     let telemetry = Arc::new(crate::telemetry::Telemetry::default());
     let mut setup = options(1 << 30);
     setup.config.views.specs = vec![spec.clone()];
-    setup.config.cache.decoded = DecodedCaching::On;
-    setup.config.prefetch.enabled = true;
+    setup.config.cache.decoded = decoded;
+    setup.config.prefetch.enabled = prefetch;
     setup.plan.staging = 8 << 20;
     let fs = Arc::new(
         crate::daemon::build_observed(
@@ -883,6 +885,16 @@ fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
         .expect("the daemon starts")
         .fs,
     );
+    (fs, telemetry)
+}
+
+#[test]
+fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let jpegs = write_photos(dir.path(), 24, |i| format!("a{i:02}.jpg"));
+    // Never shrinks by 2 (see `renders_that_read_their_jpeg_scaled_never_render_from_cached_pixels`).
+    let spec = crate::view::ViewSpec::parse("v=decode,resize(256),uint8(hwc)").expect("spec");
+    let (fs, telemetry) = view_fs(dir.path(), &spec, DecodedCaching::On, true);
     // The test machine may be busy; the rule under test is what happens when it is idle.
     let stop = Arc::new(AtomicBool::new(false));
     let idle = {
@@ -922,53 +934,15 @@ fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
     assert!(m.decoded_hits.get() <= fs.prefetcher.metrics().decoded_ahead.get());
 }
 
-/// A mount of a random-crop view over the photos in `dir`, decoded pixels not cached, over a
-/// source of 2 ms reads, with prefetch when `prefetch`; and the telemetry it reads the CPU from.
-fn render_ahead_fs(dir: &Path, prefetch: bool) -> (Arc<Fs>, Arc<crate::telemetry::Telemetry>) {
-    let spec = crate::view::ViewSpec::parse("v=decode,random_resized_crop(64),hflip,uint8(hwc)")
-        .expect("spec");
-    let (source, plan) = FaultySource::new(Arc::new(LocalSource::open(dir).expect("source")));
-    plan.read_delay_us.store(2000, Ordering::SeqCst);
-    let telemetry = Arc::new(crate::telemetry::Telemetry::default());
-    let mut setup = options(1 << 30);
-    setup.config.views.specs = vec![spec];
-    setup.config.cache.decoded = DecodedCaching::Off;
-    setup.config.prefetch.enabled = prefetch;
-    setup.plan.staging = 8 << 20;
-    let fs = Arc::new(
-        crate::daemon::build_observed(
-            Arc::new(source),
-            &setup.config,
-            setup.plan,
-            None,
-            telemetry.clone(),
-        )
-        .expect("the daemon starts")
-        .fs,
-    );
-    (fs, telemetry)
-}
-
 #[test]
 fn predicted_view_files_are_rendered_ahead_byte_identical_to_their_opens() {
     let dir = tempfile::tempdir().expect("tempdir");
-    for i in 0..24 {
-        let jpeg = crate::synthetic::photo(i).expect("jpeg");
-        std::fs::write(dir.path().join(format!("a{i:02}.jpg")), jpeg).expect("write");
-    }
-    let (fs, telemetry) = render_ahead_fs(dir.path(), true);
-    let (reference, _) = render_ahead_fs(dir.path(), false);
-    // The test machine may be busy; the rule under test is what happens when it is idle.
-    let stop = Arc::new(AtomicBool::new(false));
-    let idle = {
-        let (telemetry, stop) = (telemetry.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                telemetry.set_cpu_idle(1.0);
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        })
-    };
+    write_photos(dir.path(), 24, |i| format!("a{i:02}.jpg"));
+    // Renders are made ahead whatever the CPU does (only while no render waits for a thread).
+    let spec = crate::view::ViewSpec::parse("v=decode,random_resized_crop(64),hflip,uint8(hwc)")
+        .expect("spec");
+    let (fs, _) = view_fs(dir.path(), &spec, DecodedCaching::Off, true);
+    let (reference, _) = view_fs(dir.path(), &spec, DecodedCaching::Off, false);
     let read_view = |fs: &Fs, i: u32| {
         let ino = ino_of(fs, &format!(".prepfs/views/v/a{i:02}.jpg.npy"));
         let size = fs.getattr(ino).expect("attr").size;
@@ -988,8 +962,6 @@ fn predicted_view_files_are_rendered_ahead_byte_identical_to_their_opens() {
             std::thread::sleep(Duration::from_millis(30));
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    idle.join().expect("idle thread");
     assert_eq!(distinct.len(), 48, "a fresh augmentation per open");
     let m = &fs.views.iter().next().expect("view").metrics;
     let (made, used) = (m.rendered_ahead.get(), m.ahead_used.get());
