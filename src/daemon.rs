@@ -25,7 +25,7 @@ use crate::fs::{Figures, Fs, FsMetrics, FsOptions, Parts, Report, View, Views};
 use crate::inode::InodeTable;
 use crate::memory::{MemoryBudget, MemoryPlan, Shed};
 use crate::metrics::Samples;
-use crate::prefetch::{Ahead, DecodeAhead, Prefetcher, ReaderWaits};
+use crate::prefetch::{Ahead, Prefetcher, ReaderWaits, WorkAhead};
 use crate::requests::RequestPool;
 use crate::scheduler::runtime::{Scheduler, Setup};
 use crate::source::{Source, SourceFile};
@@ -219,7 +219,7 @@ fn work_ahead(
     views: &Arc<Views>,
     inodes: &Arc<InodeTable>,
     telemetry: &Arc<Telemetry>,
-) -> Option<DecodeAhead> {
+) -> Option<WorkAhead> {
     if views.is_empty() {
         return None;
     }

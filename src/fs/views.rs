@@ -546,7 +546,7 @@ impl Views {
     /// is `idle`, since the pixels may never be used), else that open's render itself, when the
     /// view file `node` is known (work that open would do anyway when the prediction is right;
     /// a wrong one wastes at most `AHEAD_RENDERS` renders per `AHEAD_PATIENCE`). Prefetch calls
-    /// it for the files it predicts. True when it did work an open will use.
+    /// it for the files it predicts, and plans a file answered `NotNow` again.
     pub fn ahead(
         &self,
         view: u16,
@@ -562,9 +562,10 @@ impl Views {
             if !idle {
                 return Ahead::NotNow;
             }
-            return match self.decode_ahead(path, source) {
-                true => Ahead::Done,
-                false => Ahead::Nothing,
+            return if self.decode_ahead(path, source) {
+                Ahead::Done
+            } else {
+                Ahead::Nothing
             };
         }
         match node {

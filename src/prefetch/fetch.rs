@@ -55,8 +55,9 @@ fn run(shared: &Shared, job: Job) {
     }
 }
 
-/// Fetches the first blocks of `file` ahead of its open, and for a view set decodes the image
-/// ahead when the CPU is idle. When there is no room for the bytes, the opened file is parked
+/// Fetches the first blocks of `file` ahead of its open, and for a view set has it prepared
+/// (`WorkAhead`: decoded or rendered); one prepared "not now" is left to be planned again. When
+/// there is no room for the bytes, the opened file is parked
 /// instead, so that the reader's open at least makes no round trip (and a later try, once room
 /// frees, makes none either).
 fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identity>) {
@@ -115,9 +116,9 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
             if set > 0
                 && !no_room
                 && unopened()
-                && let Some(decode) = &shared.decode_ahead
+                && let Some(prepare) = &shared.work_ahead
             {
-                match decode(set, file, source.as_ref()) {
+                match prepare(set, file, source.as_ref()) {
                     Ahead::Done => {
                         shared.metrics.decoded_ahead.inc();
                         decoded = true;

@@ -138,7 +138,7 @@ enum Outcome {
 
 /// Prepares a predicted view file ahead of its open (the view set, the image's path, the open
 /// source file): decodes its pixels into the cache or renders its next open.
-pub type DecodeAhead = Arc<dyn Fn(SetId, &Path, &dyn SourceFile) -> Ahead + Send + Sync>;
+pub type WorkAhead = Arc<dyn Fn(SetId, &Path, &dyn SourceFile) -> Ahead + Send + Sync>;
 
 /// What preparing a view file ahead of its open did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,7 +273,7 @@ struct Shared {
     /// Files opened ahead whose bytes had no room anywhere.
     parked: Parked,
     /// Decodes view images ahead of their opens (view sets only).
-    decode_ahead: Option<DecodeAhead>,
+    work_ahead: Option<WorkAhead>,
 }
 
 /// The prefetcher of one mount.
@@ -319,8 +319,8 @@ pub struct Readahead {
 
 impl Prefetcher {
     /// Starts the planner for the source tree and `views` views (named `view_names`, their
-    /// images decoded ahead by `decode_ahead` once fetched), following `config`'s order file too
-    /// when there is one (its paths name files in the mount at `mountpoint`); its jobs run on
+    /// images prepared ahead by `work_ahead` once fetched: decoded, or rendered for their next
+    /// open), following `config`'s order file too when there is one (its paths name files in the mount at `mountpoint`); its jobs run on
     /// `pool`'s background lane (sized for `config.readers()`), each stuck after `patience`.
     #[allow(clippy::too_many_arguments)]
     pub fn start(
@@ -332,7 +332,7 @@ impl Prefetcher {
         patience: Duration,
         mountpoint: &Path,
         view_names: &[String],
-        decode_ahead: Option<DecodeAhead>,
+        work_ahead: Option<WorkAhead>,
         knobs: Arc<Knobs>,
     ) -> Prefetcher {
         let names: Vec<String> = std::iter::once("files".to_owned())
@@ -355,7 +355,7 @@ impl Prefetcher {
             knobs,
             status: Mutex::new(json!({})),
             parked: Parked::for_open_file_limit(),
-            decode_ahead,
+            work_ahead,
         });
         let order_file = config
             .order_file
