@@ -272,7 +272,7 @@ struct Shared {
     status: Mutex<Value>,
     /// Files opened ahead whose bytes had no room anywhere.
     parked: Parked,
-    /// Decodes view images ahead of their opens (view sets only).
+    /// Prepares view files ahead of their opens: decodes or renders them (view sets only).
     work_ahead: Option<WorkAhead>,
 }
 
