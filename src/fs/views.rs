@@ -90,6 +90,9 @@ pub struct Views {
     waiting: Arc<AtomicUsize>,
     /// Renders made ahead of the opens they are for, oldest first (at most `AHEAD_RENDERS`).
     ahead: Mutex<VecDeque<HeldRender>>,
+    /// How many `ahead` holds, readable without its lock: an open takes the lock only when a
+    /// render is held (a stale zero only makes that open render for itself).
+    held: AtomicUsize,
 }
 
 /// A render made (or being made) for the open that will be view file `ino`'s `count`th (from 0).
@@ -211,6 +214,7 @@ impl Views {
             pool,
             waiting,
             ahead: Mutex::new(VecDeque::new()),
+            held: AtomicUsize::new(0),
         }
     }
 
@@ -586,6 +590,7 @@ impl Views {
         let count = {
             let mut ahead = self.ahead.lock();
             ahead.retain(|a| a.started.elapsed() < AHEAD_PATIENCE);
+            self.held.store(ahead.len(), Ordering::Release);
             if ahead.iter().any(|a| a.ino == node.ino) {
                 return Ahead::Nothing;
             }
@@ -599,6 +604,7 @@ impl Views {
                 slot: slot.clone(),
                 started: Instant::now(),
             });
+            self.held.store(ahead.len(), Ordering::Release);
             count
         };
         // An open may wait on the slot: it is filled whatever happens, a failure with `None`.
@@ -622,7 +628,9 @@ impl Views {
         if answer == Ahead::Done {
             view.metrics.rendered_ahead.inc();
         } else {
-            self.ahead.lock().retain(|a| !Arc::ptr_eq(&a.slot, &slot));
+            let mut ahead = self.ahead.lock();
+            ahead.retain(|a| !Arc::ptr_eq(&a.slot, &slot));
+            self.held.store(ahead.len(), Ordering::Release);
         }
         answer
     }
@@ -630,13 +638,17 @@ impl Views {
     /// The render made (or being made) ahead for the `count`th open of view file `ino`, if
     /// there is one; any other one for that file is for an open that went by, and is dropped.
     fn take_ahead(&self, ino: u64, count: u64) -> Option<AheadSlot> {
+        if self.held.load(Ordering::Acquire) == 0 {
+            return None;
+        }
         let mut ahead = self.ahead.lock();
         ahead.retain(|a| a.started.elapsed() < AHEAD_PATIENCE);
-        let at = ahead.iter().position(|a| a.ino == ino)?;
-        ahead
-            .remove(at)
-            .filter(|a| a.count == count)
-            .map(|a| a.slot)
+        let taken = ahead
+            .iter()
+            .position(|a| a.ino == ino)
+            .and_then(|at| ahead.remove(at));
+        self.held.store(ahead.len(), Ordering::Release);
+        taken.filter(|a| a.count == count).map(|a| a.slot)
     }
 }
 
