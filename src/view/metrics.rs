@@ -132,7 +132,7 @@ pub const RENDER_LATENCY: Metric = Metric::latency(
 pub const RENDERED_AHEAD: Metric = Metric::counter(
     "views.*.rendered_ahead",
     "view_rendered_ahead_total",
-    "Renders made ahead of their opens, for files prefetch predicted, with idle CPU and spare memory.",
+    "Renders made ahead of their opens, for files prefetch predicted, with spare memory while no render waited.",
 )
 .by("view");
 /// Opens served by a render made ahead.
