@@ -231,7 +231,7 @@ fn work_ahead(
                 return Ahead::Nothing;
             };
             let idle = telemetry.cpu_idle() >= WORK_AHEAD_IDLE;
-            views.ahead(view, inodes.view_file(view, path), path, source, idle)
+            views.ahead(view, || inodes.view_file(view, path), path, source, idle)
         },
     ))
 }

@@ -544,35 +544,30 @@ impl Views {
         xxhash_rust::xxh3::xxh3_64(&key)
     }
 
-    /// Makes ready, with memory nobody else wants now and while no render waits for a thread,
-    /// what the next open of `path`'s image in view `view` will need: its decoded pixels when
-    /// the cache keeps them (every later open of any view starts from them; only while the CPU
-    /// is `idle`, since the pixels may never be used), else that open's render itself, when the
-    /// view file `node` is known (work that open would do anyway when the prediction is right;
-    /// a wrong one wastes at most `AHEAD_RENDERS` renders per `AHEAD_PATIENCE`). Prefetch calls
-    /// it for the files it predicts, and plans a file answered `NotNow` again.
+    /// Makes ready, while no render waits for a thread, what the next open of `path`'s image in
+    /// view `view` will need: its decoded pixels when the cache keeps them (every later open of
+    /// any view starts from them; only while the CPU is `idle`, since the pixels may never be
+    /// used, and a file passed over is not asked for again), else that open's render itself,
+    /// when the view file (`node()`) is known, with memory nobody else wants now (work that open
+    /// would do anyway when the prediction is right; a wrong one wastes at most `AHEAD_RENDERS`
+    /// renders per `AHEAD_PATIENCE`). Prefetch calls it for the files it predicts, and plans a
+    /// file answered `NotNow` again.
     pub fn ahead(
         &self,
         view: u16,
-        node: Option<Arc<Node>>,
+        node: impl FnOnce() -> Option<Arc<Node>>,
         path: &Path,
         source: &dyn SourceFile,
         idle: bool,
     ) -> Ahead {
+        if self.fetcher.ram().decoded_choice().1.keeps() {
+            let decoded = idle && self.renders_waiting() == 0 && self.decode_ahead(path, source);
+            return if decoded { Ahead::Done } else { Ahead::Nothing };
+        }
         if self.renders_waiting() > 0 {
             return Ahead::NotNow;
         }
-        if self.fetcher.ram().decoded_choice().1.keeps() {
-            if !idle {
-                return Ahead::NotNow;
-            }
-            return if self.decode_ahead(path, source) {
-                Ahead::Done
-            } else {
-                Ahead::Nothing
-            };
-        }
-        match node {
+        match node() {
             Some(node) if node.view == Some(view) => self.render_ahead(&node),
             _ => Ahead::Nothing,
         }

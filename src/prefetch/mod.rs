@@ -145,8 +145,8 @@ pub type WorkAhead = Arc<dyn Fn(SetId, &Path, &dyn SourceFile) -> Ahead + Send +
 pub enum Ahead {
     /// Work its open will use: pixels decoded into the cache, or its render made.
     Done,
-    /// Nothing for a passing reason (a render waits for a thread, no spare memory, no idle CPU,
-    /// as many renders held as allowed): the planner may queue it again.
+    /// Nothing for a passing reason (a render waits for a thread, no spare memory, as many
+    /// renders held as allowed): the planner may queue it again.
     NotNow,
     /// Nothing to do for it (prepared already, unknown, or it failed).
     Nothing,
