@@ -224,6 +224,11 @@ fn the_disk_tier_survives_sigkill_and_serves_the_next_mount_without_the_source()
         "64M",
         "--disk-min-free",
         "0",
+        // What this test counts is what the disk tier keeps across a kill. Prefetch's bursts can
+        // fill the disk writer's queue, whose offers never wait, and a block refused then is not
+        // offered again in that mount: about one run in five then read one block from the
+        // source in the last mount (a cache miss, not a defect of the bytes).
+        "--no-prefetch",
     ];
     t.mount(&args);
     // Kill the daemon while the writer is busy: some entries written, others in flight.
@@ -240,8 +245,11 @@ fn the_disk_tier_survives_sigkill_and_serves_the_next_mount_without_the_source()
     // The next mount reads everything intact, whatever the kill left.
     t.mount(&args);
     read_all_and_compare(&t, &files);
+    // Caught up: every 1 MiB block of every file has its entry (a clean unmount right after
+    // may leave a block that was still on its way to the writer unwritten).
+    let blocks: usize = files.iter().map(|(_, b)| b.len().div_ceil(1 << 20)).sum();
     let stats = wait_for(&t, "the writer to catch up", |s| {
-        stat(s, "disk.scanned") == 1.0 && stat(s, "disk.entries") >= 25.0
+        stat(s, "disk.scanned") == 1.0 && stat(s, "disk.entries") >= blocks as f64
     });
     assert_eq!(stat(&stats, "cache.integrity_errors"), 0.0);
     assert_eq!(t.unmount().map(|s| s.success()), Some(true));
