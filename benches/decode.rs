@@ -16,7 +16,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use prepfs::view::jpeg::Jpeg;
+use prepfs::view::jpeg::{self, Jpeg};
 use prepfs::view::{ViewSpec, plan, render};
 
 #[path = "../tests/common/jpeg.rs"]
@@ -32,10 +32,11 @@ struct Way {
     run: fn(&Image, &ViewSpec, u64),
 }
 
-/// An encoded image and its size.
+/// An encoded image, its size, and its restart-marked copy (`jpeg::restart_marked`).
 struct Image {
     jpeg: Vec<u8>,
     size: (u32, u32),
+    marked: Vec<u8>,
 }
 
 fn main() {
@@ -83,13 +84,25 @@ fn main() {
         Way {
             name: "libjpeg-turbo, the crop's part",
             run: |img, spec, seed| {
-                black_box(part(img, spec, seed, false));
+                black_box(part(&img.jpeg, img.size, spec, seed, false));
             },
         },
         Way {
             name: "libjpeg-turbo, the crop's part, DCT-scaled",
             run: |img, spec, seed| {
-                black_box(part(img, spec, seed, true));
+                black_box(part(&img.jpeg, img.size, spec, seed, true));
+            },
+        },
+        Way {
+            name: "the same, cut from the restart-marked copy",
+            run: |img, spec, seed| {
+                black_box(part(&img.marked, img.size, spec, seed, true));
+            },
+        },
+        Way {
+            name: "making the restart-marked copy (once a file)",
+            run: |img, _, _| {
+                black_box(jpeg::restart_marked(&img.jpeg).expect("transcodes"));
             },
         },
     ];
@@ -107,6 +120,12 @@ fn main() {
                 black_box(render::render(spec, &img.jpeg, seed).expect("renders"));
             },
         },
+        Way {
+            name: "render: the same from the restart-marked copy",
+            run: |img, spec, seed| {
+                black_box(render::render(spec, &img.marked, seed).expect("renders"));
+            },
+        },
     ];
     for (title, encoded) in &sets {
         let images: Vec<Image> = encoded
@@ -114,11 +133,16 @@ fn main() {
             .map(|jpeg| Image {
                 size: render::dimensions(jpeg).expect("header"),
                 jpeg: jpeg.clone(),
+                marked: jpeg::restart_marked(jpeg).expect("transcodes"),
             })
             .collect();
         let kb = images.iter().map(|i| i.jpeg.len()).sum::<usize>() as f64 / 1e3 / count as f64;
+        let marked = images.iter().map(|i| i.marked.len()).sum::<usize>() as f64 / 1e3;
         let (scaled, parts) = draw_stats(&images, &spec, rounds);
-        println!("\n{title}: {count} images, {kb:.0} KB average");
+        println!(
+            "\n{title}: {count} images, {kb:.0} KB average; restart-marked copies {:+.1}%",
+            (marked / count as f64 / kb - 1.0) * 100.0
+        );
         println!(
             "RRC(224) draws: the part holds {:.0}% of the pixels on average; {:.0}% of draws \
              read at 1/2 or less",
@@ -183,14 +207,13 @@ fn draw_stats(images: &[Image], spec: &ViewSpec, rounds: u64) -> (f64, f64) {
     (scaled as f64 / n as f64, share / n as f64)
 }
 
-/// The pixels of the part of `img` a draw of `spec` with `seed` reads, at full scale or at the
+/// The pixels of the part of `encoded` (of size (`w`, `h`)) a draw of `spec` with `seed` reads, at full scale or at the
 /// draw's DCT scale.
-fn part(img: &Image, spec: &ViewSpec, seed: u64, scaled: bool) -> Vec<u8> {
-    let (w, h) = img.size;
+fn part(encoded: &[u8], (w, h): (u32, u32), spec: &ViewSpec, seed: u64, scaled: bool) -> Vec<u8> {
     let read = plan::draw(spec, w, h, seed)
         .expect("draws")
         .first_read(w, h);
-    let mut jpeg = Jpeg::open(&img.jpeg).expect("header");
+    let mut jpeg = Jpeg::open(encoded).expect("header");
     let part = jpeg.part(read.region, if scaled { read.shrink } else { 1 });
     jpeg.decode(&part).expect("decodes")
 }

@@ -1,17 +1,19 @@
 //! Fuzzes the view decode path with arbitrary bytes: header probe, the plan's draws, the
-//! libjpeg-turbo part decode (region and DCT scale), the whole decode, ops and .npy output.
+//! libjpeg-turbo part decode (region and DCT scale), the whole decode, ops and .npy output, and
+//! the restart-marked copy (`jpeg::restart_marked`) with the cuts parts are decoded from.
 //!
 //! The first byte picks a pipeline, the next eight the seed; the rest is the "image". Beyond
 //! "never panic, never hang, never allocate past the limits", it checks two promises: a render
 //! that succeeds has exactly the size announced from the header alone (getattr relies on it),
-//! and a part decoded at full scale equals the whole decode over the region it holds (renders
-//! from cached whole pixels and from parts give the same bytes).
+//! and a part decoded at full scale, from the image or cut from its restart-marked copy, equals
+//! the whole decode over the region it holds (renders from cached whole pixels, from parts and
+//! from copies give the same bytes).
 #![no_main]
 
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use prepfs::view::jpeg::Jpeg;
+use prepfs::view::jpeg::{self, Jpeg};
 use prepfs::view::npy::{self, Dtype};
 use prepfs::view::{Output, ViewSpec, plan, render};
 
@@ -79,17 +81,29 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(pixels) = jpeg.decode(&scaled) {
         assert_eq!(pixels.len(), scaled.size.0 as usize * scaled.size.1 as usize * 3);
     }
-    let part = jpeg.part(read.region, 1);
     let everything = jpeg.part((0, 0, w, h), 1);
-    let (Ok(pixels), Ok(whole)) = (jpeg.decode(&part), jpeg.decode(&everything)) else {
+    let Ok(whole) = jpeg.decode(&everything) else {
         return;
     };
     let (left, top, rw, rh) = read.region;
-    let (x0, y0) = part.origin;
     let row = |y: u32, x: u32, width: u32| (y as usize * width as usize + x as usize) * 3;
-    for y in top..top + rh {
-        let mine = &pixels[row(y - y0, left - x0, part.size.0)..][..rw as usize * 3];
-        let theirs = &whole[row(y, left, w)..][..rw as usize * 3];
-        assert!(mine == theirs, "row {y} of the part differs from the whole decode");
+    let check = |jpeg: &mut Jpeg, what: &str| {
+        let part = jpeg.part(read.region, 1);
+        let Ok(pixels) = jpeg.decode(&part) else {
+            return;
+        };
+        let (x0, y0) = part.origin;
+        for y in top..top + rh {
+            let mine = &pixels[row(y - y0, left - x0, part.size.0)..][..rw as usize * 3];
+            let theirs = &whole[row(y, left, w)..][..rw as usize * 3];
+            assert!(mine == theirs, "row {y} of the {what} differs from the whole decode");
+        }
+    };
+    check(&mut jpeg, "part");
+    // The restart-marked copy decodes to the same pixels, its parts through a cut of it.
+    if let Ok(copy) = jpeg::restart_marked(image) {
+        let mut marked = Jpeg::open(&copy).expect("libjpeg-turbo reads the copy it wrote");
+        assert_eq!(marked.size(), (w, h));
+        check(&mut marked, "part cut from the restart-marked copy");
     }
 });

@@ -176,6 +176,30 @@ pub const DECODED_REJECTED: Metric = Metric::counter(
     "cache_decoded_rejected_total",
     "Decoded images the policy would keep but the budget had no room for.",
 );
+/// Restart-marked JPEG copies held.
+pub const MARKED_ENTRIES: Metric = Metric::gauge(
+    "cache.marked.entries",
+    "cache_marked_entries",
+    "View images whose restart-marked JPEG copy the RAM tier holds.",
+);
+/// Bytes of restart-marked copies held.
+pub const MARKED_BYTES: Metric = Metric::gauge(
+    "cache.marked.bytes",
+    "cache_marked_bytes",
+    "RAM tier bytes holding restart-marked JPEG copies (part of cache.bytes).",
+);
+/// Renders from a restart-marked copy.
+pub const MARKED_HITS: Metric = Metric::counter(
+    "cache.marked.hits",
+    "cache_marked_hits_total",
+    "View renders that decoded their part from a cached restart-marked copy.",
+);
+/// Restart-marked copies admitted.
+pub const MARKED_ADMITTED: Metric = Metric::counter(
+    "cache.marked.admitted",
+    "cache_marked_admitted_total",
+    "Restart-marked JPEG copies made and admitted to the RAM tier.",
+);
 /// Bytes read from the source.
 pub const SOURCE_BYTES: Metric = Metric::counter(
     "source.bytes_read",
@@ -343,6 +367,10 @@ pub struct CacheMetrics {
     pub decoded_declined: Counter,
     /// See `DECODED_REJECTED`.
     pub decoded_rejected: Counter,
+    /// See `MARKED_HITS`.
+    pub marked_hits: Counter,
+    /// See `MARKED_ADMITTED`.
+    pub marked_admitted: Counter,
     /// See `SOURCE_BYTES`.
     pub source_bytes: Counter,
     /// See `SOURCE_READS`.
@@ -415,6 +443,10 @@ pub struct RamGauges {
     pub decoded_bytes: u64,
     /// See `DECODED_LOGICAL_BYTES`.
     pub decoded_logical_bytes: u64,
+    /// See `MARKED_ENTRIES`.
+    pub marked_entries: u64,
+    /// See `MARKED_BYTES`.
+    pub marked_bytes: u64,
     /// See `PACK_QUEUE`.
     pub pack_queue: u64,
     /// See `REPACK_QUEUE`.
@@ -490,6 +522,10 @@ impl CacheMetrics {
         out.count(&DECODED_ADMITTED, &self.decoded_admitted);
         out.count(&DECODED_DECLINED, &self.decoded_declined);
         out.count(&DECODED_REJECTED, &self.decoded_rejected);
+        out.put(&MARKED_ENTRIES, ram.marked_entries as f64);
+        out.put(&MARKED_BYTES, ram.marked_bytes as f64);
+        out.count(&MARKED_HITS, &self.marked_hits);
+        out.count(&MARKED_ADMITTED, &self.marked_admitted);
         out.count(&SOURCE_BYTES, &self.source_bytes);
         out.count(&SOURCE_READS, &self.source_reads);
         out.count(&SOURCE_ERRORS, &self.source_errors);

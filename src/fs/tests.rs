@@ -976,6 +976,46 @@ fn predicted_view_files_are_rendered_ahead_byte_identical_to_their_opens() {
 }
 
 #[test]
+fn renders_from_a_restart_marked_copy_have_the_bytes_the_file_itself_gives() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let jpegs = write_photos(dir.path(), 6, |i| format!("a{i}.jpg"));
+    // Crops of every size, some read DCT-scaled: parts cut from the copy at every scale.
+    let spec = crate::view::ViewSpec::parse("v=decode,random_resized_crop(64),hflip,uint8(hwc)")
+        .expect("spec");
+    let (fs, _) = view_fs(dir.path(), &spec, DecodedCaching::Off, false);
+    let view = fs.views.iter().next().expect("view");
+    for pass in 0..3u64 {
+        for (i, jpeg) in jpegs.iter().enumerate() {
+            let name = format!("a{i}.jpg");
+            let ino = ino_of(&fs, &format!(".prepfs/views/v/{name}.npy"));
+            let size = fs.getattr(ino).expect("attr").size;
+            let fh = fs.open(ino, Intent::Read).expect("open").fh;
+            let got = read_all(&fs, fh, size).expect("read");
+            fs.release(fh).expect("release");
+            let seed = fs.views.seed_of(view, Path::new(&name), pass);
+            let want = crate::view::render::render(&spec, jpeg, seed).expect("renders");
+            assert!(
+                got == want.npy,
+                "pass {pass}, {name}: differs from the file's own render"
+            );
+        }
+        // The first pass makes the copies as it reads the files; later ones find them cached.
+        let m = cache(&fs);
+        assert_eq!(
+            (m.marked_admitted.get(), m.marked_hits.get()),
+            (6, 6 * pass),
+            "pass {pass}"
+        );
+    }
+    let held = ram(&fs);
+    assert_eq!(held.marked_entries, 6);
+    let sources: u64 = jpegs.iter().map(|j| j.len() as u64).sum();
+    // The copies are the files' size give or take a few percent (markers in, metadata out).
+    assert!(held.marked_bytes > sources * 9 / 10 && held.marked_bytes < sources * 11 / 10);
+    assert_eq!(view.metrics.errors.get(), 0);
+}
+
+#[test]
 fn quiet_opens_are_served_but_not_counted_as_accesses() {
     let (_dir, fs, _plan) = slow_prefetching_fs(10, 0, None);
     for i in 0..10u8 {

@@ -1,6 +1,7 @@
 //! JPEG decoding with libjpeg-turbo (its TurboJPEG 3 API), the decoder PIL, torchvision and DALI
 //! use: the whole image, or only the part of it a render reads, at full size or at 1/2, 1/4 or
-//! 1/8 scale in the DCT domain.
+//! 1/8 scale in the DCT domain; and the lossless restart-marked copy (`restart_marked`) from
+//! which a part is decoded out of a cut holding only its MCUs (`segments`).
 //!
 //! A part is the region asked for, widened by one column on each side and rounded out to the
 //! image's iMCU columns (TurboJPEG's cropping region: `jpeg_crop_scanline` for the columns,
@@ -20,6 +21,8 @@
 use std::ffi::CStr;
 
 use turbojpeg_sys as tj;
+
+use super::segments::{self, Segments};
 
 /// Progressive scans a decode accepts: libjpeg-turbo's own fuzzers' limit. Real encoders write
 /// about 10; thousands of tiny scans make a small file decode for minutes.
@@ -61,49 +64,82 @@ pub struct Jpeg<'a> {
     /// Width of an iMCU column in pixels (the alignment of a part's left edge); `None` when
     /// TurboJPEG cannot tell the subsampling, which it cannot crop.
     imcu_width: Option<u32>,
+    /// Its restart segments, when it is a copy made by `restart_marked`: a part is then decoded
+    /// from a cut holding only its MCUs.
+    segments: Option<Segments<'a>>,
+}
+
+/// A copy of `encoded` that `Segments` can cut: the same DCT coefficients (so every decode of
+/// it gives the same pixels), written losslessly by libjpeg-turbo as a baseline JPEG with a
+/// restart marker every `segments::interval_for` MCUs and no metadata. Refused when
+/// libjpeg-turbo cannot read the whole file without a warning, or cannot tell its subsampling.
+/// Costs about two whole decodes' Huffman work; libjpeg-turbo allocates the coefficients of the
+/// whole image (2 bytes a sample), within `MAX_MEMORY_MB`.
+pub fn restart_marked(encoded: &[u8]) -> Result<Vec<u8>, Refused> {
+    let handle = Handle::new(tj::TJINIT_TJINIT_TRANSFORM)?;
+    let (width, _, imcu_width) = handle.read_header(encoded)?;
+    let imcu_width = imcu_width.ok_or_else(|| Refused("an unknown subsampling".into()))?;
+    let interval = segments::interval_for(width.div_ceil(imcu_width), imcu_width);
+    // Reading the header set these from the source; the copy is baseline Huffman whatever it was.
+    for (param, value) in [
+        (tj::TJPARAM_TJPARAM_PROGRESSIVE, 0),
+        (tj::TJPARAM_TJPARAM_ARITHMETIC, 0),
+        (tj::TJPARAM_TJPARAM_RESTARTBLOCKS, interval as i32),
+    ] {
+        // SAFETY: a live handle; tj3Set checks the parameter and value.
+        handle.check(unsafe { tj::tj3Set(handle.0, param as i32, value) })?;
+    }
+    let transform = tj::tjtransform {
+        r: tj::tjregion {
+            x: 0,
+            y: 0,
+            w: 0,
+            h: 0,
+        },
+        op: tj::TJXOP_TJXOP_NONE as i32,
+        options: tj::TJXOPT_COPYNONE as i32,
+        data: std::ptr::null_mut(),
+        customFilter: None,
+    };
+    let mut out: *mut u8 = std::ptr::null_mut();
+    let mut len: tj::size_t = 0;
+    // SAFETY: a live transform handle whose header was read from `encoded`, passed again with
+    // its length; one transform, one output pointer and size, which TurboJPEG allocates (with
+    // tj3Alloc) and fills, or leaves null on failure.
+    let status = unsafe {
+        tj::tj3Transform(
+            handle.0,
+            encoded.as_ptr(),
+            encoded.len() as tj::size_t,
+            1,
+            &mut out,
+            &mut len,
+            &transform,
+        )
+    };
+    let copy = (status == 0 && !out.is_null()).then(|| {
+        // SAFETY: on success TurboJPEG wrote `len` bytes at `out`.
+        unsafe { std::slice::from_raw_parts(out, len as usize) }.to_vec()
+    });
+    // SAFETY: `out` is null or was allocated by TurboJPEG; freed once, after the copy.
+    unsafe { tj::tj3Free(out.cast()) };
+    handle.check(status)?;
+    copy.ok_or_else(|| Refused("no output".into()))
 }
 
 impl<'a> Jpeg<'a> {
     /// Reads the header of `encoded`; refused when TurboJPEG cannot decode it (not a JPEG, a
     /// header it rejects, or out of memory).
     pub fn open(encoded: &'a [u8]) -> Result<Jpeg<'a>, Refused> {
-        let handle = Handle::new()?;
-        for (param, value) in [
-            (tj::TJPARAM_TJPARAM_STOPONWARNING, 1),
-            (tj::TJPARAM_TJPARAM_SCANLIMIT, SCAN_LIMIT),
-            (tj::TJPARAM_TJPARAM_MAXMEMORY, MAX_MEMORY_MB),
-            (tj::TJPARAM_TJPARAM_SAVEMARKERS, 0),
-        ] {
-            // SAFETY: a live decompression handle; tj3Set checks the parameter and value.
-            handle.check(unsafe { tj::tj3Set(handle.0, param as i32, value) })?;
-        }
-        // SAFETY: the pointer and length describe `encoded`, which outlives every use of the
-        // handle (TurboJPEG keeps the pointer until the next header read or decode, both of
-        // which pass the same slice).
-        handle.check(unsafe {
-            tj::tj3DecompressHeader(handle.0, encoded.as_ptr(), encoded.len() as tj::size_t)
-        })?;
-        let get = |param: tj::TJPARAM| {
-            // SAFETY: a live handle; tj3Get only reads the instance.
-            unsafe { tj::tj3Get(handle.0, param as i32) }
-        };
-        let side = |param| u32::try_from(get(param)).ok().filter(|&v| v > 0);
-        let (Some(width), Some(height)) = (
-            side(tj::TJPARAM_TJPARAM_JPEGWIDTH),
-            side(tj::TJPARAM_TJPARAM_JPEGHEIGHT),
-        ) else {
-            return Err(Refused("a header without an image size".into()));
-        };
-        let subsampling = get(tj::TJPARAM_TJPARAM_SUBSAMP);
-        let imcu_width = usize::try_from(subsampling)
-            .ok()
-            .and_then(|s| IMCU_WIDTH.get(s).copied());
+        let handle = Handle::new(tj::TJINIT_TJINIT_DECOMPRESS)?;
+        let (width, height, imcu_width) = handle.read_header(encoded)?;
         Ok(Jpeg {
             handle,
             encoded,
             width,
             height,
             imcu_width,
+            segments: Segments::find(encoded),
         })
     }
 
@@ -157,6 +193,24 @@ impl<'a> Jpeg<'a> {
         if w == 0 || h == 0 || part.origin.0 + w > full.0 || part.origin.1 + h > full.1 {
             return Err(Refused(format!("{part:?} is outside the image")));
         }
+        let s = part.scale;
+        let region = (
+            part.origin.0 * s,
+            part.origin.1 * s,
+            ((part.origin.0 + w) * s).min(self.width),
+            ((part.origin.1 + h) * s).min(self.height),
+        );
+        if let Some(cut) = self.segments.as_ref().and_then(|g| g.cut(region)) {
+            // The cut starts on an MCU, a whole number of scaled iMCUs: the part's left edge
+            // stays aligned in it.
+            let mut inner = Jpeg::open(&cut.jpeg)?;
+            inner.segments = None;
+            let origin = (
+                part.origin.0 - cut.origin.0 / s,
+                part.origin.1 - cut.origin.1 / s,
+            );
+            return inner.decode(&Part { origin, ..*part });
+        }
         let region = if part.origin == (0, 0) && part.size == full {
             // TJUNCROPPED.
             tj::tjregion {
@@ -200,13 +254,50 @@ impl<'a> Jpeg<'a> {
 struct Handle(tj::tjhandle);
 
 impl Handle {
-    fn new() -> Result<Handle, Refused> {
+    /// A decompressor or transformer (`kind`) with the parameters that bound its work.
+    fn new(kind: tj::TJINIT) -> Result<Handle, Refused> {
         // SAFETY: no preconditions; a null handle is the error.
-        let raw = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as i32) };
+        let raw = unsafe { tj::tj3Init(kind as i32) };
         if raw.is_null() {
-            return Err(Refused("cannot create a decompressor".into()));
+            return Err(Refused("cannot create a TurboJPEG instance".into()));
         }
-        Ok(Handle(raw))
+        let handle = Handle(raw);
+        for (param, value) in [
+            (tj::TJPARAM_TJPARAM_STOPONWARNING, 1),
+            (tj::TJPARAM_TJPARAM_SCANLIMIT, SCAN_LIMIT),
+            (tj::TJPARAM_TJPARAM_MAXMEMORY, MAX_MEMORY_MB),
+            (tj::TJPARAM_TJPARAM_SAVEMARKERS, 0),
+        ] {
+            // SAFETY: a live handle; tj3Set checks the parameter and value.
+            handle.check(unsafe { tj::tj3Set(handle.0, param as i32, value) })?;
+        }
+        Ok(handle)
+    }
+
+    /// Reads the header of `encoded`: (width, height, iMCU width when TurboJPEG can tell the
+    /// subsampling).
+    fn read_header(&self, encoded: &[u8]) -> Result<(u32, u32, Option<u32>), Refused> {
+        // SAFETY: the pointer and length describe `encoded`, which outlives every use of the
+        // handle (TurboJPEG keeps the pointer until the next header read, decode or transform,
+        // each of which passes the same slice).
+        self.check(unsafe {
+            tj::tj3DecompressHeader(self.0, encoded.as_ptr(), encoded.len() as tj::size_t)
+        })?;
+        let get = |param: tj::TJPARAM| {
+            // SAFETY: a live handle; tj3Get only reads the instance.
+            unsafe { tj::tj3Get(self.0, param as i32) }
+        };
+        let side = |param| u32::try_from(get(param)).ok().filter(|&v| v > 0);
+        let (Some(width), Some(height)) = (
+            side(tj::TJPARAM_TJPARAM_JPEGWIDTH),
+            side(tj::TJPARAM_TJPARAM_JPEGHEIGHT),
+        ) else {
+            return Err(Refused("a header without an image size".into()));
+        };
+        let imcu_width = usize::try_from(get(tj::TJPARAM_TJPARAM_SUBSAMP))
+            .ok()
+            .and_then(|s| IMCU_WIDTH.get(s).copied());
+        Ok((width, height, imcu_width))
     }
 
     /// `Ok` for a TurboJPEG status of 0, else the instance's error message.
@@ -266,10 +357,20 @@ pub(crate) mod tests {
         for subsampling in [Sub2x2, Sub2x1, Sub1x2, Sub4x1, None, Gray] {
             for progressive in [false, true] {
                 let jpeg = encoded(301, 217, subsampling, progressive);
-                for scale in [1, 2, 4, 8] {
+                let marked = restart_marked(&jpeg).expect("transcodes");
+                assert!(
+                    Segments::find(&marked).is_some(),
+                    "{subsampling:?} {progressive}"
+                );
+                for (scale, cut) in [1, 2, 4, 8]
+                    .into_iter()
+                    .flat_map(|s| [(s, false), (s, true)])
+                {
                     let (full, all) = whole(&jpeg, scale);
                     assert_eq!(full.origin, (0, 0));
-                    let mut j = Jpeg::open(&jpeg).expect("header");
+                    assert_eq!(all, whole(&marked, scale).1, "the copy decodes the same");
+                    let mut j = Jpeg::open(if cut { &marked } else { &jpeg }).expect("header");
+                    assert_eq!(j.segments.is_some(), cut);
                     for _ in 0..40 {
                         let (w, h) = (rng.u32(1..=301), rng.u32(1..=217));
                         let (l, t) = (rng.u32(0..=301 - w), rng.u32(0..=217 - h));
@@ -290,7 +391,7 @@ pub(crate) mod tests {
                             let theirs = &all[(y * full.size.0 * 3) as usize..][columns(0)];
                             assert!(
                                 mine == theirs,
-                                "{subsampling:?} progressive={progressive} 1/{scale} \
+                                "{subsampling:?} progressive={progressive} cut={cut} 1/{scale} \
                                  region {l},{t} {w}x{h} part {part:?}: row {y} differs"
                             );
                         }

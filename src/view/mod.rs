@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod npy;
 pub mod plan;
 pub mod render;
+pub mod segments;
 pub mod spec;
 
 pub use limits::RenderError;

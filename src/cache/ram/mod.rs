@@ -2,7 +2,8 @@
 //!
 //! Owns: which blocks of which file version are held in memory, under the memory budget's cache
 //! slice, with the figures of each kind of entry; the background packer that compresses them;
-//! and the decoded pixels view renders may keep. Data is admitted until the slice is full; after
+//! and what view renders derive from images and may keep: decoded pixels, restart-marked JPEG
+//! copies. Data is admitted until the slice is full; after
 //! that nothing is evicted and nothing more is admitted, so a random-order epoch misses exactly
 //! what did not fit instead of thrashing like an LRU. Compressible data is packed in the
 //! background (see `packer`), so the same budget holds more of it. Entries are keyed by source
@@ -47,6 +48,8 @@ pub enum Content {
     Source,
     /// Decoded pixels of a source image (see `RamTier::decoded`).
     Decoded,
+    /// A restart-marked copy of a source JPEG (see `RamTier::marked`).
+    Marked,
 }
 
 /// The figures of one kind of entry.
@@ -69,7 +72,7 @@ struct Tally {
 #[derive(Debug)]
 pub struct Ledger {
     budget: Arc<MemoryBudget>,
-    tallies: [Tally; 2],
+    tallies: [Tally; 3],
 }
 
 /// Index of a codec's family in `Tally::by_codec`.
@@ -148,6 +151,7 @@ pub struct RamTier {
     shared: Arc<Shared>,
     files: ShardedMap<Identity, Arc<RamFile>>,
     decoded: ShardedMap<Identity, Arc<RamFile>>,
+    marked: ShardedMap<Identity, Arc<RamFile>>,
     decoded_caching: DecodedCaching,
     /// The scheduler's knobs (decoded caching), when a scheduler runs.
     knobs: Option<Arc<Knobs>>,
@@ -188,6 +192,7 @@ impl RamTier {
             }),
             files: ShardedMap::default(),
             decoded: ShardedMap::default(),
+            marked: ShardedMap::default(),
             decoded_caching: DecodedCaching::default(),
             knobs: None,
             decoded_last: AtomicU8::new(DecodedReason::Off as u8),
@@ -333,22 +338,73 @@ impl RamTier {
             metrics.decoded_rejected.inc();
             return false;
         }
-        let entry = self.decoded.get_or_insert_with(identity, || {
-            Arc::new(RamFile::new(
-                identity,
-                Content::Decoded,
-                len,
-                Some(row),
-                Arc::from(path),
-                self.shared.clone(),
-            ))
-        });
-        let admitted = entry.admit_whole(pixels());
+        let admitted = self.admit_whole(
+            (&self.decoded, Content::Decoded),
+            identity,
+            path,
+            Some(row),
+            pixels(),
+        );
         if admitted {
             metrics.decoded_admitted.inc();
         } else {
             metrics.decoded_rejected.inc();
-            self.decoded.remove(&identity);
+        }
+        admitted
+    }
+
+    /// The restart-marked copy of JPEG `identity` (`view::jpeg::restart_marked`), if the cache
+    /// holds it whole and intact.
+    pub fn marked(&self, identity: &Identity, memo: &Unpacked) -> Option<ReadBytes> {
+        let hit = self
+            .marked
+            .get(identity)
+            .and_then(|entry| entry.read_cached(0, entry.content_len() as u32, memo));
+        if hit.is_some() {
+            self.shared.metrics.marked_hits.inc();
+        }
+        hit
+    }
+
+    /// Offers the restart-marked copy of JPEG `identity` (at `path`); true when the budget had
+    /// room for it and it was admitted.
+    pub fn offer_marked(&self, identity: Identity, path: &Path, copy: Vec<u8>) -> bool {
+        if copy.len() as u64 > u64::from(u32::MAX)
+            || !self.shared.ledger.has_room(copy.len() as u64)
+        {
+            return false;
+        }
+        let admitted =
+            self.admit_whole((&self.marked, Content::Marked), identity, path, None, copy);
+        if admitted {
+            self.shared.metrics.marked_admitted.inc();
+        }
+        admitted
+    }
+
+    /// Admits `bytes` (image rows of `row` bytes, when they are) whole as the `content` entry
+    /// of `identity` in `map`; true when admitted (a failed admission leaves no entry behind).
+    fn admit_whole(
+        &self,
+        (map, content): (&ShardedMap<Identity, Arc<RamFile>>, Content),
+        identity: Identity,
+        path: &Path,
+        row: Option<usize>,
+        bytes: Vec<u8>,
+    ) -> bool {
+        let entry = map.get_or_insert_with(identity, || {
+            Arc::new(RamFile::new(
+                identity,
+                content,
+                bytes.len() as u64,
+                row,
+                Arc::from(path),
+                self.shared.clone(),
+            ))
+        });
+        let admitted = entry.admit_whole(bytes);
+        if !admitted {
+            map.remove(&identity);
         }
         admitted
     }
@@ -408,22 +464,26 @@ impl RamTier {
     pub fn forget(&self, identity: &Identity) {
         self.files.remove(identity);
         self.decoded.remove(identity);
+        self.marked.remove(identity);
     }
 
     /// Current figures for the stats files.
     pub fn gauges(&self) -> RamGauges {
         let ledger = &self.shared.ledger;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (files, decoded) = (
+        let (files, decoded, marked) = (
             ledger.tally(Content::Source),
             ledger.tally(Content::Decoded),
+            ledger.tally(Content::Marked),
         );
+        let all = [files, decoded, marked];
+        let sum = |field: fn(&Tally) -> &AtomicU64| all.iter().map(|t| load(field(t))).sum();
         let by_codec: [u64; 3] =
-            std::array::from_fn(|i| load(&files.by_codec[i]) + load(&decoded.by_codec[i]));
+            std::array::from_fn(|i| all.iter().map(|t| load(&t.by_codec[i])).sum());
         let (pack_queue, repack_queue) = self.shared.packer.queued();
         RamGauges {
-            bytes: load(&files.stored) + load(&decoded.stored),
-            logical_bytes: load(&files.logical) + load(&decoded.logical),
+            bytes: sum(|t| &t.stored),
+            logical_bytes: sum(|t| &t.logical),
             budget_bytes: ledger.budget.slice(Use::Cache),
             blocks: by_codec.iter().sum(),
             blocks_by_codec: by_codec,
@@ -432,6 +492,8 @@ impl RamTier {
             decoded_entries: load(&decoded.complete),
             decoded_bytes: load(&decoded.stored),
             decoded_logical_bytes: load(&decoded.logical),
+            marked_entries: load(&marked.complete),
+            marked_bytes: load(&marked.stored),
             pack_queue: pack_queue as u64,
             repack_queue: repack_queue as u64,
         }
@@ -439,17 +501,19 @@ impl RamTier {
 }
 
 impl Shed for RamTier {
-    /// Decoded pixels no render is reading now: they can be decoded again.
+    /// Decoded pixels and restart-marked copies no render is reading now: they can be made
+    /// again from the source.
     fn shed(&self) -> u64 {
+        let ledger = &self.shared.ledger;
         let stored = || {
-            self.shared
-                .ledger
-                .tally(Content::Decoded)
-                .stored
-                .load(Ordering::Relaxed)
+            [Content::Decoded, Content::Marked]
+                .map(|c| ledger.tally(c).stored.load(Ordering::Relaxed))
+                .iter()
+                .sum::<u64>()
         };
         let before = stored();
         self.decoded.retain(|_, entry| Arc::strong_count(entry) > 1);
+        self.marked.retain(|_, entry| Arc::strong_count(entry) > 1);
         before.saturating_sub(stored())
     }
 }

@@ -1,0 +1,258 @@
+//! Restart segments: entering a JPEG's entropy-coded data in the middle.
+//!
+//! A baseline JPEG's MCUs are Huffman-coded as one bit stream, so decoding any of them means
+//! decoding every MCU before it; even a cropped libjpeg-turbo decode reads every column of every
+//! row down to the crop's bottom edge (a third of a view's render). A copy of the JPEG with a
+//! restart marker every few MCUs (made losslessly by `jpeg::restart_marked`, its interval chosen
+//! here by `interval_for` so that a whole number of segments spans each MCU row) can be entered
+//! at any segment: each starts byte-aligned with its DC predictions reset. `Segments::cut` builds
+//! the smaller JPEG that holds only the MCU rows and segment columns around a region (the same
+//! headers with the frame's size patched, the chosen segments renumbered): decoding it gives the
+//! region's pixels exactly as decoding the whole image does, for about the Huffman work of the
+//! region alone.
+//!
+//! Owns parsing a JPEG's marker structure (bounded: every length is checked against the bytes;
+//! anything it does not expect is `None`, and the caller decodes the file the ordinary way) and
+//! the cut. Must never decode (libjpeg-turbo does, in `jpeg`) nor be trusted for validity: a cut
+//! is only ever handed to libjpeg-turbo, which checks everything again.
+
+use std::ops::Range;
+
+/// Width in pixels a segment should span: narrow enough that a crop's columns cost little more
+/// than themselves, wide enough that the ~3 bytes a restart marker adds (alignment, the marker,
+/// DC predictions coded afresh) stay a few percent of the data.
+const SEGMENT_WIDTH: u32 = 48;
+/// The widest segment `interval_for` accepts before giving each MCU row one segment.
+const SEGMENT_WIDTH_MAX: u32 = 128;
+
+/// The restart interval (in MCUs) that splits each row of `mcus_per_row` MCUs of `mcu_width`
+/// pixels into equal segments about `SEGMENT_WIDTH` pixels wide: the divisor of the row nearest
+/// it, or the whole row when no divisor is narrow enough.
+pub fn interval_for(mcus_per_row: u32, mcu_width: u32) -> u32 {
+    (1..=mcus_per_row)
+        .filter(|k| mcus_per_row.is_multiple_of(*k))
+        .filter(|k| k * mcu_width <= SEGMENT_WIDTH_MAX)
+        .min_by_key(|k| (k * mcu_width).abs_diff(SEGMENT_WIDTH))
+        .unwrap_or(mcus_per_row.max(1))
+}
+
+/// The restart-segment structure of a JPEG whose every MCU row is a whole number of segments.
+#[derive(Debug)]
+pub struct Segments<'a> {
+    encoded: &'a [u8],
+    /// Where the headers (SOI up to the end of the scan header) end and entropy data begins.
+    scan_start: usize,
+    /// Offset in `encoded` of the frame header's height field (width follows it).
+    frame_size_at: usize,
+    /// (width, height) of the image in pixels.
+    size: (u32, u32),
+    /// (width, height) of an MCU in pixels.
+    mcu: (u32, u32),
+    /// MCUs per row.
+    mcus_per_row: u32,
+    /// MCUs per segment (the restart interval).
+    interval: u32,
+    /// Each segment's entropy-coded bytes, row by row, left to right (markers excluded).
+    segments: Vec<Range<usize>>,
+}
+
+/// What `Segments` reads from a frame header.
+struct Frame {
+    /// Offset in the file of its height field (width follows it).
+    size_at: usize,
+    /// (width, height) of the image in pixels.
+    size: (u32, u32),
+    /// (width, height) of an MCU in pixels.
+    mcu: (u32, u32),
+    /// Components in the frame.
+    components: u8,
+}
+
+/// A JPEG cut to a rectangle of another's MCUs.
+#[derive(Debug)]
+pub struct Cut {
+    /// The JPEG holding the rectangle.
+    pub jpeg: Vec<u8>,
+    /// Where its top-left pixel lies in the original image.
+    pub origin: (u32, u32),
+}
+
+impl<'a> Segments<'a> {
+    /// The segment structure of `encoded`, when it is a baseline (or extended sequential)
+    /// Huffman JPEG with one scan holding every component and a restart interval that divides
+    /// its MCU rows; `None` otherwise.
+    pub fn find(encoded: &'a [u8]) -> Option<Segments<'a>> {
+        if !encoded.starts_with(&[0xFF, 0xD8]) {
+            return None;
+        }
+        let mut at = 2;
+        let mut frame: Option<Frame> = None;
+        let mut interval = 0u32;
+        let scan_start = loop {
+            // A marker: 0xFF, optional 0xFF fill bytes, the code, a 2-byte length.
+            if *encoded.get(at)? != 0xFF {
+                return None;
+            }
+            while *encoded.get(at + 1)? == 0xFF {
+                at += 1;
+            }
+            let code = encoded[at + 1];
+            let length = usize::from(u16::from_be_bytes([
+                *encoded.get(at + 2)?,
+                *encoded.get(at + 3)?,
+            ]));
+            let body = encoded.get(at + 4..(at + 2 + length).max(at + 4))?;
+            if length < 2 {
+                return None;
+            }
+            match code {
+                // SOF0, SOF1: baseline or extended sequential, Huffman-coded.
+                0xC0 | 0xC1 => frame = Some(Self::frame(body, at + 5)?),
+                // Every other frame type (progressive, lossless, arithmetic) and DNL.
+                0xC2..=0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF | 0xDC => return None,
+                0xDD => interval = u32::from(u16::from_be_bytes([*body.first()?, *body.get(1)?])),
+                0xDA => {
+                    let components = *body.first()?;
+                    if frame.as_ref().is_none_or(|f| f.components != components) {
+                        return None;
+                    }
+                    break at + 2 + length;
+                }
+                // Standalone markers cannot appear among the headers.
+                0x01 | 0xD0..=0xD9 => return None,
+                _ => {}
+            }
+            at += 2 + length;
+        };
+        let Frame {
+            size_at: frame_size_at,
+            size,
+            mcu,
+            ..
+        } = frame?;
+        let mcus_per_row = size.0.div_ceil(mcu.0);
+        let rows = size.1.div_ceil(mcu.1);
+        if interval == 0 || !mcus_per_row.is_multiple_of(interval) {
+            return None;
+        }
+        let expected = (mcus_per_row / interval) as usize * rows as usize;
+        let segments = Self::split(encoded, scan_start, expected)?;
+        Some(Segments {
+            encoded,
+            scan_start,
+            frame_size_at,
+            size,
+            mcu,
+            mcus_per_row,
+            interval,
+            segments,
+        })
+    }
+
+    /// The frame header `body`, whose size field is at `size_at` in the file.
+    fn frame(body: &[u8], size_at: usize) -> Option<Frame> {
+        let height = u32::from(u16::from_be_bytes([*body.get(1)?, *body.get(2)?]));
+        let width = u32::from(u16::from_be_bytes([*body.get(3)?, *body.get(4)?]));
+        let components = *body.get(5)?;
+        if width == 0 || height == 0 || components == 0 {
+            return None;
+        }
+        let sampling = body.get(6..6 + 3 * usize::from(components))?;
+        let factor = |shift: u8| sampling.chunks(3).map(|c| (c[1] >> shift) & 0x0F).max();
+        let (h, v) = (factor(4)?, factor(0)?);
+        if !(1..=4).contains(&h) || !(1..=4).contains(&v) {
+            return None;
+        }
+        // A single component's scan is not interleaved: its MCU is one 8x8 block.
+        let mcu = if components == 1 {
+            (8, 8)
+        } else {
+            (8 * u32::from(h), 8 * u32::from(v))
+        };
+        Some(Frame {
+            size_at,
+            size: (width, height),
+            mcu,
+            components,
+        })
+    }
+
+    /// The `expected` segments of the entropy-coded data starting at `start`: split at restart
+    /// markers, ended by EOI; `None` when anything else appears or the count differs.
+    fn split(encoded: &[u8], start: usize, expected: usize) -> Option<Vec<Range<usize>>> {
+        let mut segments = Vec::with_capacity(expected);
+        let (mut begin, mut at) = (start, start);
+        loop {
+            at += memchr::memchr(0xFF, encoded.get(at..)?)?;
+            match *encoded.get(at + 1)? {
+                // Stuffed 0xFF in the data, or fill bytes before a marker.
+                0x00 => at += 2,
+                0xFF => at += 1,
+                0xD0..=0xD7 => {
+                    segments.push(begin..at);
+                    at += 2;
+                    begin = at;
+                }
+                0xD9 => {
+                    segments.push(begin..at);
+                    break;
+                }
+                _ => return None,
+            }
+            if segments.len() > expected {
+                return None;
+            }
+        }
+        (segments.len() == expected).then_some(segments)
+    }
+
+    /// (width, height) of the image.
+    pub fn size(&self) -> (u32, u32) {
+        self.size
+    }
+
+    /// The JPEG holding the pixels `x0..x1` x `y0..y1` of the image with one MCU around them
+    /// (where the image has it: what chroma upsampling reads beyond a pixel), its columns
+    /// widened to whole segments; `None` when that is the whole image.
+    pub fn cut(&self, (x0, y0, x1, y1): (u32, u32, u32, u32)) -> Option<Cut> {
+        let (mw, mh) = self.mcu;
+        let rows = self.size.1.div_ceil(mh);
+        let row0 = (y0 / mh).saturating_sub(1);
+        let row1 = (y1.div_ceil(mh) + 1).min(rows);
+        let per_row = self.mcus_per_row / self.interval;
+        let column = |mcu: u32| mcu / self.interval;
+        let seg0 = column((x0 / mw).saturating_sub(1));
+        let seg1 = (column((x1.div_ceil(mw) + 1).min(self.mcus_per_row) - 1) + 1).min(per_row);
+        if row0 >= row1
+            || seg0 >= seg1
+            || (row0 == 0 && row1 == rows && seg0 == 0 && seg1 == per_row)
+        {
+            return None;
+        }
+        let origin = (seg0 * self.interval * mw, row0 * mh);
+        let width = if seg1 == per_row {
+            self.size.0 - origin.0
+        } else {
+            (seg1 - seg0) * self.interval * mw
+        };
+        let height = (row1 * mh).min(self.size.1) - origin.1;
+        let chosen = (row0..row1).flat_map(|row| {
+            let first = (row * per_row + seg0) as usize;
+            first..first + (seg1 - seg0) as usize
+        });
+        let data: usize = chosen.clone().map(|s| self.segments[s].len() + 2).sum();
+        let mut jpeg = Vec::with_capacity(self.scan_start + data);
+        jpeg.extend_from_slice(&self.encoded[..self.scan_start]);
+        let [h0, h1] = (height as u16).to_be_bytes();
+        let [w0, w1] = (width as u16).to_be_bytes();
+        jpeg[self.frame_size_at..self.frame_size_at + 4].copy_from_slice(&[h0, h1, w0, w1]);
+        for (n, s) in chosen.enumerate() {
+            if n > 0 {
+                jpeg.extend_from_slice(&[0xFF, 0xD0 + (n - 1) as u8 % 8]);
+            }
+            jpeg.extend_from_slice(&self.encoded[self.segments[s].clone()]);
+        }
+        jpeg.extend_from_slice(&[0xFF, 0xD9]);
+        Some(Cut { jpeg, origin })
+    }
+}
