@@ -69,6 +69,13 @@ pub struct Jpeg<'a> {
     segments: Option<Segments<'a>>,
 }
 
+/// (width, height) of the JPEG `encoded` from its header, as libjpeg-turbo reads it; refused when
+/// it cannot read the header.
+pub fn size(encoded: &[u8]) -> Result<(u32, u32), Refused> {
+    let (width, height, _) = Handle::new(tj::TJINIT_TJINIT_DECOMPRESS)?.read_header(encoded)?;
+    Ok((width, height))
+}
+
 /// A copy of `encoded` that `Segments` can cut: the same DCT coefficients (so every decode of
 /// it gives the same pixels), written losslessly by libjpeg-turbo as a baseline JPEG with a
 /// restart marker every `segments::interval_for` MCUs and no metadata. Refused when
@@ -232,20 +239,24 @@ impl<'a> Jpeg<'a> {
         self.handle
             .check(unsafe { tj::tj3SetCroppingRegion(self.handle.0, region) })?;
         let pitch = w as usize * RGB;
-        let mut pixels = vec![0u8; pitch * h as usize];
+        let len = pitch * h as usize;
+        // Not zeroed: TurboJPEG writes every byte, and the bytes are only read once it has.
+        let mut pixels = Vec::with_capacity(len);
         // SAFETY: TurboJPEG writes the cropping region's rows (or, uncropped, the scaled image's
-        // `full` rows), each of its width in RGB pixels, `pitch` bytes apart: exactly `pixels`,
-        // which is `pitch * h` bytes; it reads `encoded` within its length.
+        // `full` rows), each of its width in RGB pixels, `pitch` bytes apart: exactly the `len`
+        // bytes `pixels` has room for; it reads `encoded` within its length.
         self.handle.check(unsafe {
             tj::tj3Decompress8(
                 self.handle.0,
                 self.encoded.as_ptr(),
                 self.encoded.len() as tj::size_t,
-                pixels.as_mut_ptr(),
+                pixels.spare_capacity_mut().as_mut_ptr().cast(),
                 pitch as i32,
                 tj::TJPF_TJPF_RGB,
             )
         })?;
+        // SAFETY: the decode succeeded, so all `len` bytes are written (see above).
+        unsafe { pixels.set_len(len) };
         Ok(pixels)
     }
 }

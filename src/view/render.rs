@@ -22,7 +22,7 @@ use fast_image_resize::images::{CroppedImage, Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use image::ImageDecoder;
 
-use super::jpeg::Jpeg;
+use super::jpeg::{self, Jpeg};
 use super::limits::{MAX_DECODE_BYTES, MAX_SIDE, RenderError, too_large, within_limits};
 use super::npy::{self, Dtype};
 use super::plan::{self, Area, Draws, Step};
@@ -116,8 +116,14 @@ impl Rgb {
     }
 }
 
-/// Reads only the header: (width, height), with the same limits as a full decode.
+/// Reads only the header: (width, height), with the same limits as a full decode. A JPEG's is
+/// read by libjpeg-turbo (a few microseconds, where the image crate's reader builds Huffman
+/// tables), unless it refuses the file.
 pub fn dimensions(encoded: &[u8]) -> Result<(u32, u32), RenderError> {
+    if let Some((w, h)) = is_jpeg(encoded).then(|| jpeg::size(encoded).ok()).flatten() {
+        check_size(w, h)?;
+        return Ok((w, h));
+    }
     let reader = reader(encoded)?;
     let (w, h) = reader
         .into_dimensions()
@@ -184,11 +190,25 @@ pub fn decode(encoded: &[u8]) -> Result<Rgb, RenderError> {
             region: (0, 0, width, height),
             shrink: 1,
         };
-        if let Some((image, _)) = decode_jpeg_part(encoded, (width, height), whole)? {
-            return Ok(image);
-        }
+        return match decode_jpeg_part(encoded, (width, height), whole)? {
+            Some((image, _)) => Ok(image),
+            None => decode_whole_of_size(encoded, (width, height)),
+        };
     }
     decode_whole(encoded)
+}
+
+/// `decode_whole` of a JPEG whose header libjpeg-turbo read as `size` (it refused the rest):
+/// an error when the image crate decodes another size, which the view already announced.
+fn decode_whole_of_size(encoded: &[u8], size: (u32, u32)) -> Result<Rgb, RenderError> {
+    let image = decode_whole(encoded)?;
+    if image.size() != size {
+        return Err(RenderError::Corrupt(format!(
+            "decoders disagree on the size: {size:?} in the header, {:?} decoded",
+            image.size()
+        )));
+    }
+    Ok(image)
 }
 
 /// Whether `encoded` starts as a JPEG does (SOI, then a marker).
@@ -298,7 +318,7 @@ pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, Re
     let read = draws.first_read(width, height);
     let (image, first) = match decode_jpeg_part(encoded, (width, height), read)? {
         Some((part, area)) => (part, Some(area)),
-        None => (decode_whole(encoded)?, None),
+        None => (decode_whole_of_size(encoded, (width, height))?, None),
     };
     let decoded = started.elapsed();
     let npy = apply(spec.output, &draws, &image, first)?;
