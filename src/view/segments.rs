@@ -48,6 +48,9 @@ pub struct Segments<'a> {
     size: (u32, u32),
     /// (width, height) of an MCU in pixels.
     mcu: (u32, u32),
+    /// MCUs a cut keeps around a region (horizontally, vertically): 1 where a component is
+    /// subsampled that way (its upsampling reads the next chroma sample), else 0.
+    margin: (u32, u32),
     /// MCUs per row.
     mcus_per_row: u32,
     /// MCUs per segment (the restart interval).
@@ -64,6 +67,8 @@ struct Frame {
     size: (u32, u32),
     /// (width, height) of an MCU in pixels.
     mcu: (u32, u32),
+    /// See `Segments::margin`.
+    margin: (u32, u32),
     /// Components in the frame.
     components: u8,
 }
@@ -128,6 +133,7 @@ impl<'a> Segments<'a> {
             size_at: frame_size_at,
             size,
             mcu,
+            margin,
             ..
         } = frame?;
         let mcus_per_row = size.0.div_ceil(mcu.0);
@@ -143,6 +149,7 @@ impl<'a> Segments<'a> {
             frame_size_at,
             size,
             mcu,
+            margin,
             mcus_per_row,
             interval,
             segments,
@@ -158,21 +165,26 @@ impl<'a> Segments<'a> {
             return None;
         }
         let sampling = body.get(6..6 + 3 * usize::from(components))?;
-        let factor = |shift: u8| sampling.chunks(3).map(|c| (c[1] >> shift) & 0x0F).max();
-        let (h, v) = (factor(4)?, factor(0)?);
+        let factors = |shift: u8| sampling.chunks(3).map(move |c| (c[1] >> shift) & 0x0F);
+        let (h, v) = (factors(4).max()?, factors(0).max()?);
         if !(1..=4).contains(&h) || !(1..=4).contains(&v) {
             return None;
         }
+        let subsampled = |shift: u8, max: u8| u32::from(factors(shift).any(|f| f < max));
         // A single component's scan is not interleaved: its MCU is one 8x8 block.
-        let mcu = if components == 1 {
-            (8, 8)
+        let (mcu, margin) = if components == 1 {
+            ((8, 8), (0, 0))
         } else {
-            (8 * u32::from(h), 8 * u32::from(v))
+            (
+                (8 * u32::from(h), 8 * u32::from(v)),
+                (subsampled(4, h), subsampled(0, v)),
+            )
         };
         Some(Frame {
             size_at,
             size: (width, height),
             mcu,
+            margin,
             components,
         })
     }
@@ -211,18 +223,20 @@ impl<'a> Segments<'a> {
         self.size
     }
 
-    /// The JPEG holding the pixels `x0..x1` x `y0..y1` of the image with one MCU around them
-    /// (where the image has it: what chroma upsampling reads beyond a pixel), its columns
-    /// widened to whole segments; `None` when that is the whole image.
+    /// The JPEG holding the pixels `x0..x1` x `y0..y1` of the image, with one MCU around them
+    /// in each direction its chroma is subsampled (where the image has it: what upsampling
+    /// reads beyond a pixel), its columns widened to whole segments; `None` when that is the
+    /// whole image.
     pub fn cut(&self, (x0, y0, x1, y1): (u32, u32, u32, u32)) -> Option<Cut> {
         let (mw, mh) = self.mcu;
+        let (mx, my) = self.margin;
         let rows = self.size.1.div_ceil(mh);
-        let row0 = (y0 / mh).saturating_sub(1);
-        let row1 = (y1.div_ceil(mh) + 1).min(rows);
+        let row0 = (y0 / mh).saturating_sub(my);
+        let row1 = (y1.div_ceil(mh) + my).min(rows);
         let per_row = self.mcus_per_row / self.interval;
         let column = |mcu: u32| mcu / self.interval;
-        let seg0 = column((x0 / mw).saturating_sub(1));
-        let seg1 = (column((x1.div_ceil(mw) + 1).min(self.mcus_per_row) - 1) + 1).min(per_row);
+        let seg0 = column((x0 / mw).saturating_sub(mx));
+        let seg1 = (column((x1.div_ceil(mw) + mx).min(self.mcus_per_row) - 1) + 1).min(per_row);
         if row0 >= row1
             || seg0 >= seg1
             || (row0 == 0 && row1 == rows && seg0 == 0 && seg1 == per_row)
