@@ -359,6 +359,12 @@ impl Fs {
         ino != ROOT && ino < inode::FIRST_SOURCE_INODE
     }
 
+    /// Whether opening `ino` never touches the source (so never blocks): the control files and
+    /// view files (whose render is queued, not run, by the open).
+    pub fn opens_without_the_source(&self, ino: u64) -> bool {
+        self.is_virtual(ino) || self.inodes.get(ino).is_some_and(|n| n.view.is_some())
+    }
+
     /// Whether looking `name` up in `parent` is answered without the source.
     pub fn lookup_is_virtual(&self, parent: u64, name: &OsStr) -> bool {
         (parent == ROOT && name == CONTROL_DIR_NAME) || parent == CONTROL_DIR || parent == VIEWS_DIR

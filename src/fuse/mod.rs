@@ -369,7 +369,7 @@ impl Filesystem for Adapter {
         } else {
             Intent::Read
         };
-        if intent == Intent::Write || self.fs().is_virtual(ino.0) {
+        if intent == Intent::Write || self.fs().opens_without_the_source(ino.0) {
             return match self.done(Op::Open, self.fs().open(ino.0, intent)) {
                 Ok(opened) => send_opened(&self.shared, reply, opened),
                 Err(e) => reply.error(e),
@@ -444,6 +444,8 @@ impl Filesystem for Adapter {
         );
     }
 
+    /// A read-only mount has nothing to flush. ENOSYS tells the kernel so once: it then stops
+    /// sending FLUSH, which every close() of a file otherwise waits for (a round trip per file).
     fn flush(
         &self,
         _req: &Request,
@@ -452,7 +454,7 @@ impl Filesystem for Adapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        reply.error(Errno::from_i32(libc::ENOSYS));
     }
 
     fn release(
