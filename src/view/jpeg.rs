@@ -131,7 +131,8 @@ pub fn restart_marked(encoded: &[u8]) -> Result<Vec<u8>, Refused> {
     // SAFETY: `out` is null or was allocated by TurboJPEG; freed once, after the copy.
     unsafe { tj::tj3Free(out.cast()) };
     handle.check(status)?;
-    copy.ok_or_else(|| Refused("no output".into()))
+    copy.map(segments::with_index)
+        .ok_or_else(|| Refused("no output".into()))
 }
 
 impl<'a> Jpeg<'a> {
@@ -367,7 +368,9 @@ pub(crate) mod tests {
         let mut rng = fastrand::Rng::with_seed(3);
         for subsampling in [Sub2x2, Sub2x1, Sub1x2, Sub4x1, None, Gray] {
             for progressive in [false, true] {
-                let jpeg = encoded(301, 217, subsampling, progressive);
+                // 305 pixels: a part of an MCU at the right edge, and rows of segments of 1-3
+                // MCUs in the copy at every subsampling.
+                let jpeg = encoded(305, 217, subsampling, progressive);
                 let marked = restart_marked(&jpeg).expect("transcodes");
                 assert!(
                     Segments::find(&marked).is_some(),
@@ -383,8 +386,8 @@ pub(crate) mod tests {
                     let mut j = Jpeg::open(if cut { &marked } else { &jpeg }).expect("header");
                     assert_eq!(j.segments.is_some(), cut);
                     for _ in 0..40 {
-                        let (w, h) = (rng.u32(1..=301), rng.u32(1..=217));
-                        let (l, t) = (rng.u32(0..=301 - w), rng.u32(0..=217 - h));
+                        let (w, h) = (rng.u32(1..=305), rng.u32(1..=217));
+                        let (l, t) = (rng.u32(0..=305 - w), rng.u32(0..=217 - h));
                         let part = j.part((l, t, w, h), scale);
                         let pixels = j.decode(&part).expect("decodes");
                         let (pw, ph) = part.size;

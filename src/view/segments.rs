@@ -12,8 +12,8 @@
 //! region alone.
 //!
 //! Owns parsing a JPEG's marker structure (bounded: every length is checked against the bytes;
-//! anything it does not expect is `None`, and the caller decodes the file the ordinary way) and
-//! the cut. Must never decode (libjpeg-turbo does, in `jpeg`) nor be trusted for validity: a cut
+//! anything it does not expect is `None`, and the caller decodes the file the ordinary way), the
+//! segment table a copy carries so that renders need not scan it (`with_index`), and the cut. Must never decode (libjpeg-turbo does, in `jpeg`) nor be trusted for validity: a cut
 //! is only ever handed to libjpeg-turbo, which checks everything again.
 
 use std::ops::Range;
@@ -22,8 +22,46 @@ use std::ops::Range;
 /// than themselves, wide enough that the ~3 bytes a restart marker adds (alignment, the marker,
 /// DC predictions coded afresh) stay a few percent of the data.
 const SEGMENT_WIDTH: u32 = 48;
-/// The widest segment `interval_for` accepts before giving each MCU row one segment.
+/// The widest segment `interval_for` accepts before giving each MCU row one segment. Narrow
+/// ones are kept: even segments of one MCU decode faster than whole rows (measured).
 const SEGMENT_WIDTH_MAX: u32 = 128;
+
+/// The APP15 segment in which `with_index` records a copy's segment table: this signature, then
+/// each segment's length in bytes (its restart marker not counted), u16 little-endian.
+const INDEX_SIGNATURE: &[u8] = b"prepfs segments\0";
+/// The marker code of an APP15 segment.
+const APP15: u8 = 0xEF;
+
+/// `jpeg`, a restart-marked copy `Segments::find` can read, with its segment table recorded in an
+/// APP15 segment after SOI (decoders skip it), so that `find` reads the table instead of scanning
+/// the data for markers on every render; `jpeg` as it is when it has no segments to record, a
+/// table already, a segment of 64 KiB or more, or more segments than one APP segment holds
+/// (32,751).
+pub fn with_index(jpeg: Vec<u8>) -> Vec<u8> {
+    let table = match Segments::find(&jpeg) {
+        Some(found) if found.index.is_none() => {
+            let mut table = INDEX_SIGNATURE.to_vec();
+            for segment in &found.segments {
+                let Ok(len) = u16::try_from(segment.len()) else {
+                    return jpeg;
+                };
+                table.extend_from_slice(&len.to_le_bytes());
+            }
+            table
+        }
+        _ => return jpeg,
+    };
+    let Ok(length) = u16::try_from(table.len() + 2) else {
+        return jpeg;
+    };
+    let mut out = Vec::with_capacity(jpeg.len() + 4 + table.len());
+    out.extend_from_slice(&jpeg[..2]);
+    out.extend_from_slice(&[0xFF, APP15]);
+    out.extend_from_slice(&length.to_be_bytes());
+    out.extend_from_slice(&table);
+    out.extend_from_slice(&jpeg[2..]);
+    out
+}
 
 /// The restart interval (in MCUs) that splits each row of `mcus_per_row` MCUs of `mcu_width`
 /// pixels into equal segments about `SEGMENT_WIDTH` pixels wide: the divisor of the row nearest
@@ -42,6 +80,8 @@ pub struct Segments<'a> {
     encoded: &'a [u8],
     /// Where the headers (SOI up to the end of the scan header) end and entropy data begins.
     scan_start: usize,
+    /// Where the segment table (`with_index`) lies among the headers, when there is one.
+    index: Option<Range<usize>>,
     /// Offset in `encoded` of the frame header's height field (width follows it).
     frame_size_at: usize,
     /// (width, height) of the image in pixels.
@@ -93,6 +133,7 @@ impl<'a> Segments<'a> {
         let mut at = 2;
         let mut frame: Option<Frame> = None;
         let mut interval = 0u32;
+        let mut index: Option<(Range<usize>, &[u8])> = None;
         let scan_start = loop {
             // A marker: 0xFF, optional 0xFF fill bytes, the code, a 2-byte length.
             if *encoded.get(at)? != 0xFF {
@@ -116,6 +157,9 @@ impl<'a> Segments<'a> {
                 // Every other frame type (progressive, lossless, arithmetic) and DNL.
                 0xC2..=0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF | 0xDC => return None,
                 0xDD => interval = u32::from(u16::from_be_bytes([*body.first()?, *body.get(1)?])),
+                APP15 if body.starts_with(INDEX_SIGNATURE) => {
+                    index = Some((at..at + 2 + length, &body[INDEX_SIGNATURE.len()..]));
+                }
                 0xDA => {
                     let components = *body.first()?;
                     if frame.as_ref().is_none_or(|f| f.components != components) {
@@ -142,10 +186,16 @@ impl<'a> Segments<'a> {
             return None;
         }
         let expected = (mcus_per_row / interval) as usize * rows as usize;
-        let segments = Self::split(encoded, scan_start, expected)?;
+        let segments = match &index {
+            // A table that does not match the data is not trusted: the data is scanned.
+            Some((_, table)) => Self::from_table(encoded, scan_start, table, expected)
+                .or_else(|| Self::split(encoded, scan_start, expected))?,
+            None => Self::split(encoded, scan_start, expected)?,
+        };
         Some(Segments {
             encoded,
             scan_start,
+            index: index.map(|(range, _)| range),
             frame_size_at,
             size,
             mcu,
@@ -218,6 +268,35 @@ impl<'a> Segments<'a> {
         (segments.len() == expected).then_some(segments)
     }
 
+    /// The `expected` segments of the entropy-coded data starting at `start`, from the lengths in
+    /// `table`: each must be followed by a restart marker (numbered in turn), the last by EOI at
+    /// the end of `encoded`; `None` otherwise.
+    fn from_table(
+        encoded: &[u8],
+        start: usize,
+        table: &[u8],
+        expected: usize,
+    ) -> Option<Vec<Range<usize>>> {
+        if table.len() != 2 * expected {
+            return None;
+        }
+        let mut segments = Vec::with_capacity(expected);
+        let mut begin = start;
+        for (n, len) in table.chunks_exact(2).enumerate() {
+            let end = begin + usize::from(u16::from_le_bytes([len[0], len[1]]));
+            let marker = match n + 1 == expected {
+                true => [0xFF, 0xD9],
+                false => [0xFF, 0xD0 + (n % 8) as u8],
+            };
+            if encoded.get(end..end + 2)? != marker {
+                return None;
+            }
+            segments.push(begin..end);
+            begin = end + 2;
+        }
+        (begin == encoded.len()).then_some(segments)
+    }
+
     /// (width, height) of the image.
     pub fn size(&self) -> (u32, u32) {
         self.size
@@ -255,11 +334,20 @@ impl<'a> Segments<'a> {
             first..first + (seg1 - seg0) as usize
         });
         let data: usize = chosen.clone().map(|s| self.segments[s].len() + 2).sum();
+        // The headers without the segment table (it describes the whole image, not the cut).
+        let skip = self.index.clone().unwrap_or(0..0);
         let mut jpeg = Vec::with_capacity(self.scan_start + data);
-        jpeg.extend_from_slice(&self.encoded[..self.scan_start]);
+        jpeg.extend_from_slice(&self.encoded[..skip.start]);
+        jpeg.extend_from_slice(&self.encoded[skip.end..self.scan_start]);
+        let size_at = self.frame_size_at
+            - if self.frame_size_at > skip.start {
+                skip.len()
+            } else {
+                0
+            };
         let [h0, h1] = (height as u16).to_be_bytes();
         let [w0, w1] = (width as u16).to_be_bytes();
-        jpeg[self.frame_size_at..self.frame_size_at + 4].copy_from_slice(&[h0, h1, w0, w1]);
+        jpeg[size_at..size_at + 4].copy_from_slice(&[h0, h1, w0, w1]);
         for (n, s) in chosen.enumerate() {
             if n > 0 {
                 jpeg.extend_from_slice(&[0xFF, 0xD0 + (n - 1) as u8 % 8]);
@@ -268,5 +356,63 @@ impl<'a> Segments<'a> {
         }
         jpeg.extend_from_slice(&[0xFF, 0xD9]);
         Some(Cut { jpeg, origin })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::jpeg::{restart_marked, tests::encoded};
+
+    #[test]
+    fn segment_widths_divide_the_row_near_the_target() {
+        // 640 px of 8-px MCUs: 80 MCUs; 6 (48 px) does not divide 80, 5 (40 px) is nearest.
+        assert_eq!(interval_for(80, 8), 5);
+        // 504 px: 63 MCUs, 7 per segment (56 px).
+        assert_eq!(interval_for(63, 8), 7);
+        // 4:2:0, 40 MCUs of 16 px: 3 (48 px) does not divide 40, 2 (32 px) and 4 (64 px) tie.
+        assert_eq!(40 % interval_for(40, 16), 0);
+        // A prime number of MCUs: segments of 1 MCU, unless even those are too wide.
+        assert_eq!(interval_for(61, 8), 1);
+        assert_eq!(interval_for(31, 16), 1);
+        assert_eq!(interval_for(7, 160), 7);
+    }
+
+    #[test]
+    fn a_copy_carries_its_segment_table_and_a_wrong_table_is_not_trusted() {
+        use turbojpeg::Subsamp::*;
+        for subsampling in [Sub2x2, None, Gray] {
+            let copy = restart_marked(&encoded(305, 217, subsampling, false)).expect("copy");
+            let found = Segments::find(&copy).expect("segments");
+            assert!(
+                found.index.is_some(),
+                "{subsampling:?}: the copy has its table"
+            );
+            assert!(
+                found.interval < found.mcus_per_row,
+                "rows of several segments"
+            );
+            // The same segments as scanning the copy without its table.
+            let index = found.index.clone().expect("table");
+            let bare: Vec<u8> = [&copy[..index.start], &copy[index.end..]].concat();
+            let scanned = Segments::find(&bare).expect("segments");
+            assert!(scanned.index.is_none());
+            let shift = index.len();
+            let moved: Vec<Range<usize>> = found
+                .segments
+                .iter()
+                .map(|r| r.start - shift..r.end - shift)
+                .collect();
+            assert_eq!(moved, scanned.segments, "{subsampling:?}");
+            // A cut leaves the table out.
+            let cut = found.cut((40, 40, 90, 90)).expect("a cut");
+            assert!(Segments::find(&cut.jpeg).is_some_and(|c| c.index.is_none()));
+            // An offset moved by one no longer lands after a marker: the data is scanned.
+            let mut damaged = copy.clone();
+            let entry = index.start + 4 + INDEX_SIGNATURE.len() + 2 * 3;
+            damaged[entry] = damaged[entry].wrapping_add(1);
+            let rescanned = Segments::find(&damaged).expect("segments");
+            assert_eq!(rescanned.segments, found.segments);
+        }
     }
 }
