@@ -211,8 +211,17 @@ impl<'a> Jpeg<'a> {
         if let Some(cut) = self.segments.as_ref().and_then(|g| g.cut(region)) {
             // The cut starts on an MCU, a whole number of scaled iMCUs: the part's left edge
             // stays aligned in it.
-            let mut inner = Jpeg::open(&cut.jpeg)?;
-            inner.segments = None;
+            // A cut is decoded as it is (finding its segments would only scan it).
+            let handle = Handle::new(tj::TJINIT_TJINIT_DECOMPRESS)?;
+            let (width, height, imcu_width) = handle.read_header(&cut.jpeg)?;
+            let mut inner = Jpeg {
+                handle,
+                encoded: &cut.jpeg,
+                width,
+                height,
+                imcu_width,
+                segments: None,
+            };
             let origin = (
                 part.origin.0 - cut.origin.0 / s,
                 part.origin.1 - cut.origin.1 / s,

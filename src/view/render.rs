@@ -347,6 +347,10 @@ pub fn transform(spec: &ViewSpec, decoded: &Rgb, seed: u64) -> Result<Rendered, 
     })
 }
 
+/// Bytes of scratch a render thread's resizer keeps between renders: what resizing an
+/// ImageNet-sized crop needs, so ordinary renders reuse it and a huge one does not keep its own.
+const RESIZER_KEPT: usize = 4 << 20;
+
 /// The .npy bytes of `draws` run over `image` as `output`; `first`, when given, is the area of
 /// `image` the first step reads in place of its region (`image` is then a decoded part).
 fn apply(
@@ -356,7 +360,12 @@ fn apply(
     first: Option<Area>,
 ) -> Result<Vec<u8>, RenderError> {
     let mut image = Cow::Borrowed(image);
-    let mut resizer = Resizer::new();
+    // A resizer keeps its scratch buffers: one per render thread, reused by the next render
+    // (not allocated and faulted in again), but dropped past `RESIZER_KEPT` so that memory
+    // outside a render's budget stays small.
+    thread_local! {
+        static RESIZER: std::cell::RefCell<Resizer> = std::cell::RefCell::new(Resizer::new());
+    }
     for (n, step) in draws.steps.iter().enumerate() {
         image = Cow::Owned(match *step {
             Step::Resize {
@@ -365,7 +374,13 @@ fn apply(
                 height,
             } => {
                 let area = first.filter(|_| n == 0).unwrap_or(Area::of(region));
-                resize(&mut resizer, &image, area, width, height)?
+                RESIZER.with_borrow_mut(|resizer| {
+                    let resized = resize(resizer, &image, area, width, height);
+                    if resizer.size_of_internal_buffers() > RESIZER_KEPT {
+                        resizer.reset_internal_buffers();
+                    }
+                    resized
+                })?
             }
             Step::CenterCrop { width, height } => center_crop(&image, width, height),
         });
@@ -458,28 +473,42 @@ fn encode(output: Output, image: &Rgb, flip: bool, norm: Option<([f32; 3], [f32;
     match output {
         Output::Float32Chw => {
             let (mean, std) = norm.unwrap_or(([0.0; 3], [1.0; 3]));
-            let plane = w * h * 4;
-            for c in 0..3 {
-                // (v / 255 - mean) / std as one multiply-add per element.
+            // (v / 255 - mean) / std as one table lookup per element, per channel.
+            let luts: [[f32; 256]; 3] = std::array::from_fn(|c| {
                 let scale = 1.0 / (255.0 * std[c]);
                 let offset = -mean[c] / std[c];
-                let lut: [f32; 256] = std::array::from_fn(|v| v as f32 * scale + offset);
-                for y in 0..h {
-                    let start = c * plane + y * w * 4;
-                    let dst = body[start..start + w * 4].chunks_exact_mut(4);
-                    zip_row(dst, src_row(y), flip, |d, px| {
-                        d.copy_from_slice(&lut[usize::from(px[c])].to_le_bytes());
-                    });
-                }
+                std::array::from_fn(|v| v as f32 * scale + offset)
+            });
+            // One pass over the pixels, each channel to its plane.
+            let plane = w * h * 4;
+            let (red, rest) = body.split_at_mut(plane);
+            let (green, blue) = rest.split_at_mut(plane);
+            for y in 0..h {
+                let row = y * w * 4..(y + 1) * w * 4;
+                let planes = red[row.clone()]
+                    .chunks_exact_mut(4)
+                    .zip(green[row.clone()].chunks_exact_mut(4))
+                    .zip(blue[row].chunks_exact_mut(4));
+                zip_row(planes, src_row(y), flip, |((r, g), b), px| {
+                    r.copy_from_slice(&luts[0][usize::from(px[0])].to_le_bytes());
+                    g.copy_from_slice(&luts[1][usize::from(px[1])].to_le_bytes());
+                    b.copy_from_slice(&luts[2][usize::from(px[2])].to_le_bytes());
+                });
             }
         }
         Output::Uint8Chw => {
-            for c in 0..3 {
-                for y in 0..h {
-                    let start = c * w * h + y * w;
-                    let dst = body[start..start + w].iter_mut();
-                    zip_row(dst, src_row(y), flip, |d, px| *d = px[c]);
-                }
+            // One pass over the pixels, each channel to its plane.
+            let (red, rest) = body.split_at_mut(w * h);
+            let (green, blue) = rest.split_at_mut(w * h);
+            for y in 0..h {
+                let row = y * w..(y + 1) * w;
+                let planes = red[row.clone()]
+                    .iter_mut()
+                    .zip(&mut green[row.clone()])
+                    .zip(&mut blue[row]);
+                zip_row(planes, src_row(y), flip, |((r, g), b), px| {
+                    (*r, *g, *b) = (px[0], px[1], px[2]);
+                });
             }
         }
         Output::Uint8Hwc => {
