@@ -497,20 +497,19 @@ fn encode(output: Output, image: &Rgb, flip: bool, norm: Option<([f32; 3], [f32;
             }
         }
         Output::Uint8Chw => {
-            // One pass over the pixels, each channel to its plane.
             let (red, rest) = body.split_at_mut(w * h);
             let (green, blue) = rest.split_at_mut(w * h);
             for y in 0..h {
                 let row = y * w..(y + 1) * w;
-                let planes = red[row.clone()]
-                    .iter_mut()
-                    .zip(&mut green[row.clone()])
-                    .zip(&mut blue[row]);
-                zip_row(planes, src_row(y), flip, |((r, g), b), px| {
-                    (*r, *g, *b) = (px[0], px[1], px[2]);
-                });
+                let planes = [
+                    &mut red[row.clone()],
+                    &mut green[row.clone()],
+                    &mut blue[row],
+                ];
+                split_row(src_row(y), planes, flip);
             }
         }
+        Output::Uint8Hwc if !flip => body.copy_from_slice(&image.data[..w * h * 3]),
         Output::Uint8Hwc => {
             for y in 0..h {
                 let dst = body[y * w * 3..(y + 1) * w * 3].chunks_exact_mut(3);
@@ -519,6 +518,35 @@ fn encode(output: Output, image: &Rgb, flip: bool, norm: Option<([f32; 3], [f32;
         }
     }
     out
+}
+
+/// Writes the RGB pixels of `src` to the rows of its three channels (`planes`, each as many
+/// bytes as `src` has pixels), mirrored when `flip`, eight pixels at a time: each channel's eight
+/// bytes gathered, then stored together (half the time of three passes of a byte each, and a
+/// third of one pass storing every byte to three rows; measured).
+fn split_row(src: &[u8], [red, green, blue]: [&mut [u8]; 3], flip: bool) {
+    let w = red.len();
+    for (k, px) in src.chunks_exact(24).enumerate() {
+        let (mut r, mut g, mut b) = ([0u8; 8], [0u8; 8], [0u8; 8]);
+        for j in 0..8 {
+            (r[j], g[j], b[j]) = (px[3 * j], px[3 * j + 1], px[3 * j + 2]);
+        }
+        let at = if flip {
+            r.reverse();
+            g.reverse();
+            b.reverse();
+            w - 8 * k - 8
+        } else {
+            8 * k
+        };
+        red[at..at + 8].copy_from_slice(&r);
+        green[at..at + 8].copy_from_slice(&g);
+        blue[at..at + 8].copy_from_slice(&b);
+    }
+    for x in w / 8 * 8..w {
+        let at = if flip { w - 1 - x } else { x };
+        (red[at], green[at], blue[at]) = (src[3 * x], src[3 * x + 1], src[3 * x + 2]);
+    }
 }
 
 /// Calls `put` with each output element of one row and its source RGB pixel, the row read
@@ -662,33 +690,39 @@ mod tests {
 
     #[test]
     fn flip_and_layouts_agree_pixel_for_pixel() {
-        let jpeg = crate::synthetic::photo(5).expect("jpeg");
-        let hwc = render(&spec("a=decode,center_crop(16),uint8(hwc)"), &jpeg, 0)
+        // 19 columns: two blocks of eight and a tail, for the layouts that write eight at once.
+        let of = |pipeline: &str| {
+            render(
+                &spec(pipeline),
+                &crate::synthetic::photo(5).expect("jpeg"),
+                0,
+            )
             .expect("renders")
-            .npy;
-        let chw = render(&spec("b=decode,center_crop(16),uint8"), &jpeg, 0)
-            .expect("renders")
-            .npy;
-        let flipped = render(
-            &spec("c=decode,center_crop(16),hflip(1),uint8(hwc)"),
-            &jpeg,
-            0,
-        )
-        .expect("renders")
-        .npy;
-        let f32s = render(&spec("d=decode,center_crop(16)"), &jpeg, 0)
-            .expect("renders")
-            .npy;
-        let px = |buf: &[u8], y: usize, x: usize, c: usize| buf[128 + (y * 16 + x) * 3 + c];
-        for y in 0..16 {
-            for x in 0..16 {
-                for c in 0..3 {
-                    let v = px(&hwc, y, x, c);
-                    assert_eq!(chw[128 + c * 256 + y * 16 + x], v);
-                    assert_eq!(px(&flipped, y, 15 - x, c), v);
-                    let at = 128 + (c * 256 + y * 16 + x) * 4;
-                    let f = f32::from_le_bytes(f32s[at..at + 4].try_into().expect("4 bytes"));
-                    assert!((f - f32::from(v) / 255.0).abs() < 1e-6);
+            .npy
+        };
+        let hwc = of("a=decode,center_crop(13, 19),uint8(hwc)");
+        let flipped = of("c=decode,center_crop(13, 19),hflip(1),uint8(hwc)");
+        let (h, w) = (13, 19);
+        let px = |buf: &[u8], y: usize, x: usize, c: usize| buf[128 + (y * w + x) * 3 + c];
+        for mirrored in [false, true] {
+            let flip = if mirrored { ",hflip(1)" } else { "" };
+            let chw = of(&format!("b=decode,center_crop(13, 19){flip},uint8"));
+            let f32s = of(&format!("d=decode,center_crop(13, 19){flip}"));
+            for y in 0..h {
+                for x in 0..w {
+                    let sx = if mirrored { w - 1 - x } else { x };
+                    for c in 0..3 {
+                        let v = px(&hwc, y, sx, c);
+                        assert_eq!(
+                            chw[128 + c * h * w + y * w + x],
+                            v,
+                            "chw {mirrored} {y} {x}"
+                        );
+                        assert_eq!(px(&flipped, y, w - 1 - sx, c), v);
+                        let at = 128 + (c * h * w + y * w + x) * 4;
+                        let f = f32::from_le_bytes(f32s[at..at + 4].try_into().expect("4 bytes"));
+                        assert!((f - f32::from(v) / 255.0).abs() < 1e-6);
+                    }
                 }
             }
         }
