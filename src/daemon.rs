@@ -25,7 +25,7 @@ use crate::fs::{Figures, Fs, FsMetrics, FsOptions, Parts, Report, View, Views};
 use crate::inode::InodeTable;
 use crate::memory::{MemoryBudget, MemoryPlan, Shed};
 use crate::metrics::Samples;
-use crate::prefetch::{Ahead, Prefetcher, ReaderWaits, WorkAhead};
+use crate::prefetch::{Ahead, Prefetcher, ReaderWaits, SetId, ViewWork, WorkAhead};
 use crate::requests::RequestPool;
 use crate::scheduler::runtime::{Scheduler, Setup};
 use crate::source::{Source, SourceFile};
@@ -214,7 +214,7 @@ pub(crate) fn build_observed(
 
 /// View work ahead for prefetch (views only): decoding the predicted images, or rendering their
 /// next opens (`Views::ahead`: decoding only while at least `WORK_AHEAD_IDLE` of the CPU is idle,
-/// since the pixels may go unused).
+/// since the pixels may go unused), for the files a view shows.
 fn work_ahead(
     views: &Arc<Views>,
     inodes: &Arc<InodeTable>,
@@ -223,17 +223,41 @@ fn work_ahead(
     if views.is_empty() {
         return None;
     }
-    let (views, inodes, telemetry) = (views.clone(), inodes.clone(), telemetry.clone());
-    Some(Arc::new(
-        move |set, path: &Path, source: &dyn SourceFile| {
-            // Set 0 is the source tree; set 1 + i is view i.
-            let Some(view) = set.checked_sub(1).and_then(|v| u16::try_from(v).ok()) else {
-                return Ahead::Nothing;
-            };
-            let idle = telemetry.cpu_idle() >= WORK_AHEAD_IDLE;
-            views.ahead(view, || inodes.view_file(view, path), path, source, idle)
-        },
-    ))
+    Some(Arc::new(ViewsAhead {
+        views: views.clone(),
+        inodes: inodes.clone(),
+        telemetry: telemetry.clone(),
+    }))
+}
+
+/// The views' side of prefetch (`prefetch::ViewWork`).
+struct ViewsAhead {
+    views: Arc<Views>,
+    inodes: Arc<InodeTable>,
+    telemetry: Arc<Telemetry>,
+}
+
+impl ViewsAhead {
+    /// View `set - 1`: set 0 is the source tree, set 1 + i is view i.
+    fn view(set: SetId) -> Option<u16> {
+        set.checked_sub(1).and_then(|v| u16::try_from(v).ok())
+    }
+}
+
+impl ViewWork for ViewsAhead {
+    fn shows(&self, set: SetId, path: &Path) -> bool {
+        Self::view(set).is_some() && Views::shows(path)
+    }
+
+    fn prepare(&self, set: SetId, path: &Path, source: &dyn SourceFile) -> Ahead {
+        let Some(view) = Self::view(set) else {
+            return Ahead::Nothing;
+        };
+        let idle = self.telemetry.cpu_idle() >= WORK_AHEAD_IDLE;
+        let inodes = &self.inodes;
+        self.views
+            .ahead(view, || inodes.view_file(view, path), path, source, idle)
+    }
 }
 
 /// What the scheduler may choose on this mount: GPU placements only with a usable GPU backend,

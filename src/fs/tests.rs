@@ -1016,6 +1016,45 @@ fn renders_from_a_restart_marked_copy_have_the_bytes_the_file_itself_gives() {
 }
 
 #[test]
+fn prefetch_for_a_view_plans_only_the_images_it_shows() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_photos(dir.path(), 24, |i| format!("a{i:02}.jpg"));
+    // What a walk of the source tree meets after the images: files no view shows.
+    for i in 0..4 {
+        std::fs::write(dir.path().join(format!("b{i}.tar")), vec![7u8; 3 << 20]).expect("write");
+    }
+    let spec =
+        crate::view::ViewSpec::parse("v=decode,random_resized_crop(64),uint8(hwc)").expect("spec");
+    let (fs, _) = view_fs(dir.path(), &spec, DecodedCaching::Off, true);
+    for _ in 0..2 {
+        for i in 0..24 {
+            let ino = ino_of(&fs, &format!(".prepfs/views/v/a{i:02}.jpg.npy"));
+            let size = fs.getattr(ino).expect("attr").size;
+            let fh = fs.open(ino, Intent::Read).expect("open").fh;
+            read_all(&fs, fh, size).expect("read");
+            fs.release(fh).expect("release");
+        }
+    }
+    // The walk's last files were predicted; prefetch has had time to fetch what it planned.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        fs.prefetcher.metrics().issued.get() > 0,
+        "prefetch planned the images"
+    );
+    for i in 0..4 {
+        let tar = fs
+            .source
+            .open(Path::new(&format!("b{i}.tar")))
+            .expect("open");
+        assert_eq!(
+            fs.fetcher.ram().held(&tar.identity()),
+            0,
+            "b{i}.tar was fetched"
+        );
+    }
+}
+
+#[test]
 fn quiet_opens_are_served_but_not_counted_as_accesses() {
     let (_dir, fs, _plan) = slow_prefetching_fs(10, 0, None);
     for i in 0..10u8 {

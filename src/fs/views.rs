@@ -178,6 +178,11 @@ fn is_image(name: &OsStr) -> bool {
 }
 
 impl Views {
+    /// Whether views show the source file `path`: an image, by its extension.
+    pub fn shows(path: &Path) -> bool {
+        path.file_name().is_some_and(is_image)
+    }
+
     /// The views of `specs` (augmentation seeded by `seed`), rendering with `executor` on a pool
     /// of `threads` render threads of which `active()` take work (started only when there are
     /// views; without threads, the first read of a file renders it).

@@ -61,6 +61,14 @@ fn run(shared: &Shared, job: Job) {
 /// instead, so that the reader's open at least makes no round trip (and a later try, once room
 /// frees, makes none either).
 fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identity>) {
+    if set > 0
+        && shared
+            .work_ahead
+            .as_ref()
+            .is_some_and(|w| !w.shows(set, file))
+    {
+        return;
+    }
     if let Some(entry) = known.and_then(|id| shared.fetcher.ram().get(&id))
         && entry.is_complete()
     {
@@ -118,7 +126,7 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
                 && unopened()
                 && let Some(prepare) = &shared.work_ahead
             {
-                match prepare(set, file, source.as_ref()) {
+                match prepare.prepare(set, file, source.as_ref()) {
                     Ahead::Done => {
                         shared.metrics.decoded_ahead.inc();
                         decoded = true;

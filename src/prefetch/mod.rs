@@ -136,9 +136,18 @@ enum Outcome {
     Settled,
 }
 
-/// Prepares a predicted view file ahead of its open (the view set, the image's path, the open
-/// source file): decodes its pixels into the cache or renders its next open.
-pub type WorkAhead = Arc<dyn Fn(SetId, &Path, &dyn SourceFile) -> Ahead + Send + Sync>;
+/// What prefetch does for view sets (set 1 + i is view i), supplied by the views.
+pub trait ViewWork: Send + Sync {
+    /// Whether view set `set` shows the source file `path`: only those are planned for it (a
+    /// walk of the source tree also predicts files no view shows).
+    fn shows(&self, set: SetId, path: &Path) -> bool;
+    /// Prepares the predicted view file of `path` (open as `source`) ahead of its open in view
+    /// set `set`: decodes its pixels into the cache or renders its next open.
+    fn prepare(&self, set: SetId, path: &Path, source: &dyn SourceFile) -> Ahead;
+}
+
+/// The views' side of prefetch, when the mount has views.
+pub type WorkAhead = Arc<dyn ViewWork>;
 
 /// What preparing a view file ahead of its open did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -214,8 +214,12 @@ impl SetState {
                 })
         };
         let looked = std::cell::Cell::new(0u64);
+        let view_work = shared.work_ahead.as_ref().filter(|_| set > 0);
         let judge = |p: &Path| {
             looked.set(looked.get() + 1);
+            if view_work.is_some_and(|w| !w.shows(set, p)) {
+                return Verdict::Settled;
+            }
             // Outcomes first: ahead of the readers most candidates are fetched already.
             let outcome = outcomes.lock().get(p.as_os_str()).copied();
             match outcome {
