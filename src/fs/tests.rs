@@ -1010,8 +1010,9 @@ fn renders_from_a_restart_marked_copy_have_the_bytes_the_file_itself_gives() {
     let held = ram(&fs);
     assert_eq!(held.marked_entries, 6);
     let sources: u64 = jpegs.iter().map(|j| j.len() as u64).sum();
-    // The copies are the files' size give or take a few percent (markers in, metadata out).
-    assert!(held.marked_bytes > sources * 9 / 10 && held.marked_bytes < sources * 11 / 10);
+    // The copies are about the files' size: markers and their table in, metadata out (11% more
+    // for these 4:4:4 photos, some of whose widths allow only one-MCU segments).
+    assert!(held.marked_bytes > sources * 9 / 10 && held.marked_bytes < sources * 5 / 4);
     assert_eq!(view.metrics.errors.get(), 0);
 }
 

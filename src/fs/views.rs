@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::{Attr, DirSnapshot, Fs, Handle, Intent, SOURCE_TTL};
-use crate::cache::{BLOCK_SIZE, BlockFetcher, Unpacked};
+use crate::cache::{BLOCK_SIZE, BlockFetcher, ReadBytes, Unpacked};
 use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
 use crate::memory::Work;
@@ -135,8 +135,9 @@ impl Drop for FillOnDrop {
 enum Image {
     /// Decoded pixels, and the decode time when they were decoded for this render.
     Decoded(Rgb, Option<Duration>),
-    /// The encoded file, for the render to decode only what it reads.
-    Encoded(Vec<u8>),
+    /// The encoded file (or its restart-marked copy, borrowed from the cache), for the render
+    /// to decode only what it reads.
+    Encoded(ReadBytes),
 }
 
 /// A finished render and its charge to the memory budget, held until the file is closed.
@@ -392,12 +393,12 @@ impl Views {
         }
         let _encoded_room = self.room(encoded_size(source.as_ref())?, need)?;
         let encoded = self.encoded(source.as_ref(), &node.path)?;
-        let size = render::dimensions(&encoded).map_err(|e| e.to_string())?;
+        let size = render::dimensions(encoded.as_slice()).map_err(|e| e.to_string())?;
         let work = memory(size)?;
         if !self.decodes_whole(spec, size, seed) {
             return Ok((Image::Encoded(encoded), work));
         }
-        let (image, decode, _) = self.decode_and_offer(&encoded, identity, &node.path)?;
+        let (image, decode, _) = self.decode_and_offer(encoded.as_slice(), identity, &node.path)?;
         Ok((Image::Decoded(image, Some(decode)), work))
     }
 
@@ -407,33 +408,33 @@ impl Views {
     /// when the cache has room for the copy and the budget has the memory for making it free now
     /// (never waited for). Making it costs about a whole decode more, once, like filling the
     /// cache; each later render of the image decodes about a quarter less.
-    fn encoded(&self, source: &dyn SourceFile, path: &Path) -> Result<Vec<u8>, String> {
+    fn encoded(&self, source: &dyn SourceFile, path: &Path) -> Result<ReadBytes, String> {
         let ram = self.fetcher.ram();
         let identity = source.identity();
         if let Some(copy) = ram.marked(&identity, &Unpacked::default()) {
-            return Ok(copy.as_slice().to_vec());
+            return Ok(copy);
         }
         let encoded = self.read_image(source, path)?;
         if !render::is_complete_jpeg(&encoded) || !ram.has_room(encoded.len() as u64) {
-            return Ok(encoded);
+            return Ok(ReadBytes::Owned(encoded));
         }
         let Ok((w, h)) = render::dimensions(&encoded) else {
-            return Ok(encoded);
+            return Ok(ReadBytes::Owned(encoded));
         };
         // libjpeg-turbo holds the whole image's coefficients while it writes the copy (2 bytes
         // a sample, at most 3 samples a pixel), then the copy.
         let making = 6 * u64::from(w) * u64::from(h) + 2 * encoded.len() as u64;
         let Some(_room) = ram.budget().try_work(making) else {
-            return Ok(encoded);
+            return Ok(ReadBytes::Owned(encoded));
         };
         match jpeg::restart_marked(&encoded) {
             Ok(copy) => {
                 ram.offer_marked(identity, path, copy.clone());
-                Ok(copy)
+                Ok(ReadBytes::Owned(copy))
             }
             Err(refused) => {
                 tracing::debug!(path = %path.display(), error = %refused, "no restart-marked copy");
-                Ok(encoded)
+                Ok(ReadBytes::Owned(encoded))
             }
         }
     }
@@ -518,46 +519,46 @@ impl Views {
     /// Renders `open` of `view` with the memory `need` allows; counts what it rendered.
     fn render_for(&self, view: &View, open: &ViewOpen, need: Need) -> Result<Rendered, Unrendered> {
         let started = Instant::now();
-        let result = self
-            .image(&open.node, &view.spec, open.seed, need)
-            .and_then(|(image, work)| {
-                // The size getattr announced, from the image in hand (no second source read).
-                let expected = match view.spec.fixed_size() {
-                    Some((h, w)) => view.spec.npy_size(h, w),
-                    None => {
-                        let (w, h) = match &image {
-                            Image::Decoded(pixels, _) => pixels.size(),
-                            Image::Encoded(encoded) => {
-                                render::dimensions(encoded).map_err(|e| e.to_string())?
-                            }
-                        };
-                        let (h, w) =
-                            plan::output_size(&view.spec, w, h).map_err(|e| e.to_string())?;
-                        view.spec.npy_size(h, w)
+        let result =
+            self.image(&open.node, &view.spec, open.seed, need)
+                .and_then(|(image, work)| {
+                    // The size getattr announced, from the image in hand (no second source read).
+                    let expected = match view.spec.fixed_size() {
+                        Some((h, w)) => view.spec.npy_size(h, w),
+                        None => {
+                            let (w, h) = match &image {
+                                Image::Decoded(pixels, _) => pixels.size(),
+                                Image::Encoded(encoded) => render::dimensions(encoded.as_slice())
+                                    .map_err(|e| e.to_string())?,
+                            };
+                            let (h, w) =
+                                plan::output_size(&view.spec, w, h).map_err(|e| e.to_string())?;
+                            view.spec.npy_size(h, w)
+                        }
+                    };
+                    let rendered = match image {
+                        Image::Decoded(pixels, decode) => self
+                            .executor
+                            .transform(&view.spec, &pixels, open.seed)
+                            .map(|mut r| {
+                                r.decode = decode.unwrap_or_default();
+                                r
+                            }),
+                        Image::Encoded(encoded) => {
+                            self.executor
+                                .render(&view.spec, encoded.as_slice(), open.seed)
+                        }
+                    };
+                    let rendered = rendered.map_err(|e| e.to_string())?;
+                    if rendered.npy.len() as u64 != expected {
+                        return Err(format!(
+                            "rendered {} bytes where {expected} were announced",
+                            rendered.npy.len()
+                        )
+                        .into());
                     }
-                };
-                let rendered = match image {
-                    Image::Decoded(pixels, decode) => self
-                        .executor
-                        .transform(&view.spec, &pixels, open.seed)
-                        .map(|mut r| {
-                            r.decode = decode.unwrap_or_default();
-                            r
-                        }),
-                    Image::Encoded(encoded) => {
-                        self.executor.render(&view.spec, &encoded, open.seed)
-                    }
-                };
-                let rendered = rendered.map_err(|e| e.to_string())?;
-                if rendered.npy.len() as u64 != expected {
-                    return Err(format!(
-                        "rendered {} bytes where {expected} were announced",
-                        rendered.npy.len()
-                    )
-                    .into());
-                }
-                Ok((rendered, work))
-            });
+                    Ok((rendered, work))
+                });
         let m = &view.metrics;
         m.render_latency.record(started.elapsed());
         let (rendered, mut work) = result?;
