@@ -305,8 +305,11 @@ impl<'a> Segments<'a> {
     /// The JPEG holding the pixels `x0..x1` x `y0..y1` of the image, with one MCU around them
     /// in each direction its chroma is subsampled (where the image has it: what upsampling
     /// reads beyond a pixel), its columns widened to whole segments; `None` when that is the
-    /// whole image.
+    /// whole image or nothing.
     pub fn cut(&self, (x0, y0, x1, y1): (u32, u32, u32, u32)) -> Option<Cut> {
+        if x1 <= x0 || y1 <= y0 {
+            return None;
+        }
         let (mw, mh) = self.mcu;
         let (mx, my) = self.margin;
         let rows = self.size.1.div_ceil(mh);
@@ -315,7 +318,12 @@ impl<'a> Segments<'a> {
         let per_row = self.mcus_per_row / self.interval;
         let column = |mcu: u32| mcu / self.interval;
         let seg0 = column((x0 / mw).saturating_sub(mx));
-        let seg1 = (column((x1.div_ceil(mw) + mx).min(self.mcus_per_row) - 1) + 1).min(per_row);
+        let seg1 = (column(
+            (x1.div_ceil(mw) + mx)
+                .min(self.mcus_per_row)
+                .saturating_sub(1),
+        ) + 1)
+            .min(per_row);
         if row0 >= row1
             || seg0 >= seg1
             || (row0 == 0 && row1 == rows && seg0 == 0 && seg1 == per_row)
@@ -407,6 +415,19 @@ mod tests {
             // A cut leaves the table out.
             let cut = found.cut((40, 40, 90, 90)).expect("a cut");
             assert!(Segments::find(&cut.jpeg).is_some_and(|c| c.index.is_none()));
+            // Empty regions cut nothing, a one-pixel column little; regions past the image are
+            // clipped to it.
+            assert!(found.cut((0, 0, 0, 0)).is_none());
+            assert!(
+                found
+                    .cut((50, 50, 51, 90))
+                    .is_some_and(|c| c.jpeg.len() < copy.len() / 2)
+            );
+            let edge = found.cut((200, 150, 9_999, 9_999)).expect("a cut");
+            assert!(Segments::find(&edge.jpeg).is_some_and(|c| {
+                let (w, h) = c.size();
+                edge.origin.0 + w == 305 && edge.origin.1 + h == 217
+            }));
             // An offset moved by one no longer lands after a marker: the data is scanned.
             let mut damaged = copy.clone();
             let entry = index.start + 4 + INDEX_SIGNATURE.len() + 2 * 3;
