@@ -249,6 +249,10 @@ impl ViewWork for ViewsAhead {
         Self::view(set).is_some() && Views::shows(path)
     }
 
+    fn worth_planning(&self, _set: SetId) -> bool {
+        self.views.renders_waiting() == 0 || self.telemetry.cpu_idle() >= WORK_AHEAD_IDLE
+    }
+
     fn prepare(&self, set: SetId, path: &Path, source: &dyn SourceFile) -> Ahead {
         let Some(view) = Self::view(set) else {
             return Ahead::Nothing;

@@ -65,7 +65,7 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
         && shared
             .work_ahead
             .as_ref()
-            .is_some_and(|w| !w.shows(set, file))
+            .is_some_and(|w| !w.shows(set, file) || !w.worth_planning(set))
     {
         return;
     }

@@ -141,6 +141,10 @@ pub trait ViewWork: Send + Sync {
     /// Whether view set `set` shows the source file `path`: only those are planned for it (a
     /// walk of the source tree also predicts files no view shows).
     fn shows(&self, set: SetId, path: &Path) -> bool;
+    /// Whether planning ahead for view set `set` can help now. Not while renders wait for a
+    /// thread with the CPU busy: the CPU is then what the view waits for, its images' bytes are
+    /// not, and work ahead would only take from it.
+    fn worth_planning(&self, set: SetId) -> bool;
     /// Prepares the predicted view file of `path` (open as `source`) ahead of its open in view
     /// set `set`: decodes its pixels into the cache or renders its next open.
     fn prepare(&self, set: SetId, path: &Path, source: &dyn SourceFile) -> Ahead;

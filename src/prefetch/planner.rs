@@ -200,6 +200,13 @@ impl SetState {
             .depth()
             .unwrap_or_else(|| controller_depth(self.rate, file_seconds, threads));
         shared.depth.store(depth, Ordering::Relaxed);
+        let view_work = shared.work_ahead.as_ref().filter(|_| set > 0);
+        if view_work.is_some_and(|w| !w.worth_planning(set)) {
+            let mut jobs = shared.jobs.lock();
+            jobs.queue
+                .retain(|j| !matches!(j, Job::File { set: s, .. } if *s == set));
+            return 0;
+        }
         let outcomes = &shared.outcomes[set];
         let current = self.tracker.current();
         let fetcher = &shared.fetcher;
@@ -214,7 +221,6 @@ impl SetState {
                 })
         };
         let looked = std::cell::Cell::new(0u64);
-        let view_work = shared.work_ahead.as_ref().filter(|_| set > 0);
         let judge = |p: &Path| {
             looked.set(looked.get() + 1);
             if view_work.is_some_and(|w| !w.shows(set, p)) {
