@@ -125,15 +125,18 @@ pub(crate) fn build_observed(
         None => configured,
     };
     let k = knobs.clone();
-    let views = Arc::new(Views::start(
-        &views_config.specs,
-        views_config.seed,
-        render_threads,
-        Arc::new(move || k.workers().unwrap_or(configured)),
-        Box::new(gpu.placed(knobs.clone(), telemetry.clone())),
-        source.clone(),
-        fetcher.clone(),
-    ));
+    let views = Arc::new(
+        Views::start(
+            &views_config.specs,
+            views_config.seed,
+            render_threads,
+            Arc::new(move || k.workers().unwrap_or(configured)),
+            Box::new(gpu.placed(knobs.clone(), telemetry.clone())),
+            source.clone(),
+            fetcher.clone(),
+        )
+        .with_copies(views_config.copies),
+    );
 
     let inodes = Arc::new(InodeTable::with_views(views.len()));
     // The one pool for everything that may wait on the source: kernel requests on

@@ -1017,6 +1017,35 @@ fn renders_from_a_restart_marked_copy_have_the_bytes_the_file_itself_gives() {
 }
 
 #[test]
+fn with_view_copies_off_renders_make_no_copy_and_give_the_same_bytes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let jpegs = write_photos(dir.path(), 3, |i| format!("a{i}.jpg"));
+    let spec =
+        crate::view::ViewSpec::parse("v=decode,random_resized_crop(64),uint8(hwc)").expect("spec");
+    let mut o = options(1 << 30);
+    o.config.views.specs = vec![spec.clone()];
+    o.config.views.copies = false;
+    let fs = o.build(Arc::new(LocalSource::open(dir.path()).expect("source")));
+    let view = fs.views.iter().next().expect("view");
+    for pass in 0..2u64 {
+        for (i, jpeg) in jpegs.iter().enumerate() {
+            let name = format!("a{i}.jpg");
+            let ino = ino_of(&fs, &format!(".prepfs/views/v/{name}.npy"));
+            let size = fs.getattr(ino).expect("attr").size;
+            let fh = fs.open(ino, Intent::Read).expect("open").fh;
+            let got = read_all(&fs, fh, size).expect("read");
+            fs.release(fh).expect("release");
+            let seed = fs.views.seed_of(view, Path::new(&name), pass);
+            let want = crate::view::render::render(&spec, jpeg, seed).expect("renders");
+            assert!(got == want.npy, "pass {pass}, {name}");
+        }
+    }
+    let m = cache(&fs);
+    assert_eq!((m.marked_admitted.get(), m.marked_hits.get()), (0, 0));
+    assert_eq!(ram(&fs).marked_entries, 0);
+}
+
+#[test]
 fn prefetch_for_a_view_plans_only_the_images_it_shows() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_photos(dir.path(), 24, |i| format!("a{i:02}.jpg"));

@@ -98,6 +98,8 @@ pub struct Views {
     /// How many `ahead` holds, readable without its lock: an open takes the lock only when a
     /// render is held (a stale zero only makes that open render for itself).
     held: AtomicUsize,
+    /// Whether renders make restart-marked copies of the JPEGs they read (`--no-view-copies`).
+    copies: bool,
 }
 
 /// A render made (or being made) for the open that will be view file `ino`'s `count`th (from 0).
@@ -226,7 +228,14 @@ impl Views {
             waiting,
             ahead: Mutex::new(VecDeque::new()),
             held: AtomicUsize::new(0),
+            copies: true,
         }
+    }
+
+    /// These views, making restart-marked copies of the JPEGs they render or not (`copies`).
+    pub fn with_copies(mut self, copies: bool) -> Views {
+        self.copies = copies;
+        self
     }
 
     /// The views, in mount order.
@@ -404,8 +413,8 @@ impl Views {
 
     /// The encoded image a render starts from: the cache's restart-marked copy of it when it
     /// holds one (a part then decodes from a cut of it: `view::segments`); else the file, read
-    /// through the cache, and a JPEG's restart-marked copy made from it and offered to the cache
-    /// when the cache has room for the copy and the budget has the memory for making it free now
+    /// through the cache, and (unless `--no-view-copies`) a JPEG's restart-marked copy made from
+    /// it and offered to the cache when the cache has room for the copy and the budget has the memory for making it free now
     /// (never waited for). Making it costs about a whole decode more, once, like filling the
     /// cache; each later render of the image decodes about a quarter less.
     fn encoded(&self, source: &dyn SourceFile, path: &Path) -> Result<ReadBytes, String> {
@@ -415,7 +424,10 @@ impl Views {
             return Ok(copy);
         }
         let encoded = self.read_image(source, path)?;
-        if !render::is_complete_jpeg(&encoded) || !ram.has_room(encoded.len() as u64) {
+        if !self.copies
+            || !render::is_complete_jpeg(&encoded)
+            || !ram.has_room(encoded.len() as u64)
+        {
             return Ok(ReadBytes::Owned(encoded));
         }
         let Ok((w, h)) = render::dimensions(&encoded) else {

@@ -29,6 +29,8 @@ pub struct ViewsConfig {
     pub seed: u64,
     /// Threads of the render pool (started only when there are views).
     pub render_threads: usize,
+    /// Whether renders keep restart-marked copies of JPEGs (off: `--no-view-copies`).
+    pub copies: bool,
     /// The GPU backend (`--gpu`, `--gpu-mem`, `--nvjpeg`, `--nvrtc`).
     pub gpu: gpu::GpuOptions,
 }
@@ -41,6 +43,7 @@ impl Default for ViewsConfig {
             // Renders are pure CPU: more threads than cores only add switching, fewer leave
             // cores idle while loaders wait.
             render_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            copies: true,
             gpu: gpu::GpuOptions::default(),
         }
     }
