@@ -975,6 +975,26 @@ fn predicted_view_files_are_rendered_ahead_byte_identical_to_their_opens() {
     assert_eq!((none.rendered_ahead.get(), none.ahead_used.get()), (0, 0));
 }
 
+/// Reads view `v`'s file of every image `a{i}.jpg` of `jpegs` once (pass `pass`, counting from
+/// 0) and checks each equals `render::render` of the image's own bytes with that open's seed.
+fn read_pass_as_rendered(fs: &Fs, spec: &crate::view::ViewSpec, jpegs: &[Vec<u8>], pass: u64) {
+    let view = fs.views.iter().next().expect("view");
+    for (i, jpeg) in jpegs.iter().enumerate() {
+        let name = format!("a{i}.jpg");
+        let ino = ino_of(fs, &format!(".prepfs/views/v/{name}.npy"));
+        let size = fs.getattr(ino).expect("attr").size;
+        let fh = fs.open(ino, Intent::Read).expect("open").fh;
+        let got = read_all(fs, fh, size).expect("read");
+        fs.release(fh).expect("release");
+        let seed = fs.views.seed_of(view, Path::new(&name), pass);
+        let want = crate::view::render::render(spec, jpeg, seed).expect("renders");
+        assert!(
+            got == want.npy,
+            "pass {pass}, {name}: differs from the file's own render"
+        );
+    }
+}
+
 #[test]
 fn renders_from_a_restart_marked_copy_have_the_bytes_the_file_itself_gives() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -985,20 +1005,7 @@ fn renders_from_a_restart_marked_copy_have_the_bytes_the_file_itself_gives() {
     let (fs, _) = view_fs(dir.path(), &spec, DecodedCaching::Off, false);
     let view = fs.views.iter().next().expect("view");
     for pass in 0..3u64 {
-        for (i, jpeg) in jpegs.iter().enumerate() {
-            let name = format!("a{i}.jpg");
-            let ino = ino_of(&fs, &format!(".prepfs/views/v/{name}.npy"));
-            let size = fs.getattr(ino).expect("attr").size;
-            let fh = fs.open(ino, Intent::Read).expect("open").fh;
-            let got = read_all(&fs, fh, size).expect("read");
-            fs.release(fh).expect("release");
-            let seed = fs.views.seed_of(view, Path::new(&name), pass);
-            let want = crate::view::render::render(&spec, jpeg, seed).expect("renders");
-            assert!(
-                got == want.npy,
-                "pass {pass}, {name}: differs from the file's own render"
-            );
-        }
+        read_pass_as_rendered(&fs, &spec, &jpegs, pass);
         // The first pass makes the copies as it reads the files; later ones find them cached.
         let m = cache(&fs);
         assert_eq!(
@@ -1026,19 +1033,8 @@ fn with_view_copies_off_renders_make_no_copy_and_give_the_same_bytes() {
     o.config.views.specs = vec![spec.clone()];
     o.config.views.copies = false;
     let fs = o.build(Arc::new(LocalSource::open(dir.path()).expect("source")));
-    let view = fs.views.iter().next().expect("view");
     for pass in 0..2u64 {
-        for (i, jpeg) in jpegs.iter().enumerate() {
-            let name = format!("a{i}.jpg");
-            let ino = ino_of(&fs, &format!(".prepfs/views/v/{name}.npy"));
-            let size = fs.getattr(ino).expect("attr").size;
-            let fh = fs.open(ino, Intent::Read).expect("open").fh;
-            let got = read_all(&fs, fh, size).expect("read");
-            fs.release(fh).expect("release");
-            let seed = fs.views.seed_of(view, Path::new(&name), pass);
-            let want = crate::view::render::render(&spec, jpeg, seed).expect("renders");
-            assert!(got == want.npy, "pass {pass}, {name}");
-        }
+        read_pass_as_rendered(&fs, &spec, &jpegs, pass);
     }
     let m = cache(&fs);
     assert_eq!((m.marked_admitted.get(), m.marked_hits.get()), (0, 0));
