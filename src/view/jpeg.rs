@@ -139,6 +139,13 @@ impl<'a> Jpeg<'a> {
     /// Reads the header of `encoded`; refused when TurboJPEG cannot decode it (not a JPEG, a
     /// header it rejects, or out of memory).
     pub fn open(encoded: &'a [u8]) -> Result<Jpeg<'a>, Refused> {
+        let mut jpeg = Jpeg::open_plain(encoded)?;
+        jpeg.segments = Segments::find(encoded);
+        Ok(jpeg)
+    }
+
+    /// `open` without looking for restart segments (a cut is decoded as it is).
+    fn open_plain(encoded: &'a [u8]) -> Result<Jpeg<'a>, Refused> {
         let handle = Handle::new(tj::TJINIT_TJINIT_DECOMPRESS)?;
         let (width, height, imcu_width) = handle.read_header(encoded)?;
         Ok(Jpeg {
@@ -147,7 +154,7 @@ impl<'a> Jpeg<'a> {
             width,
             height,
             imcu_width,
-            segments: Segments::find(encoded),
+            segments: None,
         })
     }
 
@@ -212,16 +219,7 @@ impl<'a> Jpeg<'a> {
             // The cut starts on an MCU, a whole number of scaled iMCUs: the part's left edge
             // stays aligned in it.
             // A cut is decoded as it is (finding its segments would only scan it).
-            let handle = Handle::new(tj::TJINIT_TJINIT_DECOMPRESS)?;
-            let (width, height, imcu_width) = handle.read_header(&cut.jpeg)?;
-            let mut inner = Jpeg {
-                handle,
-                encoded: &cut.jpeg,
-                width,
-                height,
-                imcu_width,
-                segments: None,
-            };
+            let mut inner = Jpeg::open_plain(&cut.jpeg)?;
             let origin = (
                 part.origin.0 - cut.origin.0 / s,
                 part.origin.1 - cut.origin.1 / s,
