@@ -107,7 +107,7 @@ impl Fused {
             valid,
             flip: draws.flip,
             output,
-            // The same expressions as `render::encode`'s lookup table, so the same floats.
+            // The same expressions as `render::encode`'s, so the same floats.
             scale: std::array::from_fn(|c| 1.0 / (255.0 * std[c])),
             offset: std::array::from_fn(|c| -mean[c] / std[c]),
         })

@@ -455,10 +455,43 @@ fn center_crop(image: &Rgb, width: u32, height: u32) -> Rgb {
     }
 }
 
-/// The .npy bytes: header, then pixels in the output layout, flipped and normalized in one pass.
-/// Each output row is written through a slice of its final length, so the loops compile to
-/// straight-line stores (no per-element capacity checks).
+/// The .npy bytes: header, then pixels in the output layout, flipped and normalized. Compiled
+/// twice: for AVX2 where the CPU has it (x86-64, checked at run time; libjpeg-turbo and
+/// fast_image_resize pick their SIMD the same way) and for the baseline. The loops are plain
+/// per-pixel ones, which the compiler vectorizes with AVX2's byte shuffles: a 224x224 uint8 CHW
+/// tensor in 20 µs against 105 µs for the baseline build, a float32 one in 17 µs against 165 µs
+/// for the table lookups before (measured; same bytes).
 fn encode(output: Output, image: &Rgb, flip: bool, norm: Option<([f32; 3], [f32; 3])>) -> Vec<u8> {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above), all `encode_avx2` requires.
+        return unsafe { encode_avx2(output, image, flip, norm) };
+    }
+    encode_any(output, image, flip, norm)
+}
+
+/// `encode_any` compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn encode_avx2(
+    output: Output,
+    image: &Rgb,
+    flip: bool,
+    norm: Option<([f32; 3], [f32; 3])>,
+) -> Vec<u8> {
+    encode_any(output, image, flip, norm)
+}
+
+/// `encode` for whatever the CPU it is compiled for has. Each output row is written through a
+/// slice of its final length, so the loops compile to straight-line stores (no per-element
+/// capacity checks).
+#[inline(always)]
+fn encode_any(
+    output: Output,
+    image: &Rgb,
+    flip: bool,
+    norm: Option<([f32; 3], [f32; 3])>,
+) -> Vec<u8> {
     let (w, h) = (image.width as usize, image.height as usize);
     let (dtype, shape) = match output {
         Output::Float32Chw => (Dtype::F32, [3, h, w]),
@@ -472,28 +505,26 @@ fn encode(output: Output, image: &Rgb, flip: bool, norm: Option<([f32; 3], [f32;
     let src_row = |y: usize| &image.data[y * w * 3..(y + 1) * w * 3];
     match output {
         Output::Float32Chw => {
+            // (v / 255 - mean) / std as v * scale + offset, per channel.
             let (mean, std) = norm.unwrap_or(([0.0; 3], [1.0; 3]));
-            // (v / 255 - mean) / std as one table lookup per element, per channel.
-            let luts: [[f32; 256]; 3] = std::array::from_fn(|c| {
-                let scale = 1.0 / (255.0 * std[c]);
-                let offset = -mean[c] / std[c];
-                std::array::from_fn(|v| v as f32 * scale + offset)
-            });
-            // One pass over the pixels, each channel to its plane.
-            let plane = w * h * 4;
-            let (red, rest) = body.split_at_mut(plane);
-            let (green, blue) = rest.split_at_mut(plane);
+            let scale: [f32; 3] = std::array::from_fn(|c| 1.0 / (255.0 * std[c]));
+            let offset: [f32; 3] = std::array::from_fn(|c| -mean[c] / std[c]);
+            // Each row split into its channels first, then each channel converted in a run.
+            let mut channels = vec![0u8; 3 * w];
             for y in 0..h {
-                let row = y * w * 4..(y + 1) * w * 4;
-                let planes = red[row.clone()]
-                    .chunks_exact_mut(4)
-                    .zip(green[row.clone()].chunks_exact_mut(4))
-                    .zip(blue[row].chunks_exact_mut(4));
-                zip_row(planes, src_row(y), flip, |((r, g), b), px| {
-                    r.copy_from_slice(&luts[0][usize::from(px[0])].to_le_bytes());
-                    g.copy_from_slice(&luts[1][usize::from(px[1])].to_le_bytes());
-                    b.copy_from_slice(&luts[2][usize::from(px[2])].to_le_bytes());
-                });
+                let (red, rest) = channels.split_at_mut(w);
+                let (green, blue) = rest.split_at_mut(w);
+                split_row(src_row(y), [red, green, blue], flip);
+                for (c, (plane, row)) in body
+                    .chunks_exact_mut(w * h * 4)
+                    .zip(channels.chunks_exact(w))
+                    .enumerate()
+                {
+                    let dst = &mut plane[y * w * 4..(y + 1) * w * 4];
+                    for (d, &v) in dst.chunks_exact_mut(4).zip(row) {
+                        d.copy_from_slice(&(f32::from(v) * scale[c] + offset[c]).to_le_bytes());
+                    }
+                }
             }
         }
         Output::Uint8Chw => {
@@ -512,8 +543,9 @@ fn encode(output: Output, image: &Rgb, flip: bool, norm: Option<([f32; 3], [f32;
         Output::Uint8Hwc if !flip => body.copy_from_slice(&image.data[..w * h * 3]),
         Output::Uint8Hwc => {
             for y in 0..h {
-                let dst = body[y * w * 3..(y + 1) * w * 3].chunks_exact_mut(3);
-                zip_row(dst, src_row(y), flip, |d, px| d.copy_from_slice(px));
+                let dst = body[y * w * 3..(y + 1) * w * 3].chunks_exact_mut(3).rev();
+                dst.zip(src_row(y).chunks_exact(3))
+                    .for_each(|(d, px)| d.copy_from_slice(px));
             }
         }
     }
@@ -521,47 +553,20 @@ fn encode(output: Output, image: &Rgb, flip: bool, norm: Option<([f32; 3], [f32;
 }
 
 /// Writes the RGB pixels of `src` to the rows of its three channels (`planes`, each as many
-/// bytes as `src` has pixels), mirrored when `flip`, eight pixels at a time: each channel's eight
-/// bytes gathered, then stored together (half the time of three passes of a byte each, and a
-/// third of one pass storing every byte to three rows; measured).
+/// bytes as `src` has pixels), mirrored when `flip`.
+#[inline(always)]
 fn split_row(src: &[u8], [red, green, blue]: [&mut [u8]; 3], flip: bool) {
-    let w = red.len();
-    for (k, px) in src.chunks_exact(24).enumerate() {
-        let (mut r, mut g, mut b) = ([0u8; 8], [0u8; 8], [0u8; 8]);
-        for j in 0..8 {
-            (r[j], g[j], b[j]) = (px[3 * j], px[3 * j + 1], px[3 * j + 2]);
-        }
-        let at = if flip {
-            r.reverse();
-            g.reverse();
-            b.reverse();
-            w - 8 * k - 8
-        } else {
-            8 * k
-        };
-        red[at..at + 8].copy_from_slice(&r);
-        green[at..at + 8].copy_from_slice(&g);
-        blue[at..at + 8].copy_from_slice(&b);
-    }
-    for x in w / 8 * 8..w {
-        let at = if flip { w - 1 - x } else { x };
-        (red[at], green[at], blue[at]) = (src[3 * x], src[3 * x + 1], src[3 * x + 2]);
-    }
-}
-
-/// Calls `put` with each output element of one row and its source RGB pixel, the row read
-/// mirrored when `flip`. Generic so each layout's loop is monomorphized and inlined.
-fn zip_row<D>(
-    dst: impl DoubleEndedIterator<Item = D> + ExactSizeIterator,
-    src: &[u8],
-    flip: bool,
-    mut put: impl FnMut(D, &[u8]),
-) {
-    let src = src.chunks_exact(3);
+    let pixels = src.chunks_exact(3);
     if flip {
-        dst.rev().zip(src).for_each(|(d, px)| put(d, px));
+        let planes = red.iter_mut().rev().zip(green.iter_mut().rev());
+        for (((r, g), b), px) in planes.zip(blue.iter_mut().rev()).zip(pixels) {
+            (*r, *g, *b) = (px[0], px[1], px[2]);
+        }
     } else {
-        dst.zip(src).for_each(|(d, px)| put(d, px));
+        let planes = red.iter_mut().zip(green.iter_mut());
+        for (((r, g), b), px) in planes.zip(blue.iter_mut()).zip(pixels) {
+            (*r, *g, *b) = (px[0], px[1], px[2]);
+        }
     }
 }
 
@@ -722,6 +727,35 @@ mod tests {
                         let at = 128 + (c * h * w + y * w + x) * 4;
                         let f = f32::from_le_bytes(f32s[at..at + 4].try_into().expect("4 bytes"));
                         assert!((f - f32::from(v) / 255.0).abs() < 1e-6);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_layout_has_the_same_bytes_from_the_avx2_and_the_baseline_build() {
+        // 19 columns: vector blocks and a tail; every byte value in every channel.
+        let (w, h) = (19u32, 13u32);
+        let data = (0..w * h * 3).map(|i| (i * 97 % 256) as u8).collect();
+        let image = Rgb::from_raw(w, h, data).expect("an image");
+        let imagenet = Some(([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]));
+        for output in [Output::Float32Chw, Output::Uint8Chw, Output::Uint8Hwc] {
+            for flip in [false, true] {
+                for norm in [None, imagenet] {
+                    let baseline = encode_any(output, &image, flip, norm);
+                    assert_eq!(encode(output, &image, flip, norm), baseline);
+                    if output == Output::Float32Chw {
+                        // The value a float32 view promises: (v / 255 - mean) / std, computed as
+                        // v * (1 / (255 std)) - mean / std in float32.
+                        let (mean, std) = norm.unwrap_or(([0.0; 3], [1.0; 3]));
+                        let (x, y, c) = (4, 7, 2);
+                        let sx = if flip { w - 1 - x } else { x };
+                        let v = f32::from(image.data[((y * w + sx) * 3 + c) as usize]);
+                        let want = v * (1.0 / (255.0 * std[c as usize]))
+                            + -mean[c as usize] / std[c as usize];
+                        let at = 128 + 4 * (c * w * h + y * w + x) as usize;
+                        assert_eq!(baseline[at..at + 4], want.to_le_bytes());
                     }
                 }
             }
