@@ -1,7 +1,8 @@
 //! Decode benchmark: what a view render spends decoding a JPEG, before (zune-jpeg through the
 //! image crate, the whole image) and after (libjpeg-turbo: the whole image, the part a
 //! RandomResizedCrop(224) draw reads, and that part DCT-scaled when the draw shrinks by 2-8),
-//! and the whole render (RRC(224) + flip + normalize, float32) old against new.
+//! and the whole render (RRC(224) + flip + normalize, float32) old against new, then the same
+//! renders as uint8 (the view the uint8 target reads).
 //!
 //! Run with `cargo bench --bench decode`. One core, bytes in memory. Images: synthetic photos
 //! (`prepfs::synthetic`, 400-640 x 300-480, ImageNet-like), as the image crate encodes them
@@ -25,6 +26,8 @@ use test_jpeg::{encode_420, mirrored};
 
 /// The training pipeline of the benchmark.
 const TRAIN: &str = "t=decode,random_resized_crop(224),hflip,normalize(imagenet)";
+/// The same draws as uint8 CHW, normalised on the device.
+const UINT8: &str = "u=decode,random_resized_crop(224),hflip,uint8";
 
 /// One way of decoding (or rendering) an image, timed per call.
 struct Way {
@@ -43,6 +46,7 @@ fn main() {
     let count: u64 = env_or("PREPFS_BENCH_IMAGES", 100);
     let rounds: u64 = env_or("PREPFS_BENCH_REPS", 5);
     let spec = ViewSpec::parse(TRAIN).expect("the bench pipeline is valid");
+    let uint8 = ViewSpec::parse(UINT8).expect("the uint8 pipeline is valid");
     eprintln!("prepfs decode bench: {count} images per set, {rounds} rounds, one core");
     let photos: Vec<Vec<u8>> = (0..count)
         .map(|seed| prepfs::synthetic::photo(seed).expect("jpeg"))
@@ -149,8 +153,15 @@ fn main() {
             parts * 100.0,
             scaled * 100.0
         );
-        for ways in [&decodes[..], &renders[..]] {
-            let medians = measure(ways, &images, &spec, rounds);
+        for (ways, spec) in [
+            (&decodes[..], &spec),
+            (&renders[..], &spec),
+            (&renders[..], &uint8),
+        ] {
+            if std::ptr::eq(spec, &uint8) {
+                println!("The renders as uint8 (`{UINT8}`):");
+            }
+            let medians = measure(ways, &images, spec, rounds);
             println!("| way | median ms/image | images/s, one core | vs first row |");
             println!("|---|---:|---:|---:|");
             for (way, median) in ways.iter().zip(&medians) {
