@@ -9,7 +9,8 @@
 //! the smaller JPEG that holds only the MCU rows and segment columns around a region (the same
 //! headers with the frame's size patched, the chosen segments renumbered): decoding it gives the
 //! region's pixels exactly as decoding the whole image does, for about the Huffman work of the
-//! region alone.
+//! region alone. libjpeg-turbo decodes any JPEG with restart markers on its slower Huffman path
+//! (~8% of a whole decode, BENCHMARKS.md): a cut spliced without them would avoid that.
 //!
 //! Owns parsing a JPEG's marker structure (bounded: every length is checked against the bytes;
 //! anything it does not expect is `None`, and the caller decodes the file the ordinary way), the
