@@ -14,9 +14,10 @@
 //! build: one TurboJPEG handle per image (a fresh one costs ~0.3 µs, so no state passes between
 //! images), the parameters that bound a decode (a warning is an error, so truncated or corrupt
 //! data is never returned grey-filled; progressive scans and libjpeg's own buffers are capped;
-//! ICC profiles are not copied), and the size of the buffer TurboJPEG writes into. Must never decide what to decode (`plan` does) nor allocate a part
-//! before its caller has checked its size against the pixel limits, and never hand back pixels
-//! of a decode that failed or warned: the caller falls back to the image crate's decoder.
+//! ICC profiles are not copied), and the size of the buffer TurboJPEG writes into. Must never
+//! decide what to decode (`plan` does) nor allocate a part before its caller has checked its size
+//! against the pixel limits, and never hand back pixels of a decode that failed or warned: the
+//! caller falls back to the image crate's decoder.
 
 use std::ffi::CStr;
 

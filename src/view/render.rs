@@ -509,19 +509,19 @@ fn encode_any(
             let (mean, std) = norm.unwrap_or(([0.0; 3], [1.0; 3]));
             let scale: [f32; 3] = std::array::from_fn(|c| 1.0 / (255.0 * std[c]));
             let offset: [f32; 3] = std::array::from_fn(|c| -mean[c] / std[c]);
+            let plane = w * h * 4;
+            let (red, rest) = body.split_at_mut(plane);
+            let (green, blue) = rest.split_at_mut(plane);
             // Each row split into its channels first, then each channel converted in a run.
-            let mut channels = vec![0u8; 3 * w];
+            let mut row = vec![0u8; 3 * w];
             for y in 0..h {
-                let (red, rest) = channels.split_at_mut(w);
-                let (green, blue) = rest.split_at_mut(w);
-                split_row(src_row(y), [red, green, blue], flip);
-                for (c, (plane, row)) in body
-                    .chunks_exact_mut(w * h * 4)
-                    .zip(channels.chunks_exact(w))
-                    .enumerate()
-                {
+                let (r, rest) = row.split_at_mut(w);
+                let (g, b) = rest.split_at_mut(w);
+                split_row(src_row(y), [&mut *r, &mut *g, &mut *b], flip);
+                let planes = [&mut *red, &mut *green, &mut *blue];
+                for (c, (plane, channel)) in planes.into_iter().zip([&*r, &*g, &*b]).enumerate() {
                     let dst = &mut plane[y * w * 4..(y + 1) * w * 4];
-                    for (d, &v) in dst.chunks_exact_mut(4).zip(row) {
+                    for (d, &v) in dst.chunks_exact_mut(4).zip(channel) {
                         d.copy_from_slice(&(f32::from(v) * scale[c] + offset[c]).to_le_bytes());
                     }
                 }
