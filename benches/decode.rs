@@ -153,14 +153,13 @@ fn main() {
             parts * 100.0,
             scaled * 100.0
         );
-        for (ways, spec) in [
-            (&decodes[..], &spec),
-            (&renders[..], &spec),
-            (&renders[..], &uint8),
+        let as_uint8 = format!("The renders as uint8 (`{UINT8}`):\n");
+        for (ways, spec, title) in [
+            (&decodes[..], &spec, ""),
+            (&renders[..], &spec, ""),
+            (&renders[..], &uint8, as_uint8.as_str()),
         ] {
-            if std::ptr::eq(spec, &uint8) {
-                println!("The renders as uint8 (`{UINT8}`):");
-            }
+            print!("{title}");
             let medians = measure(ways, &images, spec, rounds);
             println!("| way | median ms/image | images/s, one core | vs first row |");
             println!("|---|---:|---:|---:|");

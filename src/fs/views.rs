@@ -414,9 +414,10 @@ impl Views {
     /// The encoded image a render starts from: the cache's restart-marked copy of it when it
     /// holds one (a part then decodes from a cut of it: `view::segments`); else the file, read
     /// through the cache, and (unless `--no-view-copies`) a JPEG's restart-marked copy made from
-    /// it and offered to the cache when the cache has room for the copy and the budget has the memory for making it free now
-    /// (never waited for). Making it costs about a whole decode more, once, like filling the
-    /// cache; each later render of the image decodes about a quarter less.
+    /// it and offered to the cache when the cache has room for the copy and the budget has the
+    /// memory for making it free now (never waited for). Making it costs about a whole decode
+    /// more, once, like filling the cache; each later render of the image decodes about a
+    /// quarter less.
     fn encoded(&self, source: &dyn SourceFile, path: &Path) -> Result<ReadBytes, String> {
         let ram = self.fetcher.ram();
         let identity = source.identity();

@@ -13,7 +13,7 @@
 
 use super::npy::{self, Dtype};
 use super::plan::{Draws, Step, center_offset};
-use super::render::Rgb;
+use super::render::{self, Rgb};
 use super::spec::Output;
 
 /// A render in the fused kernel's form.
@@ -98,7 +98,7 @@ impl Fused {
                 }
             }
         }
-        let (mean, std) = draws.norm.unwrap_or(([0.0; 3], [1.0; 3]));
+        let (scale, offset) = render::affine(draws.norm);
         Some(Fused {
             region,
             resized,
@@ -107,9 +107,8 @@ impl Fused {
             valid,
             flip: draws.flip,
             output,
-            // The same expressions as `render::encode`'s, so the same floats.
-            scale: std::array::from_fn(|c| 1.0 / (255.0 * std[c])),
-            offset: std::array::from_fn(|c| -mean[c] / std[c]),
+            scale,
+            offset,
         })
     }
 

@@ -505,10 +505,7 @@ fn encode_any(
     let src_row = |y: usize| &image.data[y * w * 3..(y + 1) * w * 3];
     match output {
         Output::Float32Chw => {
-            // (v / 255 - mean) / std as v * scale + offset, per channel.
-            let (mean, std) = norm.unwrap_or(([0.0; 3], [1.0; 3]));
-            let scale: [f32; 3] = std::array::from_fn(|c| 1.0 / (255.0 * std[c]));
-            let offset: [f32; 3] = std::array::from_fn(|c| -mean[c] / std[c]);
+            let (scale, offset) = affine(norm);
             let plane = w * h * 4;
             let (red, rest) = body.split_at_mut(plane);
             let (green, blue) = rest.split_at_mut(plane);
@@ -550,6 +547,17 @@ fn encode_any(
         }
     }
     out
+}
+
+/// The float32 output of a u8 value `v` in channel `c` is `v * scale[c] + offset[c]`, rounded
+/// once per operation: `(v / 255 - mean) / std` for `normalize(mean, std)`, `v / 255` without.
+/// The CPU path and the fused kernel both take their constants from here, so their floats agree.
+pub(crate) fn affine(norm: Option<([f32; 3], [f32; 3])>) -> ([f32; 3], [f32; 3]) {
+    let (mean, std) = norm.unwrap_or(([0.0; 3], [1.0; 3]));
+    (
+        std::array::from_fn(|c| 1.0 / (255.0 * std[c])),
+        std::array::from_fn(|c| -mean[c] / std[c]),
+    )
 }
 
 /// Writes the RGB pixels of `src` to the rows of its three channels (`planes`, each as many
