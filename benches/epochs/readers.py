@@ -132,10 +132,11 @@ def dataset_epochs(args, dataset):
     if args.order_file:
         sampler = published_order(dataset, args.order_file, generator)
         loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
-                            num_workers=args.workers)
+                            num_workers=args.workers, persistent_workers=args.workers > 0)
     else:
         loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
-                            num_workers=args.workers, generator=generator)
+                            num_workers=args.workers, generator=generator,
+                            persistent_workers=args.workers > 0)
     emit({"ready": True, "items": len(dataset),
           "versions": versions("torch", "torchvision", "numpy", "PIL")})
     for epoch in range(1, args.epochs + 1):
