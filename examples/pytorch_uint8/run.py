@@ -49,7 +49,8 @@ def on_device(batch):
 # Training: uint8 crops through the DataLoader, pinned for asynchronous copies to a GPU.
 train = view("train_u8")
 loader = torch.utils.data.DataLoader(
-    train, batch_size=16, shuffle=True, num_workers=2, pin_memory=device.type == "cuda")
+    train, batch_size=16, shuffle=True, num_workers=2, persistent_workers=True,
+    pin_memory=device.type == "cuda")
 timer = Timer("pytorch_uint8")
 for epoch in range(args.epochs):
     for images, labels in loader:

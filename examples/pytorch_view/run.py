@@ -18,7 +18,9 @@ args = arguments(__doc__)
 root = os.path.join(args.mount, ".prepfs", "views", "train", "images")
 dataset = datasets.DatasetFolder(
     root, loader=lambda path: torch.from_numpy(np.load(path)), extensions=(".npy",))
-loader = torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True, num_workers=2)
+# persistent_workers: the workers stay forked between epochs (each open still gets a fresh crop).
+loader = torch.utils.data.DataLoader(
+    dataset, batch_size=16, shuffle=True, num_workers=2, persistent_workers=True)
 timer = Timer("pytorch_view")
 for epoch in range(args.epochs):
     for images, labels in loader:

@@ -10,6 +10,7 @@
 //! with the number of files (each walk is capped by `SCAN_PER_PREDICTION` and finds its starting
 //! place by a lookup, not a search).
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -164,11 +165,15 @@ struct Listing {
 pub struct Tree {
     source: Arc<dyn Source>,
     sorted: bool,
-    listings: HashMap<PathBuf, Arc<Listing>>,
+    /// By the directory's path as bytes (`FileKey`'s reason: `Path` hashes component by component).
+    listings: HashMap<OsString, Arc<Listing>>,
     budget: usize,
     scan: usize,
     /// Entries listed and names looked up since `take_work`.
     work: u64,
+    /// The file a walk is looking at, built in place: a walk looks at up to
+    /// `SCAN_PER_PREDICTION` names per file it predicts, without an allocation each.
+    candidate: PathBuf,
 }
 
 impl Tree {
@@ -181,11 +186,12 @@ impl Tree {
             budget: 0,
             scan: 0,
             work: 0,
+            candidate: PathBuf::new(),
         }
     }
 
     fn listing(&mut self, dir: &Path) -> Option<Arc<Listing>> {
-        if let Some(l) = self.listings.get(dir) {
+        if let Some(l) = self.listings.get(dir.as_os_str()) {
             return Some(l.clone());
         }
         if self.budget == 0 {
@@ -218,7 +224,8 @@ impl Tree {
             files: Names::index(files),
             dirs: Names::index(dirs),
         });
-        self.listings.insert(dir.to_path_buf(), listing.clone());
+        self.listings
+            .insert(dir.as_os_str().to_os_string(), listing.clone());
         Some(listing)
     }
 
@@ -243,9 +250,16 @@ impl Tree {
                     return;
                 }
                 self.scan -= 1;
-                let path = dir.join(name);
-                if !skip(&path) {
-                    out.push(FileKey::from(path.as_path()));
+                // `dir.join(name)`, as the bytes of the mount's names (no component parsing).
+                let path = self.candidate.as_mut_os_string();
+                path.clear();
+                if !dir.as_os_str().is_empty() {
+                    path.push(dir.as_os_str());
+                    path.push("/");
+                }
+                path.push(name);
+                if !skip(&self.candidate) {
+                    out.push(FileKey::from(self.candidate.as_path()));
                 }
             }
         }
@@ -495,9 +509,9 @@ impl Score {
     /// Records predictions made after the `now`th open.
     pub fn predicted(&mut self, files: &[FileKey], now: u64) {
         for f in files {
-            if !self.outstanding.contains_key(f) {
+            if let Entry::Vacant(slot) = self.outstanding.entry(f.clone()) {
                 let deadline = now + HORIZON;
-                self.outstanding.insert(f.clone(), deadline);
+                slot.insert(deadline);
                 self.deadlines.push_back((deadline, f.clone()));
             }
         }
