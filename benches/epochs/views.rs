@@ -4,7 +4,9 @@
 //! Pipelines (`Pipeline`), each producing shuffled batches of 64 RandomResizedCrop(224) + flip
 //! images as torch tensors:
 //! - stock: torchvision ImageFolder (PIL decode, ToTensor, Normalize) in a DataLoader with 2
-//!   workers; tvio: torchvision.io.decode_jpeg + transforms v2, same DataLoader;
+//!   workers kept between epochs (`persistent_workers`: this bench's epochs are small, so
+//!   re-forking them would weigh as it never does at ImageNet scale); tvio:
+//!   torchvision.io.decode_jpeg + transforms v2, same DataLoader;
 //! - DALI on the CPU (`device_id=None`, 2 threads): whole-image decode + random_resized_crop, and
 //!   `fn.decoders.image_random_crop`, which decodes only the crop;
 //! - prepfs float32 and uint8 views (DatasetFolder + np.load over `.prepfs/views/<view>`), on a
