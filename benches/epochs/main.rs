@@ -528,9 +528,10 @@ fn calibrate(
     // machine the same day), and a prepfs side that fills its M share with memory it cannot give
     // back left a reader measured low thrashing on its own libraries for over 12 minutes. The
     // full runs keep exactly M + the footprint.
-    let reader_room = match opts.quick {
-        true => reader_footprint + reader_footprint / 10,
-        false => reader_footprint,
+    let reader_room = if opts.quick {
+        reader_footprint + reader_footprint / 10
+    } else {
+        reader_footprint
     };
     // Whole pages: the kernel rounds a cgroup's limit down to them.
     let memory_limit = (data_memory + reader_room) / 4096 * 4096;

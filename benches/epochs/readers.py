@@ -132,14 +132,13 @@ def dataset_epochs(args, dataset):
 
     nbytes = sum(os.path.getsize(path) for path, _ in dataset.samples)
     generator = torch.Generator().manual_seed(args.seed)
+    settings = dict(batch_size=args.batch_size, num_workers=args.workers,
+                    persistent_workers=args.workers > 0)
     if args.order_file:
         sampler = published_order(dataset, args.order_file, generator)
-        loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
-                            num_workers=args.workers, persistent_workers=args.workers > 0)
+        loader = DataLoader(dataset, sampler=sampler, **settings)
     else:
-        loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
-                            num_workers=args.workers, generator=generator,
-                            persistent_workers=args.workers > 0)
+        loader = DataLoader(dataset, shuffle=True, generator=generator, **settings)
     emit({"ready": True, "items": len(dataset),
           "versions": versions("torch", "torchvision", "numpy", "PIL")})
     for epoch in range(1, args.epochs + 1):
