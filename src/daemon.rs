@@ -90,10 +90,12 @@ pub(crate) fn build_observed(
         .with_knobs(knobs.clone())
         .shared();
     let disk = disk.map(|d| {
+        let held = ram.clone();
         Arc::new(DiskTier::start(
             d.dir,
             d.options,
             d.validate,
+            Box::new(move |identity, index| held.recall(identity, index)),
             packer,
             budget.clone(),
             metrics.clone(),

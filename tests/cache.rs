@@ -224,10 +224,8 @@ fn the_disk_tier_survives_sigkill_and_serves_the_next_mount_without_the_source()
         "64M",
         "--disk-min-free",
         "0",
-        // What this test counts is what the disk tier keeps across a kill. Prefetch's bursts can
-        // fill the disk writer's queue, whose offers never wait, and a block refused then is not
-        // offered again in that mount: about one run in five then read one block from the
-        // source in the last mount (a cache miss, not a defect of the bytes).
+        // What this test counts is what the disk tier keeps across a kill, not how prefetch's
+        // bursts are admitted (`a_burst_of_misses_ends_on_disk_whole_in_the_same_mount`).
         "--no-prefetch",
     ];
     t.mount(&args);
@@ -243,10 +241,8 @@ fn the_disk_tier_survives_sigkill_and_serves_the_next_mount_without_the_source()
     assert!(!is_mounted(&t.mnt));
 
     // The next mount reads everything intact, whatever the kill left. Its reads wait for the
-    // writer file by file (every block it was offered written or counted refused): an offer that
-    // finds the writer's queue full is skipped for good in that mount (offers never wait), and a
-    // burst of misses on a loaded machine did that to one block in a test.sh run. What this test
-    // counts is what survives a kill, not admission under a burst.
+    // writer file by file (every block it was offered written or counted refused), so that what
+    // is counted below is what survived the kill, not admission under a burst.
     t.mount(&args);
     wait_for(&t, "the scan", |s| stat(s, "disk.scanned") == 1.0);
     for file in &files {
@@ -296,6 +292,49 @@ fn the_disk_tier_survives_sigkill_and_serves_the_next_mount_without_the_source()
         fresh,
         "only the changed file came from the source"
     );
+}
+
+/// A burst of source reads offers the disk tier more blocks than its writer's queue holds (and
+/// may start before the empty cache dir's scan ends); none is lost: what the writer could not take
+/// at once is deferred and written from the RAM tier when it is idle, so every block of every
+/// file is on disk in the same mount.
+#[test]
+fn a_burst_of_misses_ends_on_disk_whole_in_the_same_mount() {
+    let mut t = TestMount::new();
+    let files: Vec<(&str, Vec<u8>)> = (0..6u64)
+        .map(|i| {
+            let name: &'static str = Box::leak(format!("burst{i}.bin").into_boxed_str());
+            (name, compressible(8 << 20, 40 + i))
+        })
+        .collect();
+    fill(&t, &files);
+    let dir = cache_dir(&t);
+    let mut args = disk_tier(dir.to_str().expect("utf-8 path")).to_vec();
+    args.extend(["--cache-mem", "256M"]);
+    t.mount(&args);
+    std::thread::scope(|s| {
+        for file in &files {
+            let t = &t;
+            s.spawn(move || read_all_and_compare(t, std::slice::from_ref(file)));
+        }
+    });
+    let blocks = files.len() * 8;
+    let stats = wait_for(&t, "every block on disk", |s| {
+        stat(s, "disk.entries") >= blocks as f64
+    });
+    eprintln!(
+        "{} of {blocks} blocks deferred",
+        stat(&stats, "disk.deferred")
+    );
+    assert_eq!(stat(&stats, "disk.writes"), blocks as f64, "{stats:#}");
+    assert_eq!(stat(&stats, "disk.admission_rejected"), 0.0, "{stats:#}");
+    assert_eq!(
+        stat(&stats, "disk.recalled"),
+        stat(&stats, "disk.deferred"),
+        "the RAM tier held every deferred block: {stats:#}"
+    );
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+    assert_eq!(entries(&dir).len(), blocks);
 }
 
 #[test]

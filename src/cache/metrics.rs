@@ -321,7 +321,19 @@ pub const DISK_INTEGRITY_ERRORS: Metric = Metric::counter(
 pub const DISK_REJECTED: Metric = Metric::counter(
     "disk.admission_rejected",
     "disk_admission_rejected_total",
-    "Blocks not written to disk: budget, free-space floor, queue full or write error.",
+    "Blocks not written to disk: budget, free-space floor, deferred list full, gone from RAM or write error.",
+);
+/// Blocks deferred for a later write.
+pub const DISK_DEFERRED: Metric = Metric::counter(
+    "disk.deferred",
+    "disk_deferred_total",
+    "Blocks the disk writer could not take when fetched (queue full, scan running, no memory), kept for a later write from RAM.",
+);
+/// Deferred blocks written from RAM.
+pub const DISK_RECALLED: Metric = Metric::counter(
+    "disk.recalled",
+    "disk_recalled_total",
+    "Deferred blocks read back from the RAM tier by the idle disk writer and written.",
 );
 /// Writes stopped by a full disk.
 pub const DISK_ENOSPC: Metric = Metric::counter(
@@ -397,6 +409,10 @@ pub struct CacheMetrics {
     pub disk_integrity_errors: Counter,
     /// See `DISK_REJECTED`.
     pub disk_rejected: Counter,
+    /// See `DISK_DEFERRED`.
+    pub disk_deferred: Counter,
+    /// See `DISK_RECALLED`.
+    pub disk_recalled: Counter,
     /// See `DISK_ENOSPC`.
     pub disk_enospc: Counter,
     /// See `DISK_STALE_DROPPED`.
@@ -548,6 +564,8 @@ impl CacheMetrics {
             out.count(&DISK_RECOMPRESSIONS, &self.disk_recompressions);
             out.count(&DISK_INTEGRITY_ERRORS, &self.disk_integrity_errors);
             out.count(&DISK_REJECTED, &self.disk_rejected);
+            out.count(&DISK_DEFERRED, &self.disk_deferred);
+            out.count(&DISK_RECALLED, &self.disk_recalled);
             out.count(&DISK_ENOSPC, &self.disk_enospc);
             out.count(&DISK_STALE_DROPPED, &self.disk_stale_dropped);
         }

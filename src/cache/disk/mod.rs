@@ -1,15 +1,17 @@
 //! The disk tier: cached blocks as files in a cache directory, kept across mounts.
 //!
-//! Owns: the disk budget and free-space floor, the writer thread (entries are compressed per
-//! the codec policy, written to `tmp/` and renamed into place, so only complete entries are
-//! ever visible; an entry written while the policy chose less than its best codec is rewritten
-//! with the best once the writer is idle and the policy allows it, as the RAM tier's packer
-//! upgrades its blocks), and the scan of an old cache in the background (entries of changed or deleted
+//! Owns: the disk budget and free-space floor, the writer thread (entries are compressed per the
+//! codec policy, written to `tmp/` and renamed into place, so only complete entries are ever
+//! visible; an entry written while the policy chose less than its best codec is rewritten with the
+//! best once the writer is idle and the policy allows it, as the RAM tier's packer upgrades its
+//! blocks), blocks the writer could not take when they were fetched (its queue full, the scan below
+//! not finished, no room in the memory budget), remembered by key and written from the RAM tier
+//! when it is idle, and the scan of an old cache in the background (entries of changed or deleted
 //! files are removed and the rest counted against the budget). Admission waits for that scan;
-//! lookups do not, so the mount is ready at once. A missing, truncated or corrupt entry is a
-//! miss and a counter. Where entries live and how the directory is touched belong to `dir`
-//! (`CacheDir`): this module never opens a path inside the cache dir itself. Must never fail a
-//! read: no room, ENOSPC or an I/O error only stop admission.
+//! lookups do not, so the mount is ready at once. A missing, truncated or corrupt entry is a miss
+//! and a counter. Where entries live and how the directory is touched belong to `dir` (`CacheDir`):
+//! this module never opens a path inside the cache dir itself. Must never fail a read: no room,
+//! ENOSPC or an I/O error only stop admission.
 
 mod dir;
 pub mod entry;
@@ -33,7 +35,7 @@ use dir::{EntryFile, EntryName, Slot};
 
 use super::block::Block;
 use super::codec::{self, Codec};
-use super::ram::Packer;
+use super::ram::{Packer, ReadBytes};
 use super::thread_cpu;
 use super::tier::{BlockKey, Tier};
 use crate::cache::metrics::{CacheMetrics, DiskGauges};
@@ -51,7 +53,11 @@ pub const MAX_BLOCKS: usize = 64 << 10;
 /// Entries waiting to be rewritten with a stronger codec at most (48 bytes each: 768 KiB; an
 /// entry that finds the list full keeps its codec).
 const UPGRADE_QUEUE: usize = 16 << 10;
-/// While entries wait for an upgrade, how often an idle writer asks the policy again.
+/// Blocks remembered for a later write at most (about 64 bytes each: 1 MiB); an offer that
+/// finds the list full is refused, counted.
+const DEFERRED_QUEUE: usize = 16 << 10;
+/// While entries wait for an upgrade, or blocks for admission to open, how often an idle writer
+/// looks again.
 const UPGRADE_POLL: Duration = Duration::from_millis(200);
 /// After running out of space, admission pauses this long before free space is checked again.
 const FULL_PAUSE: Duration = Duration::from_secs(10);
@@ -89,6 +95,16 @@ enum Job {
     Remove { identity: Identity, blocks: usize },
 }
 
+/// A block offered when the writer could not take it, to be written from the RAM tier later.
+struct Deferred {
+    identity: Identity,
+    path: Arc<Path>,
+    index: usize,
+}
+
+/// The verified bytes of a block the RAM tier holds (`RamTier::recall`), for deferred blocks.
+pub type Recall = Box<dyn Fn(&Identity, usize) -> Option<ReadBytes> + Send>;
+
 struct Inner {
     dir: CacheDir,
     options: DiskOptions,
@@ -104,6 +120,9 @@ struct Inner {
     /// could not admit would otherwise be fetched from the source again by every read of it
     /// until its entry lands. Bounded by the write queue.
     pending: ShardedMap<(Identity, usize), Arc<Block>>,
+    /// Blocks offered while the writer could not take them, oldest first (at most
+    /// `DEFERRED_QUEUE`): written from the RAM tier when the writer is idle.
+    deferred: Mutex<VecDeque<Deferred>>,
 }
 
 /// Tells whether a source path still holds the file version an old entry was written for.
@@ -135,11 +154,13 @@ pub fn blocks_held(identity: &Identity) -> usize {
 impl DiskTier {
     /// Starts the tier over an opened `dir`: the scan of what an earlier mount left (entries
     /// whose source no longer matches per `validate` are removed) and the writer, which packs
-    /// entries with the codec `packer` chooses; blocks waiting for it are charged to `budget`.
+    /// entries with the codec `packer` chooses and takes deferred blocks back through `recall`;
+    /// blocks waiting for it are charged to `budget`.
     pub(crate) fn start(
         dir: CacheDir,
         options: DiskOptions,
         validate: Validate,
+        recall: Recall,
         packer: Arc<Packer>,
         budget: Arc<MemoryBudget>,
         metrics: Arc<CacheMetrics>,
@@ -156,6 +177,7 @@ impl DiskTier {
             budget,
             metrics,
             pending: ShardedMap::default(),
+            deferred: Mutex::new(VecDeque::new()),
         });
         let (sender, receiver) = std::sync::mpsc::sync_channel(WRITE_QUEUE);
         let mut threads = Vec::new();
@@ -170,7 +192,7 @@ impl DiskTier {
         let writer = inner.clone();
         match std::thread::Builder::new()
             .name("prepfs-disk-writer".into())
-            .spawn(move || writer.write_all(&receiver, &packer))
+            .spawn(move || writer.write_all(&receiver, &packer, &recall))
         {
             Ok(t) => threads.push(t),
             Err(e) => {
@@ -243,36 +265,55 @@ impl DiskTier {
             )
     }
 
-    /// Offers a block fetched from the source for admission; never waits (a full queue, no
-    /// room on disk or in the memory budget, or a block past `MAX_BLOCKS` just skips it,
-    /// counted).
+    /// Offers a block fetched from the source for admission; never waits. One the writer cannot
+    /// take now (its queue full, the old cache's scan not finished, no room in the memory budget
+    /// for it to wait in) is deferred: remembered by key, and written from the RAM tier when the
+    /// writer is idle. One with no room on disk, or past `MAX_BLOCKS`, is skipped, counted. True
+    /// when it was queued now.
     fn queue(&self, identity: Identity, path: Arc<Path>, index: usize, block: Arc<Block>) -> bool {
         if index >= MAX_BLOCKS {
             return false;
         }
-        let held = self.inner.budget.try_work(block.data.len() as u64);
-        let Some(held) = held.filter(|_| self.admitting()) else {
-            if self.inner.scanned.load(Ordering::Acquire) {
-                self.inner.metrics.disk_rejected.inc();
-            }
+        let inner = &self.inner;
+        if !inner.scanned.load(Ordering::Acquire) {
+            inner.defer(Deferred {
+                identity,
+                path,
+                index,
+            });
             return false;
-        };
-        let Some(sender) = &self.sender else {
+        }
+        if !self.admitting() {
+            inner.metrics.disk_rejected.inc();
+            return false;
+        }
+        let (Some(held), Some(sender)) =
+            (inner.budget.try_work(block.data.len() as u64), &self.sender)
+        else {
+            inner.defer(Deferred {
+                identity,
+                path,
+                index,
+            });
             return false;
         };
         let key = (identity, index);
-        self.inner.pending.insert(key, block.clone());
+        inner.pending.insert(key, block.clone());
         let job = Job::Write {
             identity,
-            path,
+            path: path.clone(),
             index,
             block,
             _held: held,
         };
         if let Err(e) = sender.try_send(job) {
-            self.inner.pending.remove(&key);
+            inner.pending.remove(&key);
             if let TrySendError::Full(_) = e {
-                self.inner.metrics.disk_rejected.inc();
+                inner.defer(Deferred {
+                    identity,
+                    path,
+                    index,
+                });
             }
             return false;
         }
@@ -405,28 +446,38 @@ impl Inner {
         }
     }
 
-    /// The writer thread's body: queued jobs first; while none arrives, entries written with a
-    /// weaker codec than the policy's best are rewritten, one at a time, when it allows its best.
-    fn write_all(&self, jobs: &Receiver<Job>, packer: &Packer) {
+    /// The writer thread's body: queued jobs first; while none arrives, deferred blocks are
+    /// written from the RAM tier (`recall`), then entries written with a weaker codec than the
+    /// policy's best are rewritten, one at a time, when it allows its best.
+    fn write_all(&self, jobs: &Receiver<Job>, packer: &Packer, recall: &Recall) {
         let mut upgrades: VecDeque<(Identity, usize)> = VecDeque::new();
         loop {
             let job = match jobs.try_recv() {
                 Ok(job) => Some(job),
                 Err(TryRecvError::Disconnected) => None,
-                // Idle: upgrade the next entry while the policy allows its best, else wait.
-                Err(TryRecvError::Empty) if upgrades.is_empty() => jobs.recv().ok(),
+                // Idle: the next deferred block, else the next upgrade while the policy allows
+                // its best, else wait (with a timeout while either waits for its moment).
                 Err(TryRecvError::Empty) => {
-                    let codec = packer.choose().codec;
-                    if strength(codec) >= strength(packer.target()) {
-                        if let Some((identity, index)) = upgrades.pop_front() {
-                            self.upgrade(&identity, index, codec);
-                        }
+                    if let Some(weaker) = self.write_deferred(recall, packer) {
+                        upgrades.extend(weaker.filter(|_| upgrades.len() < UPGRADE_QUEUE));
                         continue;
                     }
-                    match jobs.recv_timeout(UPGRADE_POLL) {
-                        Ok(job) => Some(job),
-                        Err(RecvTimeoutError::Timeout) => continue,
-                        Err(RecvTimeoutError::Disconnected) => None,
+                    let deferred = !self.deferred.lock().is_empty();
+                    if upgrades.is_empty() && !deferred {
+                        jobs.recv().ok()
+                    } else {
+                        let codec = packer.choose().codec;
+                        if strength(codec) >= strength(packer.target())
+                            && let Some((identity, index)) = upgrades.pop_front()
+                        {
+                            self.upgrade(&identity, index, codec);
+                            continue;
+                        }
+                        match jobs.recv_timeout(UPGRADE_POLL) {
+                            Ok(job) => Some(job),
+                            Err(RecvTimeoutError::Timeout) => continue,
+                            Err(RecvTimeoutError::Disconnected) => None,
+                        }
                     }
                 }
             };
@@ -439,7 +490,7 @@ impl Inner {
                     block,
                     ..
                 } => {
-                    let weaker = self.write(identity, &path, index, &block, packer);
+                    let weaker = self.write(identity, &path, index, &block.data, packer);
                     self.pending.remove(&(identity, index));
                     if weaker && upgrades.len() < UPGRADE_QUEUE {
                         upgrades.push_back((identity, index));
@@ -504,14 +555,55 @@ impl Inner {
         }
     }
 
-    /// Writes block `index` of `identity` as an entry, compressed with the policy's choice now;
-    /// true when it was written with less than the policy's best codec (worth an upgrade).
+    /// Remembers a block the writer could not take, for `write_deferred`; with `DEFERRED_QUEUE`
+    /// remembered already, it is refused (counted).
+    fn defer(&self, block: Deferred) {
+        let mut deferred = self.deferred.lock();
+        if deferred.len() < DEFERRED_QUEUE {
+            deferred.push_back(block);
+            self.metrics.disk_deferred.inc();
+        } else {
+            self.metrics.disk_rejected.inc();
+        }
+    }
+
+    /// Writes the oldest deferred block, its bytes recalled from the RAM tier (and charged to the
+    /// memory budget while written). `None` when there is none, or admission or the budget has no
+    /// room now (the block waits); else whether it was written with a weaker codec than the best
+    /// (`Some(Some(key))`: worth an upgrade). A block the RAM tier no longer holds, or one past
+    /// the disk budget, is dropped, counted as refused.
+    fn write_deferred(
+        &self,
+        recall: &Recall,
+        packer: &Packer,
+    ) -> Option<Option<(Identity, usize)>> {
+        if !self.admitting() {
+            return None;
+        }
+        let _held = self.budget.try_work(super::BLOCK_SIZE)?;
+        let Deferred {
+            identity,
+            path,
+            index,
+        } = self.deferred.lock().pop_front()?;
+        let Some(bytes) = recall(&identity, index) else {
+            self.metrics.disk_rejected.inc();
+            return Some(None);
+        };
+        self.metrics.disk_recalled.inc();
+        let weaker = self.write(identity, &path, index, bytes.as_slice(), packer);
+        Some(weaker.then_some((identity, index)))
+    }
+
+    /// Writes block `index` of `identity` (its `logical` bytes) as an entry, compressed with the
+    /// policy's choice now; true when it was written with less than the policy's best codec
+    /// (worth an upgrade).
     fn write(
         &self,
         identity: Identity,
         path: &Path,
         index: usize,
-        block: &Block,
+        logical: &[u8],
         packer: &Packer,
     ) -> bool {
         let name = EntryName::of(&identity, index);
@@ -520,7 +612,6 @@ impl Inner {
         if self.dir.slot(&name) != Slot::Free {
             return false;
         }
-        let logical = &block.data;
         let compressible = codec::is_compressible(logical);
         let codec = if compressible {
             packer.choose().codec
@@ -535,7 +626,7 @@ impl Inner {
             .add(thread_cpu().saturating_sub(started));
         let (codec, payload) = match &packed {
             Some(p) => (codec, p.as_slice()),
-            None => (Codec::None, &logical[..]),
+            None => (Codec::None, logical),
         };
         use std::os::unix::ffi::OsStrExt;
         let bytes = entry::encode(
@@ -689,6 +780,130 @@ mod tests {
         }
     }
 
+    fn start(
+        dir: &Path,
+        validate: Validate,
+        recall: Recall,
+        metrics: &Arc<CacheMetrics>,
+    ) -> DiskTier {
+        let packer = Arc::new(Packer::new(
+            Box::new(Busy(Arc::new(AtomicBool::new(false)))),
+            Arc::new(Telemetry::default()),
+            metrics.clone(),
+        ));
+        DiskTier::start(
+            CacheDir::open(dir).expect("cache dir"),
+            DiskOptions {
+                budget: 1 << 30,
+                min_free: 0.0,
+            },
+            validate,
+            recall,
+            packer,
+            MemoryBudget::new(MemoryPlan {
+                cache: 0,
+                staging: 0,
+                work: 64 << 20,
+            }),
+            metrics.clone(),
+        )
+    }
+
+    fn identity(ino: u64, blocks: u64) -> Identity {
+        Identity {
+            dev: 1,
+            ino,
+            size: blocks * super::super::BLOCK_SIZE,
+            mtime_ns: 3,
+            ctime_ns: 3,
+        }
+    }
+
+    fn block_bytes(seed: u8) -> Vec<u8> {
+        (0..super::super::BLOCK_SIZE as usize)
+            .map(|i| (i / 89) as u8 ^ seed)
+            .collect()
+    }
+
+    /// Blocks offered while the old cache's scan runs are deferred, not lost: once the scan ends,
+    /// the idle writer takes their bytes back from the RAM tier and writes them. One the RAM
+    /// tier no longer holds is counted as refused.
+    #[test]
+    fn blocks_offered_during_the_scan_are_written_from_ram_once_it_ends() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = dir.path().join("c");
+        let metrics = Arc::new(CacheMetrics::default());
+        let old = identity(1, 1);
+        let path: Arc<Path> = Arc::from(Path::new("f"));
+        {
+            // An earlier mount's entry, so the next scan has one to check.
+            let first = start(&cache, Box::new(|_| None), Box::new(|_, _| None), &metrics);
+            wait_until("the first scan", || first.admitting());
+            let key = BlockKey {
+                identity: old,
+                index: 0,
+            };
+            assert!(first.put(&key, &path, &Arc::new(Block::new(block_bytes(9)))));
+            wait_until("the first write", || metrics.disk_writes.get() == 1);
+        }
+
+        let metrics = Arc::new(CacheMetrics::default());
+        let (open_gate, gate) = std::sync::mpsc::channel::<()>();
+        let validate: Validate = Box::new(move |_| {
+            let _ = gate.recv();
+            Some(old)
+        });
+        let fresh = identity(2, 4);
+        let held: Vec<Vec<u8>> = (0..4u8).map(block_bytes).collect();
+        let in_ram = held.clone();
+        // The RAM tier holds blocks 0, 1 and 3 of `fresh`; block 2 is gone by the time.
+        let recall: Recall = Box::new(move |id, index| {
+            (*id == fresh && index != 2).then(|| ReadBytes::Owned(in_ram[index].clone()))
+        });
+        let tier = start(&cache, validate, recall, &metrics);
+        for (index, bytes) in held.iter().enumerate() {
+            let key = BlockKey {
+                identity: fresh,
+                index,
+            };
+            assert!(
+                !tier.put(&key, &path, &Arc::new(Block::new(bytes.clone()))),
+                "nothing is queued while the scan runs"
+            );
+        }
+        assert_eq!(metrics.disk_deferred.get(), 4);
+        assert_eq!(metrics.disk_writes.get(), 0);
+
+        open_gate.send(()).expect("the scan waits");
+        wait_until("the deferred writes", || {
+            metrics.disk_writes.get() == 3 && metrics.disk_rejected.get() == 1
+        });
+        assert_eq!(metrics.disk_recalled.get(), 3);
+        for (index, bytes) in held.iter().enumerate() {
+            let key = BlockKey {
+                identity: fresh,
+                index,
+            };
+            let read = tier.get(&key, &(0..1));
+            match index {
+                2 => assert!(read.is_none(), "block 2 was in neither tier"),
+                _ => assert_eq!(
+                    &read.expect("written").data[..],
+                    &bytes[..],
+                    "block {index}"
+                ),
+            }
+        }
+        let kept = BlockKey {
+            identity: old,
+            index: 0,
+        };
+        assert!(
+            tier.get(&kept, &(0..1)).is_some(),
+            "the scan kept the old entry"
+        );
+    }
+
     /// Entries written raw while the CPU was saturated end packed as the policy's best, as the
     /// RAM tier's blocks do, and still read back byte for byte.
     #[test]
@@ -708,6 +923,7 @@ mod tests {
                 min_free: 0.0,
             },
             Box::new(|_| None),
+            Box::new(|_, _| None),
             packer,
             MemoryBudget::new(MemoryPlan {
                 cache: 0,

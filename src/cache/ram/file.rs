@@ -297,8 +297,22 @@ impl RamFile {
         }
     }
 
-    /// A verified cached piece of block `index`, or `None` (absent, or corrupt and now dropped).
+    /// A verified cached piece of block `index` for a reader, counted as a hit; or `None`
+    /// (absent, or corrupt and now dropped).
     pub fn hit(
+        self: &Arc<Self>,
+        index: usize,
+        range: Range<usize>,
+        memo: &Unpacked,
+    ) -> Option<ReadBytes> {
+        let bytes = self.verified(index, range, memo)?;
+        self.ram.metrics.hits.inc();
+        Some(bytes)
+    }
+
+    /// A verified cached piece of block `index`, or `None` (absent, or corrupt and now dropped,
+    /// counted). Not a reader's hit: `hit` counts those.
+    pub fn verified(
         self: &Arc<Self>,
         index: usize,
         range: Range<usize>,
@@ -336,10 +350,7 @@ impl RamFile {
             }
         };
         match bytes {
-            Some(b) => {
-                self.ram.metrics.hits.inc();
-                Some(b)
-            }
+            Some(b) => Some(b),
             None => {
                 self.ram.metrics.integrity_errors.inc();
                 tracing::warn!(

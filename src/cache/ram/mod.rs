@@ -290,6 +290,21 @@ impl RamTier {
         self.files.get(identity)
     }
 
+    /// The verified bytes of block `index` of `identity` if this tier holds them, not counted as
+    /// a reader's hit: for the disk tier, writing a block it could not take when it was fetched.
+    pub fn recall(&self, identity: &Identity, index: usize) -> Option<ReadBytes> {
+        let file = self.get(identity)?;
+        if index >= file.blocks() {
+            return None;
+        }
+        let span = file.block_span(index);
+        file.verified(
+            index,
+            0..(span.end - span.start) as usize,
+            &Unpacked::default(),
+        )
+    }
+
     /// The decoded pixels of image `identity`, if the cache holds them whole and intact.
     pub fn decoded(&self, identity: &Identity, memo: &Unpacked) -> Option<ReadBytes> {
         let metrics = &self.shared.metrics;
