@@ -93,6 +93,9 @@ enum Job {
     },
     /// Remove the entries of a file version the source no longer has.
     Remove { identity: Identity, blocks: usize },
+    /// Look at the deferred blocks: sent with the first one deferred, which may find the writer
+    /// asleep on an empty queue.
+    Wake,
 }
 
 /// A block offered when the writer could not take it, to be written from the RAM tier later.
@@ -276,7 +279,7 @@ impl DiskTier {
         }
         let inner = &self.inner;
         if !inner.scanned.load(Ordering::Acquire) {
-            inner.defer(Deferred {
+            self.defer(Deferred {
                 identity,
                 path,
                 index,
@@ -290,7 +293,7 @@ impl DiskTier {
         let (Some(held), Some(sender)) =
             (inner.budget.try_work(block.data.len() as u64), &self.sender)
         else {
-            inner.defer(Deferred {
+            self.defer(Deferred {
                 identity,
                 path,
                 index,
@@ -309,7 +312,7 @@ impl DiskTier {
         if let Err(e) = sender.try_send(job) {
             inner.pending.remove(&key);
             if let TrySendError::Full(_) = e {
-                inner.defer(Deferred {
+                self.defer(Deferred {
                     identity,
                     path,
                     index,
@@ -318,6 +321,16 @@ impl DiskTier {
             return false;
         }
         true
+    }
+
+    /// Defers `block` (see `queue`), waking the writer when it is the first waiting.
+    fn defer(&self, block: Deferred) {
+        if self.inner.defer(block)
+            && let Some(sender) = &self.sender
+        {
+            // A full queue means a busy writer, which looks at the deferred blocks when idle.
+            let _ = sender.try_send(Job::Wake);
+        }
     }
 
     /// Removes the entries of a file version the source no longer has (in the background).
@@ -501,6 +514,7 @@ impl Inner {
                         self.remove(&EntryName::of(&identity, index));
                     }
                 }
+                Job::Wake => {}
             }
         }
     }
@@ -556,14 +570,16 @@ impl Inner {
     }
 
     /// Remembers a block the writer could not take, for `write_deferred`; with `DEFERRED_QUEUE`
-    /// remembered already, it is refused (counted).
-    fn defer(&self, block: Deferred) {
+    /// remembered already, it is refused (counted). True when it is the only one waiting.
+    fn defer(&self, block: Deferred) -> bool {
         let mut deferred = self.deferred.lock();
         if deferred.len() < DEFERRED_QUEUE {
             deferred.push_back(block);
             self.metrics.disk_deferred.inc();
+            deferred.len() == 1
         } else {
             self.metrics.disk_rejected.inc();
+            false
         }
     }
 
@@ -861,6 +877,9 @@ mod tests {
             (*id == fresh && index != 2).then(|| ReadBytes::Owned(in_ram[index].clone()))
         });
         let tier = start(&cache, validate, recall, &metrics);
+        // Let the writer fall asleep on its empty queue first: the first block deferred must
+        // wake it (with nothing else ever queued, nothing else would).
+        std::thread::sleep(Duration::from_millis(100));
         for (index, bytes) in held.iter().enumerate() {
             let key = BlockKey {
                 identity: fresh,

@@ -349,18 +349,15 @@ impl RamFile {
                     .then(|| ReadBytes::Mapped(self.clone(), base + range.start..base + range.end))
             }
         };
-        match bytes {
-            Some(b) => Some(b),
-            None => {
-                self.ram.metrics.integrity_errors.inc();
-                tracing::warn!(
-                    block = index,
-                    "cached block failed its checksum; dropped, refetching"
-                );
-                self.drop_block(index);
-                None
-            }
+        if bytes.is_none() {
+            self.ram.metrics.integrity_errors.inc();
+            tracing::warn!(
+                block = index,
+                "cached block failed its checksum; dropped, refetching"
+            );
+            self.drop_block(index);
         }
+        bytes
     }
 
     /// Number of blocks held in RAM.
