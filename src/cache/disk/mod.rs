@@ -602,7 +602,9 @@ impl Inner {
             path,
             index,
         } = self.deferred.lock().pop_front()?;
-        let Some(bytes) = recall(&identity, index) else {
+        // A spent disk budget refuses every entry: no block is recalled and compressed for it.
+        let spent = self.used.load(Ordering::Acquire) >= self.options.budget;
+        let Some(bytes) = (!spent).then(|| recall(&identity, index)).flatten() else {
             self.metrics.disk_rejected.inc();
             return Some(None);
         };
