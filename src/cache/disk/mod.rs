@@ -798,14 +798,16 @@ mod tests {
         }
     }
 
+    /// A tier in `dir` with a 1 GiB budget, its codec policy busy while `busy` holds.
     fn start(
         dir: &Path,
         validate: Validate,
         recall: Recall,
+        busy: Arc<AtomicBool>,
         metrics: &Arc<CacheMetrics>,
     ) -> DiskTier {
         let packer = Arc::new(Packer::new(
-            Box::new(Busy(Arc::new(AtomicBool::new(false)))),
+            Box::new(Busy(busy)),
             Arc::new(Telemetry::default()),
             metrics.clone(),
         ));
@@ -855,7 +857,13 @@ mod tests {
         let path: Arc<Path> = Arc::from(Path::new("f"));
         {
             // An earlier mount's entry, so the next scan has one to check.
-            let first = start(&cache, Box::new(|_| None), Box::new(|_, _| None), &metrics);
+            let first = start(
+                &cache,
+                Box::new(|_| None),
+                Box::new(|_, _| None),
+                Arc::default(),
+                &metrics,
+            );
             wait_until("the first scan", || first.admitting());
             let key = BlockKey {
                 identity: old,
@@ -878,7 +886,7 @@ mod tests {
         let recall: Recall = Box::new(move |id, index| {
             (*id == fresh && index != 2).then(|| ReadBytes::Owned(in_ram[index].clone()))
         });
-        let tier = start(&cache, validate, recall, &metrics);
+        let tier = start(&cache, validate, recall, Arc::default(), &metrics);
         // Let the writer fall asleep on its empty queue first: the first block deferred must
         // wake it (with nothing else ever queued, nothing else would).
         std::thread::sleep(Duration::from_millis(100));
@@ -932,26 +940,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let busy = Arc::new(AtomicBool::new(true));
         let metrics = Arc::new(CacheMetrics::default());
-        let packer = Arc::new(Packer::new(
-            Box::new(Busy(busy.clone())),
-            Arc::new(Telemetry::default()),
-            metrics.clone(),
-        ));
-        let tier = DiskTier::start(
-            CacheDir::open(&dir.path().join("c")).expect("cache dir"),
-            DiskOptions {
-                budget: 1 << 30,
-                min_free: 0.0,
-            },
+        let tier = start(
+            &dir.path().join("c"),
             Box::new(|_| None),
             Box::new(|_, _| None),
-            packer,
-            MemoryBudget::new(MemoryPlan {
-                cache: 0,
-                staging: 0,
-                work: 64 << 20,
-            }),
-            metrics.clone(),
+            busy.clone(),
+            &metrics,
         );
         wait_until("the scan", || tier.admitting());
         let identity = Identity {
