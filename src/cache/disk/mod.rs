@@ -128,6 +128,18 @@ struct Inner {
     deferred: Mutex<VecDeque<Deferred>>,
 }
 
+/// Keeps block `key` for a rewrite with the best codec when it was written `weaker` (at most
+/// `UPGRADE_QUEUE` kept; past that its entry keeps its codec).
+fn keep_for_upgrade(
+    upgrades: &mut VecDeque<(Identity, usize)>,
+    weaker: bool,
+    key: (Identity, usize),
+) {
+    if weaker && upgrades.len() < UPGRADE_QUEUE {
+        upgrades.push_back(key);
+    }
+}
+
 /// Tells whether a source path still holds the file version an old entry was written for.
 pub type Validate = Box<dyn Fn(&Path) -> Option<Identity> + Send>;
 
@@ -278,12 +290,15 @@ impl DiskTier {
             return false;
         }
         let inner = &self.inner;
-        if !inner.scanned.load(Ordering::Acquire) {
+        let defer = |path| {
             self.defer(Deferred {
                 identity,
                 path,
                 index,
-            });
+            })
+        };
+        if !inner.scanned.load(Ordering::Acquire) {
+            defer(path);
             return false;
         }
         if !self.admitting() {
@@ -293,11 +308,7 @@ impl DiskTier {
         let (Some(held), Some(sender)) =
             (inner.budget.try_work(block.data.len() as u64), &self.sender)
         else {
-            self.defer(Deferred {
-                identity,
-                path,
-                index,
-            });
+            defer(path);
             return false;
         };
         let key = (identity, index);
@@ -312,11 +323,7 @@ impl DiskTier {
         if let Err(e) = sender.try_send(job) {
             inner.pending.remove(&key);
             if let TrySendError::Full(_) = e {
-                self.defer(Deferred {
-                    identity,
-                    path,
-                    index,
-                });
+                defer(path);
             }
             return false;
         }
@@ -471,8 +478,7 @@ impl Inner {
                 // Idle: the next deferred block, else the next upgrade while the policy allows
                 // its best, else wait (with a timeout while either waits for its moment).
                 Err(TryRecvError::Empty) => {
-                    if let Some(weaker) = self.write_deferred(recall, packer) {
-                        upgrades.extend(weaker.filter(|_| upgrades.len() < UPGRADE_QUEUE));
+                    if self.write_deferred(recall, packer, &mut upgrades) {
                         continue;
                     }
                     let deferred = !self.deferred.lock().is_empty();
@@ -505,9 +511,7 @@ impl Inner {
                 } => {
                     let weaker = self.write(identity, &path, index, &block.data, packer);
                     self.pending.remove(&(identity, index));
-                    if weaker && upgrades.len() < UPGRADE_QUEUE {
-                        upgrades.push_back((identity, index));
-                    }
+                    keep_for_upgrade(&mut upgrades, weaker, (identity, index));
                 }
                 Job::Remove { identity, blocks } => {
                     for index in 0..blocks {
@@ -584,33 +588,40 @@ impl Inner {
     }
 
     /// Writes the oldest deferred block, its bytes recalled from the RAM tier (and charged to the
-    /// memory budget while written). `None` when there is none, or admission or the budget has no
-    /// room now (the block waits); else whether it was written with a weaker codec than the best
-    /// (`Some(Some(key))`: worth an upgrade). A block the RAM tier no longer holds, or one past
-    /// the disk budget, is dropped, counted as refused.
+    /// memory budget while written), keeping it in `upgrades` if written with a weaker codec than
+    /// the best. A block the RAM tier no longer holds, or one past the disk budget, is dropped,
+    /// counted as refused. False when none was taken: none waits, or admission or the memory
+    /// budget has no room now (the block waits).
     fn write_deferred(
         &self,
         recall: &Recall,
         packer: &Packer,
-    ) -> Option<Option<(Identity, usize)>> {
+        upgrades: &mut VecDeque<(Identity, usize)>,
+    ) -> bool {
         if !self.admitting() {
-            return None;
+            return false;
         }
-        let _held = self.budget.try_work(super::BLOCK_SIZE)?;
-        let Deferred {
+        let Some(_held) = self.budget.try_work(super::BLOCK_SIZE) else {
+            return false;
+        };
+        let Some(Deferred {
             identity,
             path,
             index,
-        } = self.deferred.lock().pop_front()?;
+        }) = self.deferred.lock().pop_front()
+        else {
+            return false;
+        };
         // A spent disk budget refuses every entry: no block is recalled and compressed for it.
         let spent = self.used.load(Ordering::Acquire) >= self.options.budget;
         let Some(bytes) = (!spent).then(|| recall(&identity, index)).flatten() else {
             self.metrics.disk_rejected.inc();
-            return Some(None);
+            return true;
         };
         self.metrics.disk_recalled.inc();
         let weaker = self.write(identity, &path, index, bytes.as_slice(), packer);
-        Some(weaker.then_some((identity, index)))
+        keep_for_upgrade(upgrades, weaker, (identity, index));
+        true
     }
 
     /// Writes block `index` of `identity` (its `logical` bytes) as an entry, compressed with the
