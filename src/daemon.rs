@@ -140,7 +140,8 @@ pub(crate) fn build_observed(
         .with_copies(views_config.copies),
     );
 
-    let inodes = Arc::new(InodeTable::with_views(views.len()));
+    let inodes =
+        Arc::new(InodeTable::with_views(views.len()).charged_to(fetcher.ram().budget().clone()));
     // The one pool for everything that may wait on the source: kernel requests on
     // `--io-threads`, prefetch's jobs on `--prefetch-threads` more, behind the requests.
     let requests = Arc::new(RequestPool::new(

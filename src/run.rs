@@ -17,7 +17,8 @@ use parking_lot::Mutex;
 use crate::cache::{CacheDir, DiskOptions, DiskSetup};
 use crate::config::{ConfigError, MountConfig};
 use crate::fs::Fs;
-use crate::fuse::{Adapter, Config, MountOption, Session, SessionACL, SessionUnmounter};
+use crate::fuse::{Adapter, Config, Forgetter, MountOption, Session, SessionACL, SessionUnmounter};
+use crate::memory::Shed;
 use crate::memory::pressure::PressureWatch;
 use crate::source::{LocalSource, Source};
 
@@ -66,6 +67,8 @@ pub struct Mounted {
     fs: Arc<Fs>,
     /// Gives memory back before the kernel's OOM killer would take the daemon.
     _pressure: PressureWatch,
+    /// Asks the kernel to forget names when metadata outgrows the budget.
+    _forgetter: Arc<Forgetter>,
 }
 
 /// Unmounts one mount; cheap to clone, usable from any thread (signal handling).
@@ -155,6 +158,11 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
 
     let mut session = Session::new(adapter, &cfg.mountpoint, &config)
         .map_err(|e| mount_error(explain_mount_error(&e)))?;
+    // Metadata beyond the budget: the kernel is asked to forget dataset files' names.
+    let forgetter = Forgetter::start(session.notifier(), Arc::downgrade(&fs))
+        .map_err(|e| mount_error(format!("cannot start the forget thread: {e}")))?;
+    fs.memory()
+        .add_shed(Arc::downgrade(&(forgetter.clone() as Arc<dyn Shed>)));
     let unmounter = Unmounter {
         mountpoint: cfg.mountpoint.clone(),
         inner: Arc::new(Mutex::new(session.unmount_callable())),
@@ -169,6 +177,7 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
         session,
         fs,
         _pressure: pressure,
+        _forgetter: forgetter,
     };
     if let Err(e) = wait_until_answering(&cfg.mountpoint) {
         let _ = mounted.unmount();

@@ -6,13 +6,16 @@
 //! A pool may be sized live (`Active`): workers beyond the active count finish their job and
 //! wait, so the scheduler can give cores back to the trainer or overlap more waits.
 //! Must never run unbounded work or outlive its owner (dropping it joins every thread).
+//!
+//! `Permits` bounds work that any thread may start (renders start on the render pool, on the
+//! reads that find their file unrendered and on prefetch's threads): at most `n` at once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -125,6 +128,54 @@ impl Drop for WorkerPool {
     }
 }
 
+/// At most a fixed number of pieces of work at once, whichever threads start them.
+pub struct Permits {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+/// One piece of work's permit, given back when dropped.
+pub struct Permit<'a>(&'a Permits);
+
+impl Permits {
+    /// `n` permits (at least one).
+    pub fn new(n: usize) -> Permits {
+        Permits {
+            free: Mutex::new(n.max(1)),
+            freed: Condvar::new(),
+        }
+    }
+
+    /// A permit if one is free now.
+    pub fn try_take(&self) -> Option<Permit<'_>> {
+        let mut free = self.free.lock();
+        (*free > 0).then(|| {
+            *free -= 1;
+            Permit(self)
+        })
+    }
+
+    /// A permit, waiting at most `patience` for one to be given back.
+    pub fn take(&self, patience: std::time::Duration) -> Option<Permit<'_>> {
+        let deadline = std::time::Instant::now() + patience;
+        let mut free = self.free.lock();
+        while *free == 0 {
+            if self.freed.wait_until(&mut free, deadline).timed_out() && *free == 0 {
+                return None;
+            }
+        }
+        *free -= 1;
+        Some(Permit(self))
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock() += 1;
+        self.0.freed.notify_one();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +237,19 @@ mod tests {
         std::thread::sleep(Duration::from_millis(300));
         assert!(most.load(Ordering::SeqCst) > 1, "more workers once allowed");
         drop(pool); // inactive workers must not keep drop waiting
+    }
+
+    #[test]
+    fn permits_bound_work_and_come_back_when_dropped() {
+        let permits = Permits::new(2);
+        let a = permits.try_take().expect("first");
+        let _b = permits.try_take().expect("second");
+        assert!(permits.try_take().is_none(), "two at most");
+        assert!(
+            permits.take(std::time::Duration::from_millis(10)).is_none(),
+            "waits, then gives up"
+        );
+        drop(a);
+        assert!(permits.take(std::time::Duration::ZERO).is_some());
     }
 }

@@ -188,3 +188,34 @@ fn views_match_torchvision_on_the_same_jpegs_within_decoder_differences() {
         assert_eq!(t.stats()["views"][view]["errors"], 0, "{view}");
     }
 }
+
+#[test]
+fn a_memmapped_shard_never_makes_other_processes_opens_of_it_fail() {
+    let mut t = TestMount::new();
+    // Incompressible ids (a compressible shard is never served by passthrough).
+    let make = "import numpy as np, sys; \
+                np.save(sys.argv[1], np.random.default_rng(7).integers(0, 2**31 - 1, 3 << 20, dtype=np.int32))";
+    run_checked(
+        Command::new(python())
+            .args(["-c", make])
+            .arg(t.s("shard.npy")),
+    );
+    t.mount(&[]);
+    let stdout = run_client(
+        "memmap_shards.py",
+        &[
+            t.m("shard.npy").as_os_str(),
+            t.s("shard.npy").as_os_str(),
+            "4".as_ref(),
+        ],
+    );
+    assert!(stdout.contains("\"readers\": 4"), "{stdout}");
+    let stats = t.stats();
+    // As root the shard, cached whole while the first mapping lived, would have been offered to
+    // the kernel by passthrough: the opens beside that mapping were served by the daemon.
+    assert!(
+        stats["cache"]["passthrough_declined_opens"].as_u64() >= Some(4),
+        "the opens beside the mapping met the case: {}",
+        stats["cache"]
+    );
+}

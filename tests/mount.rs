@@ -356,6 +356,41 @@ fn control_dir_is_hidden_and_stats_move() {
 }
 
 #[test]
+fn an_open_held_across_a_source_replacement_never_makes_new_opens_fail() {
+    let mut t = TestMount::new();
+    fs::write(t.s("shard"), pattern(3 * MIB, 1)).expect("write");
+    t.mount(&[]);
+    assert!(fs::read(t.m("shard")).expect("fill") == pattern(3 * MIB, 1));
+    // Cached whole: as root this open is served by passthrough, and it stays open.
+    let held = fs::File::open(t.m("shard")).expect("open");
+    let tmp = t.s("shard.tmp");
+    fs::write(&tmp, pattern(2 * MIB + 5, 2)).expect("write");
+    fs::rename(&tmp, t.s("shard")).expect("rename");
+    for _ in 0..3 {
+        let got = fs::read(t.m("shard")).expect("an open beside the held one succeeds");
+        assert!(
+            got == pattern(3 * MIB, 1) || got == pattern(2 * MIB + 5, 2),
+            "one whole version"
+        );
+    }
+    let mut first = vec![0; 4096];
+    held.read_exact_at(&mut first, 0)
+        .expect("the held open reads");
+    assert!(first[..] == pattern(3 * MIB, 1)[..4096], "its own version");
+    drop(held);
+    // The kernel's release of the held open reaches the daemon shortly after the close.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fs::read(t.m("shard")).expect("read") != pattern(2 * MIB + 5, 2) {
+        assert!(
+            Instant::now() < deadline,
+            "the new version once the held open is closed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(t.stats()["cache"]["passthrough_pinned_opens"].as_u64() >= Some(3));
+}
+
+#[test]
 fn mmap_reads_match_source() {
     let mut t = TestMount::new();
     fs::write(t.s("small.npy"), pattern(300_000, 1)).expect("write");

@@ -398,3 +398,146 @@ fn in_a_memory_cgroup_of_half_the_dataset_the_daemon_is_never_oom_killed() {
         assert_eq!(group.oom_kills(), 0);
     }
 }
+
+/// Finding 1 of the second audit: the view of a 16-bit RGBA PNG decodes into 8 bytes a pixel
+/// before its RGB copy, and reads on the I/O threads render beside the render threads. In a
+/// 600 MiB cgroup with default options, four readers of the view of one 4096x4096 such PNG
+/// (all zero, 130 KB) OOM-killed the daemon within seconds: every decode is charged its
+/// intermediates before they exist, and renders run one per render thread whoever starts them.
+#[test]
+fn renders_of_deep_pngs_stay_within_their_charge_in_a_memory_cgroup() {
+    use image::codecs::png::{CompressionType, FilterType, PngEncoder};
+    let mut t = TestMount::new();
+    let mut png = Vec::new();
+    image::ImageBuffer::<image::Rgba<u16>, _>::new(4096, 4096)
+        .write_with_encoder(PngEncoder::new_with_quality(
+            &mut png,
+            CompressionType::Best,
+            FilterType::NoFilter,
+        ))
+        .expect("encode");
+    std::fs::write(t.s("deep.png"), &png).expect("write");
+    let group = MemoryCgroup::new(600 * MIB);
+    t.mount_confined(&["--view", "v=decode,resize(64),center_crop(64)"], &group);
+    let view = t.m(".prepfs/views/v/deep.png.npy");
+    let read = std::thread::scope(|s| {
+        let readers: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| (0..2).map(|_| std::fs::read(&view)).collect::<Vec<_>>()))
+            .collect();
+        readers
+            .into_iter()
+            .flat_map(|r| r.join().expect("reader"))
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(group.oom_kills(), 0, "the daemon was OOM-killed");
+    for r in &read {
+        let npy = r
+            .as_ref()
+            .unwrap_or_else(|e| panic!("every read of the view is answered: {e}: {:#}", t.stats()));
+        assert!(npy.starts_with(b"\x93NUMPY"), "a whole tensor");
+    }
+    assert_eq!(
+        t.unmount().map(|s| s.success()),
+        Some(true),
+        "exits cleanly"
+    );
+}
+
+/// Finding 2 of the second audit: per-file state outside the budget. In a 256 MiB cgroup with
+/// the default budget, once the RAM tier had filled, `stat` of many files with long paths
+/// OOM-killed the daemon (7.6 KB a file with 3.8 KB paths): every node is now charged to the
+/// budget, and while metadata holds the budget over its limit the kernel is asked to forget
+/// dataset files' names, which later lookups make again.
+#[test]
+fn stats_of_many_long_paths_after_the_cache_filled_never_oom_kill_the_daemon() {
+    const LIMIT: u64 = 256 * MIB;
+    const FILES: usize = 40_000;
+    let mut t = TestMount::new();
+    std::fs::create_dir(t.s("fill")).expect("mkdir");
+    for i in 0..100 {
+        std::fs::write(t.s(&format!("fill/{i}")), pattern(2 << 20, i)).expect("write");
+    }
+    // 14 directories of 250 bytes: paths of about 3.7 KB.
+    let deep: String = (0..14)
+        .map(|i| format!("{i:02}{}/", "d".repeat(248)))
+        .collect();
+    std::fs::create_dir_all(t.s(&deep)).expect("mkdir deep");
+    let name = |i: usize| format!("{deep}{i:06}{}", "f".repeat(200));
+    for i in 0..FILES {
+        std::fs::write(t.s(&name(i)), b"").expect("write");
+    }
+    let group = MemoryCgroup::new(LIMIT);
+    t.mount_confined(&[], &group);
+    for i in 0..100 {
+        let got = std::fs::read(t.m(&format!("fill/{i}"))).expect("fill read");
+        assert!(got == pattern(2 << 20, i), "fill/{i}");
+    }
+    for i in 0..FILES {
+        let meta = std::fs::metadata(t.m(&name(i)))
+            .unwrap_or_else(|e| panic!("stat {i} after the cache filled: {e}"));
+        assert_eq!(meta.len(), 0);
+    }
+    assert_eq!(group.oom_kills(), 0, "the daemon was OOM-killed");
+    let stats = t.stats();
+    assert!(
+        stat(&stats, "inode_forget_asks") > 0.0,
+        "metadata over the budget asked the kernel to forget names: {stats:#}"
+    );
+    assert!(
+        std::fs::read(t.m("fill/7")).expect("read") == pattern(2 << 20, 7),
+        "the cache still serves"
+    );
+    assert_eq!(
+        t.unmount().map(|s| s.success()),
+        Some(true),
+        "exits cleanly"
+    );
+}
+
+/// Finding 7 of the second audit: with `--source-timeout 2s`, 24 readers of large images' views
+/// on a healthy source had 53 of 527 reads answered EIO: the deadline covered waiting for a
+/// render thread. A view read's deadline now covers only its wait on the source.
+#[test]
+fn view_reads_queued_behind_renders_are_not_answered_eio_as_if_the_source_hung() {
+    let mut t = TestMount::new();
+    let mut img = image::RgbImage::new(1600, 1200);
+    for (x, y, p) in img.enumerate_pixels_mut() {
+        *p = image::Rgb([(x % 251) as u8, (y % 241) as u8, ((x * y) % 239) as u8]);
+    }
+    let mut jpeg = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
+        .encode_image(&img)
+        .expect("encode");
+    for i in 0..24 {
+        std::fs::write(t.s(&format!("{i}.jpg")), &jpeg).expect("write");
+    }
+    t.mount(&[
+        "--source-timeout",
+        "300ms",
+        "--view",
+        "v=decode,resize(256),center_crop(224),normalize(imagenet)",
+    ]);
+    // Names and sizes first (the kernel keeps them): the race is between reads and renders.
+    for i in 0..24 {
+        std::fs::metadata(t.m(&format!(".prepfs/views/v/{i}.jpg.npy"))).expect("stat");
+    }
+    let failed: usize = std::thread::scope(|s| {
+        let readers: Vec<_> = (0..24)
+            .map(|r| {
+                let t = &t;
+                s.spawn(move || {
+                    (0..4)
+                        .filter(|k| {
+                            let path = t.m(&format!(".prepfs/views/v/{}.jpg.npy", (r + k) % 24));
+                            std::fs::read(path).is_err()
+                        })
+                        .count()
+                })
+            })
+            .collect();
+        readers.into_iter().map(|r| r.join().expect("reader")).sum()
+    });
+    let stats = t.stats();
+    assert_eq!(failed, 0, "reads answered EIO: {}", stats["requests"]);
+    assert_eq!(stat(&stats, "requests.expired"), 0.0);
+}

@@ -97,6 +97,24 @@ pub const PASSTHROUGH_OPENS: Metric = Metric::counter(
     "passthrough_opens_total",
     "Opens served by kernel passthrough from a fully cached file.",
 );
+/// Passthrough opens to the backing file of the file's live passthrough opens.
+pub const PASSTHROUGH_PINNED: Metric = Metric::counter(
+    "cache.passthrough_pinned_opens",
+    "passthrough_pinned_opens_total",
+    "Opens served by passthrough to the backing file of the file's live passthrough opens (the kernel takes one per file).",
+);
+/// Opens of whole cached files served by the daemon beside a daemon-served open of the file.
+pub const PASSTHROUGH_DECLINED: Metric = Metric::counter(
+    "cache.passthrough_declined_opens",
+    "passthrough_declined_opens_total",
+    "Opens of fully cached files served by the daemon because another open of the file is (it may be mmapped).",
+);
+/// Names the kernel was asked to forget because metadata outgrew the memory budget.
+pub const FORGET_ASKS: Metric = Metric::counter(
+    "inode_forget_asks",
+    "inode_forget_asks_total",
+    "Dataset files' names the kernel was asked to forget because metadata outgrew the memory budget.",
+);
 /// Opens answered from the cache alone.
 pub const UNANSWERED_OPENS: Metric = Metric::counter(
     "source.unanswered_opens",
@@ -174,6 +192,12 @@ pub struct FsMetrics {
     pub read_latency: Histogram,
     /// See `PASSTHROUGH_OPENS`.
     pub passthrough_opens: Counter,
+    /// See `PASSTHROUGH_PINNED`.
+    pub passthrough_pinned: Counter,
+    /// See `PASSTHROUGH_DECLINED`.
+    pub passthrough_declined: Counter,
+    /// See `FORGET_ASKS`.
+    pub forget_asks: Counter,
     /// See `UNANSWERED_OPENS`.
     pub unanswered_opens: Counter,
     /// See `REQUESTS_EXPIRED`.
@@ -194,6 +218,9 @@ impl Default for FsMetrics {
             bytes_served: Counter::default(),
             read_latency: Histogram::default(),
             passthrough_opens: Counter::default(),
+            passthrough_pinned: Counter::default(),
+            passthrough_declined: Counter::default(),
+            forget_asks: Counter::default(),
             unanswered_opens: Counter::default(),
             requests_expired: Counter::default(),
             requests_refused: Counter::default(),
@@ -232,6 +259,9 @@ impl FsMetrics {
         out.put(&UPTIME, self.started.elapsed().as_secs_f64());
         out.count(&BYTES_SERVED, &self.bytes_served);
         out.count(&PASSTHROUGH_OPENS, &self.passthrough_opens);
+        out.count(&PASSTHROUGH_PINNED, &self.passthrough_pinned);
+        out.count(&PASSTHROUGH_DECLINED, &self.passthrough_declined);
+        out.count(&FORGET_ASKS, &self.forget_asks);
         out.count(&UNANSWERED_OPENS, &self.unanswered_opens);
         out.count(&REQUESTS_EXPIRED, &self.requests_expired);
         out.count(&REQUESTS_REFUSED, &self.requests_refused);

@@ -7,11 +7,13 @@
 //! the cache. Must never block a caller of `read_cached` on the source, and never serve bytes of
 //! two versions of one file through one handle.
 
+mod listing;
 pub mod metrics;
 mod reader;
 #[cfg(test)]
 mod tests;
 mod views;
+pub use views::RENDER_WAIT;
 
 pub use reader::FileReader;
 
@@ -29,11 +31,12 @@ use crate::inode::{
     self, CONTROL_DIR, CONTROL_DIR_NAME, InodeTable, METRICS_FILE, Node, ROOT, STATS_FILE,
     VIEWS_DIR,
 };
-use crate::memory::MemoryBudget;
+use crate::memory::{MemoryBudget, Work};
 use crate::metrics::{Samples, to_json_text, to_prometheus_text};
 use crate::prefetch::Prefetcher;
 use crate::shards::ShardedMap;
 use crate::source::{Deferred, Kind, Meta, Source, SourceFile, SpaceStats};
+use listing::Listing;
 
 /// How long the kernel may trust names and attributes of source entries. The tree is read-only
 /// through the mount; changes made in the source are picked up on open (see `open`).
@@ -136,7 +139,9 @@ struct DirSnapshot {
     /// Inode numbers shown for `.` and `..`.
     dots: (u64, u64),
     /// Names, kinds, and fixed inode numbers for virtual entries.
-    names: Vec<(OsString, Kind, Option<u64>)>,
+    names: Listing,
+    /// The listing's charge to the memory budget, while the directory is open.
+    _charge: Work,
 }
 
 /// The state of one mount.
@@ -205,6 +210,12 @@ impl Fs {
     /// The file system's counters.
     pub fn metrics(&self) -> &FsMetrics {
         &self.metrics
+    }
+
+    /// Dataset files' names the kernel may be asked to forget when metadata outgrows the
+    /// memory budget, as (parent, name): see `InodeTable::forgettable`.
+    pub fn forgettable(&self) -> Vec<(u64, OsString)> {
+        self.inodes.forgettable()
     }
 
     /// The mount's memory budget.
@@ -578,6 +589,12 @@ impl Fs {
         }
     }
 
+    /// Whether `fh` is an open view file: a read of it may wait for a render turn and the
+    /// render's memory (`RENDER_WAIT`) before any wait on the source.
+    pub fn is_view_handle(&self, fh: u64) -> bool {
+        self.handle(fh).is_ok_and(|h| matches!(*h, Handle::View(_)))
+    }
+
     /// Answers a read, fetching from the source where the cache misses. May block.
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<ReadBytes, FsError> {
         match &*self.handle(fh)? {
@@ -619,26 +636,20 @@ impl Fs {
     pub fn opendir(&self, ino: u64) -> Result<u64, FsError> {
         if ino == CONTROL_DIR {
             let mut names = vec![
-                ("stats.json".into(), Kind::File, Some(STATS_FILE)),
-                ("metrics".into(), Kind::File, Some(METRICS_FILE)),
+                ("stats.json", Kind::File, STATS_FILE),
+                ("metrics", Kind::File, METRICS_FILE),
             ];
             if !self.views.is_empty() {
-                names.push(("views".into(), Kind::Directory, Some(VIEWS_DIR)));
+                names.push(("views", Kind::Directory, VIEWS_DIR));
             }
             let node = self.node(ROOT)?;
-            return Ok(self.add_handle(Handle::Dir(DirSnapshot {
-                node,
-                dots: (CONTROL_DIR, ROOT),
-                names,
-            })));
+            let snapshot = self.listing_of(node, (CONTROL_DIR, ROOT), Listing::fixed(names));
+            return Ok(self.add_handle(Handle::Dir(snapshot)));
         }
         if ino == VIEWS_DIR && !self.views.is_empty() {
             let node = self.node(ROOT)?;
-            return Ok(self.add_handle(Handle::Dir(DirSnapshot {
-                node,
-                dots: (VIEWS_DIR, CONTROL_DIR),
-                names: self.list_views(),
-            })));
+            let snapshot = self.listing_of(node, (VIEWS_DIR, CONTROL_DIR), self.list_views());
+            return Ok(self.add_handle(Handle::Dir(snapshot)));
         }
         let node = self.node(ino)?;
         if node.kind != Kind::Directory {
@@ -652,15 +663,28 @@ impl Fs {
             .source
             .list(&node.path)
             .map_err(|e| FsError::from_source(&e))?;
-        let names = entries
-            .into_iter()
-            // `.prepfs` is reachable but never listed: loaders such as torchvision's ImageFolder
-            // treat every listed directory as a class.
-            .filter(|e| !(ino == ROOT && e.name == CONTROL_DIR_NAME))
-            .map(|e| (e.name, e.kind, None))
-            .collect();
+        let names = Listing::of(
+            entries
+                .into_iter()
+                // `.prepfs` is reachable but never listed: loaders such as torchvision's
+                // ImageFolder treat every listed directory as a class.
+                .filter(|e| !(ino == ROOT && e.name == CONTROL_DIR_NAME))
+                .map(|e| (e.name, e.kind)),
+        );
         let dots = (node.ino, node.parent);
-        Ok(self.add_handle(Handle::Dir(DirSnapshot { node, dots, names })))
+        Ok(self.add_handle(Handle::Dir(self.listing_of(node, dots, names))))
+    }
+
+    /// The open directory `node` listing `names`, charged to the memory budget while open
+    /// (bounded by the open directories the kernel holds).
+    fn listing_of(&self, node: Arc<Node>, dots: (u64, u64), names: Listing) -> DirSnapshot {
+        let charge = self.memory().in_flight(names.bytes());
+        DirSnapshot {
+            node,
+            dots,
+            names,
+            _charge: charge,
+        }
     }
 
     /// Entries of an open directory from position `offset` on (`.` and `..` first), handed to
@@ -689,7 +713,9 @@ impl Fs {
                     name: "..".into(),
                 },
                 _ => {
-                    let (name, kind, fixed) = &dir.names[position - 2];
+                    let Some((name, kind, fixed)) = dir.names.get(position - 2) else {
+                        break;
+                    };
                     // A listing creates no node (only a lookup does, which the kernel forgets):
                     // names not looked up yet show a number of their own, derived from the name.
                     let ino = fixed
@@ -697,8 +723,8 @@ impl Fs {
                         .unwrap_or_else(|| inode::listed_only(dir.node.ino, name));
                     DirItem {
                         ino,
-                        kind: *kind,
-                        name: name.clone(),
+                        kind,
+                        name: name.to_owned(),
                     }
                 }
             };

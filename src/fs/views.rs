@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::listing::Listing;
 use super::{Attr, DirSnapshot, Fs, Handle, Intent, SOURCE_TTL};
 use crate::cache::{BLOCK_SIZE, BlockFetcher, ReadBytes, Unpacked};
 use crate::error::FsError;
@@ -37,7 +38,7 @@ use crate::source::{Identity, Kind, Meta, Source, SourceFile};
 use crate::view::limits::MAX_ENCODED_BYTES;
 use crate::view::metrics::ViewMetrics;
 use crate::view::{Executor, RenderError, Rgb, ViewSpec, jpeg, plan, render};
-use crate::workers::{Active, WorkerPool};
+use crate::workers::{Active, Permits, WorkerPool};
 
 /// Suffix of view files.
 const NPY: &str = ".npy";
@@ -55,6 +56,14 @@ const RENDER_QUEUE_DEPTH: usize = 64;
 /// How long a render waits for room in the memory budget (other renders finishing, view files
 /// being closed) before it fails with EIO.
 const RENDER_PATIENCE: Duration = Duration::from_secs(10);
+/// How long a render for an open waits for its turn (renders run one per render thread): other
+/// renders end within their own patience, so this only bounds a machine far behind.
+const RENDER_TURN_PATIENCE: Duration = Duration::from_secs(60);
+/// Longest a read of a view file may wait for CPU and memory before its render touches the
+/// source: its turn and the render's memory. A read's `--source-timeout` comes on top, so
+/// readers queued behind other renders on a busy machine are not answered EIO as if the source
+/// had hung.
+pub const RENDER_WAIT: Duration = RENDER_TURN_PATIENCE.saturating_add(RENDER_PATIENCE);
 /// Renders made ahead of their opens that may wait to be taken at once: the planner's smallest
 /// queue of predicted files (`prefetch::DEPTH_MIN`) twice over, so a correct prediction keeps
 /// the next opens served while a wrong one holds little memory.
@@ -100,6 +109,8 @@ pub struct Views {
     held: AtomicUsize,
     /// Whether renders make restart-marked copies of the JPEGs they read (`--no-view-copies`).
     copies: bool,
+    /// Renders running at once, whichever thread runs them: one per render thread.
+    running: Permits,
 }
 
 /// A render made (or being made) for the open that will be view file `ino`'s `count`th (from 0).
@@ -229,6 +240,7 @@ impl Views {
             ahead: Mutex::new(VecDeque::new()),
             held: AtomicUsize::new(0),
             copies: true,
+            running: Permits::new(threads),
         }
     }
 
@@ -367,7 +379,8 @@ impl Views {
     }
 
     /// What a render of `node`'s image under `spec` with `seed` starts from, and its charge to
-    /// the memory budget (everything `plan::render_memory` says it holds): the cache's decoded
+    /// the memory budget (everything `plan::render_memory` says it holds, and a decode's own
+    /// intermediates, `render::decode_overhead`, when it decodes): the cache's decoded
     /// pixels; else the encoded file, fetched through the cache, decoded whole and offered to the
     /// cache when it may keep the pixels (`decodes_whole`), or left for the render to decode
     /// only what it reads.
@@ -383,15 +396,15 @@ impl Views {
             .open(&node.path)
             .map_err(|e| format!("cannot read the image: {}", FsError::from_source(&e)))?;
         let identity = source.identity();
-        let memory = |(w, h): (u32, u32)| {
+        let memory = |(w, h): (u32, u32), decoding: u64| {
             plan::render_memory(spec, w, h)
                 .map_err(|e| Unrendered::Failed(e.to_string()))
-                .and_then(|bytes| self.room(bytes, need))
+                .and_then(|bytes| self.room(bytes + decoding, need))
         };
         if let Some(bytes) = self.fetcher.ram().decoded(&identity, &Unpacked::default()) {
             let size = Rgb::size_of_bytes(bytes.as_slice()).map_err(|e| e.to_string())?;
             if !render::reads_scaled(spec, size, seed) {
-                let work = memory(size)?;
+                let work = memory(size, 0)?;
                 match Rgb::from_bytes(bytes.as_slice()) {
                     Ok(image) => return Ok((Image::Decoded(image, None), work)),
                     Err(e) => {
@@ -403,7 +416,7 @@ impl Views {
         let _encoded_room = self.room(encoded_size(source.as_ref())?, need)?;
         let encoded = self.encoded(source.as_ref(), &node.path)?;
         let size = render::dimensions(encoded.as_slice()).map_err(|e| e.to_string())?;
-        let work = memory(size)?;
+        let work = memory(size, render::decode_overhead(encoded.as_slice(), size))?;
         if !self.decodes_whole(spec, size, seed) {
             return Ok((Image::Encoded(encoded), work));
         }
@@ -503,8 +516,9 @@ impl Views {
         self.read_image(source, path)
             .and_then(|encoded| {
                 let (w, h) = render::dimensions(&encoded).map_err(|e| e.to_string())?;
+                let overhead = render::decode_overhead(&encoded, (w, h));
                 let _room = budget
-                    .try_work(2 * u64::from(w) * u64::from(h) * 3)
+                    .try_work(2 * u64::from(w) * u64::from(h) * 3 + overhead)
                     .ok_or("no memory to spare")?;
                 self.decode_and_offer(&encoded, identity, path)
             })
@@ -532,6 +546,13 @@ impl Views {
     /// Renders `open` of `view` with the memory `need` allows; counts what it rendered.
     fn render_for(&self, view: &View, open: &ViewOpen, need: Need) -> Result<Rendered, Unrendered> {
         let started = Instant::now();
+        // Renders start on the render pool, on reads and on prefetch's threads: however many
+        // ask, only as many run (and hold their memory) as there are render threads.
+        let _turn = match need {
+            Need::Open => self.running.take(RENDER_TURN_PATIENCE),
+            Need::Ahead => self.running.try_take(),
+        }
+        .ok_or_else(|| Unrendered::NoRoom("no render turn free".into()))?;
         let result =
             self.image(&open.node, &view.spec, open.seed, need)
                 .and_then(|(image, work)| {
@@ -818,18 +839,14 @@ impl Fs {
     }
 
     /// Names of `.prepfs/views`.
-    pub(super) fn list_views(&self) -> Vec<(OsString, Kind, Option<u64>)> {
-        self.views
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                (
-                    OsString::from(&v.spec.name),
-                    Kind::Directory,
-                    Some(FIRST_VIEW_ROOT + i as u64),
-                )
-            })
-            .collect()
+    pub(super) fn list_views(&self) -> Listing {
+        Listing::fixed(self.views.iter().enumerate().map(|(i, v)| {
+            (
+                v.spec.name.as_str(),
+                Kind::Directory,
+                FIRST_VIEW_ROOT + i as u64,
+            )
+        }))
     }
 
     /// Opens a directory of a view: the source directory's subdirectories and images.
@@ -838,20 +855,17 @@ impl Fs {
             .source
             .list(&node.path)
             .map_err(|e| FsError::from_source(&e))?;
-        let names = entries
-            .into_iter()
-            .filter_map(|e| match e.kind {
-                Kind::Directory => Some((e.name, Kind::Directory, None)),
-                Kind::File if is_image(&e.name) => {
-                    let mut shown = e.name.into_vec();
-                    shown.extend_from_slice(NPY.as_bytes());
-                    Some((OsString::from_vec(shown), Kind::File, None))
-                }
-                _ => None,
-            })
-            .collect();
+        let names = Listing::of(entries.into_iter().filter_map(|e| match e.kind {
+            Kind::Directory => Some((e.name, Kind::Directory)),
+            Kind::File if is_image(&e.name) => {
+                let mut shown = e.name.into_vec();
+                shown.extend_from_slice(NPY.as_bytes());
+                Some((OsString::from_vec(shown), Kind::File))
+            }
+            _ => None,
+        }));
         let dots = (node.ino, node.parent);
-        Ok(DirSnapshot { node, dots, names })
+        Ok(self.listing_of(node, dots, names))
     }
 
     /// Opens a view file: this open's seed is fixed now and its render queued on the pool.

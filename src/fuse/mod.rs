@@ -2,7 +2,7 @@
 //!
 //! Owns: translating kernel requests into `fs::Fs` calls and results into replies, the kernel
 //! connection settings (1 MiB requests, direct I/O, mmap on direct-I/O files, passthrough), the
-//! passthrough backing ids, counting requests per op, and where each request runs. What cannot
+//! passthrough backing ids and each inode's I/O mode (`iomode`), counting requests per op, and where each request runs. What cannot
 //! wait on the source is answered on the FUSE thread: the virtual files and directories (stats
 //! always answer), cache hits, listings of an opened directory, releases and forgets, and every
 //! xattr but prepfs's own. Everything else (lookups and attributes of dataset entries, opens,
@@ -19,18 +19,23 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+
+mod forget;
+mod iomode;
 
 use crate::error::FsError;
 use crate::fs::metrics::Op;
-use crate::fs::{Attr, Fs, Intent, Opened, Serve};
+use crate::fs::{Attr, Fs, Intent, Opened, RENDER_WAIT, Serve};
 use crate::requests::{self, Expiry, Once, RequestPool};
 use crate::source::Kind;
+use iomode::{IoModes, Mode, Why};
 
+pub use forget::Forgetter;
 pub use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 
 /// Requests that may wait on the source run on this many threads by default: enough parallel
@@ -78,6 +83,8 @@ const CACHED_OPEN_PATIENCE: Duration = Duration::from_secs(1);
 struct Shared {
     fs: Arc<Fs>,
     passthrough: AtomicBool,
+    /// How the kernel serves each inode's live opens.
+    modes: IoModes<BackingId>,
 }
 
 /// The `fuser::Filesystem` over one `Fs`.
@@ -129,6 +136,7 @@ impl Adapter {
             shared: Arc::new(Shared {
                 fs,
                 passthrough: AtomicBool::new(passthrough),
+                modes: IoModes::default(),
             }),
             requests,
             patience,
@@ -252,29 +260,36 @@ fn file_attr(a: &Attr) -> FileAttr {
 /// needs no FLUSH round trip on a read-only file.
 const DAEMON_OPEN: FopenFlags = FopenFlags::FOPEN_DIRECT_IO.union(FopenFlags::FOPEN_NOFLUSH);
 
-/// Answers an open: by kernel passthrough to the cached bytes when the core offers it and the
-/// kernel takes it, else served by the daemon.
-fn send_opened(shared: &Shared, reply: ReplyOpen, opened: Opened) {
-    if let Serve::Passthrough(cached) = &opened.serve
-        && shared.passthrough.load(Ordering::Relaxed)
-    {
-        match cached.passthrough_backing(|fd| reply.open_backing(fd)) {
-            Ok(backing) => {
-                shared.fs.metrics().passthrough_opens.inc();
-                cached.count_passthrough_open();
-                return reply.opened_passthrough(
-                    FileHandle(opened.fh),
-                    FopenFlags::FOPEN_NOFLUSH,
-                    &backing,
-                );
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "passthrough refused by the kernel; serving reads from the daemon");
-                shared.passthrough.store(false, Ordering::Relaxed);
-            }
-        }
+/// Answers the open of `ino`: by kernel passthrough to the cached bytes when the core offers it,
+/// the kernel takes it and the inode's other live opens allow it (`IoModes`), else served by the
+/// daemon.
+fn send_opened(shared: &Shared, reply: ReplyOpen, ino: u64, opened: Opened) {
+    let cached = match &opened.serve {
+        Serve::Passthrough(cached) if shared.passthrough.load(Ordering::Relaxed) => Some(cached),
+        _ => None,
+    };
+    let offer = cached.map(|c| || c.passthrough_backing(|fd| reply.open_backing(fd)));
+    let (mode, why, refused) = shared.modes.open(ino, opened.fh, offer);
+    if let Some(e) = refused {
+        tracing::warn!(error = %e, "passthrough refused by the kernel; serving reads from the daemon");
+        shared.passthrough.store(false, Ordering::Relaxed);
     }
-    reply.opened(FileHandle(opened.fh), DAEMON_OPEN);
+    let metrics = shared.fs.metrics();
+    match why {
+        Why::Own => {}
+        Why::Pinned => metrics.passthrough_pinned.inc(),
+        Why::BesideDaemon => metrics.passthrough_declined.inc(),
+    }
+    match mode {
+        Mode::Passthrough(backing) => {
+            metrics.passthrough_opens.inc();
+            if let Some(cached) = cached.filter(|_| why == Why::Own) {
+                cached.count_passthrough_open();
+            }
+            reply.opened_passthrough(FileHandle(opened.fh), FopenFlags::FOPEN_NOFLUSH, &backing);
+        }
+        Mode::Daemon => reply.opened(FileHandle(opened.fh), DAEMON_OPEN),
+    }
 }
 
 fn send_entry(shared: &Shared, reply: Option<ReplyEntry>, attr: Attr) {
@@ -371,12 +386,12 @@ impl Filesystem for Adapter {
         };
         if intent == Intent::Write || self.fs().opens_without_the_source(ino.0) {
             return match self.done(Op::Open, self.fs().open(ino.0, intent)) {
-                Ok(opened) => send_opened(&self.shared, reply, opened),
+                Ok(opened) => send_opened(&self.shared, reply, ino.0, opened),
                 Err(e) => reply.error(e),
             };
         }
-        let send = |shared: &Shared, reply: Option<ReplyOpen>, opened: Opened| match reply {
-            Some(reply) => send_opened(shared, reply, opened),
+        let send = move |shared: &Shared, reply: Option<ReplyOpen>, opened: Opened| match reply {
+            Some(reply) => send_opened(shared, reply, ino.0, opened),
             None => {
                 let _ = shared.fs.release(opened.fh);
             }
@@ -394,7 +409,7 @@ impl Filesystem for Adapter {
                 send,
                 move |shared, reply, why| match shared.fs.open_cached(ino.0) {
                     Ok(opened) => {
-                        send_opened(shared, reply, opened);
+                        send_opened(shared, reply, ino.0, opened);
                         true
                     }
                     Err(_) => unanswered(shared, reply, why),
@@ -431,9 +446,16 @@ impl Filesystem for Adapter {
                 Err(e) => reply.error(e),
             };
         }
-        self.off_thread(
+        // A view file's read may first wait for a render turn and memory: not the source.
+        let patience = if self.fs().is_view_handle(fh.0) {
+            self.patience.saturating_add(RENDER_WAIT)
+        } else {
+            self.patience
+        };
+        self.off_thread_or(
             Op::Read,
             reply,
+            patience,
             move |fs| fs.read(fh.0, offset, size),
             move |shared, reply, bytes| {
                 if let Some(reply) = reply {
@@ -441,6 +463,7 @@ impl Filesystem for Adapter {
                     reply.data(bytes.as_slice());
                 }
             },
+            unanswered,
         );
     }
 
@@ -458,13 +481,14 @@ impl Filesystem for Adapter {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.shared.modes.closed(ino.0, fh.0);
         match self.done(Op::Release, self.fs().release(fh.0)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),

@@ -5,7 +5,10 @@
 //! validation. Nothing is walked at mount: an inode exists once the kernel has looked its name
 //! up, and it is dropped once the kernel forgets it (`remember`/`forget`), so the table holds
 //! what the kernel's caches hold, not every name ever seen. Numbers are never reused for the
-//! life of the mount. Must never touch the source: it only names things.
+//! life of the mount. Every node is charged to the memory budget while it lives (the cache
+//! slice, so a growing table leaves the RAM tier less room), and under memory pressure the
+//! dataset files' nodes are what the mount can ask the kernel to forget (`forgettable`): a later
+//! lookup makes them again. Must never touch the source: it only names things.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -17,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::FsError;
+use crate::memory::{MemoryBudget, Use};
 use crate::source::{Identity, Kind};
 
 /// Inode of the mount root (the FUSE protocol fixes it at 1).
@@ -89,6 +93,10 @@ pub fn dataset_path(path: &Path, mountpoint: &Path) -> Option<PathBuf> {
 
 /// Longest accepted name component, as Linux NAME_MAX.
 const NAME_MAX: usize = 255;
+/// Bytes a node holds beside its path and name, as charged to the memory budget: the node, its
+/// `Arc`, its entries in both maps and the allocator's headers (measured: 320-390 bytes per
+/// looked-up file with short names).
+const NODE_BYTES: u64 = 384;
 
 /// A source entry known to the mount.
 #[derive(Debug)]
@@ -144,6 +152,13 @@ impl Tables {
 /// All nodes of one mount.
 pub struct InodeTable {
     tables: RwLock<Tables>,
+    /// Where the nodes are charged (none in unit tests of other modules).
+    budget: Option<Arc<MemoryBudget>>,
+}
+
+/// Bytes `node` is charged: `NODE_BYTES`, its path, and its name as the key of `by_name`.
+fn charge_of(node: &Node) -> u64 {
+    NODE_BYTES + 2 * node.path.as_os_str().len() as u64
 }
 
 impl Default for InodeTable {
@@ -188,6 +203,25 @@ impl InodeTable {
         }
         InodeTable {
             tables: RwLock::new(tables),
+            budget: None,
+        }
+    }
+
+    /// This table, charging its nodes to `budget`.
+    pub fn charged_to(mut self, budget: Arc<MemoryBudget>) -> InodeTable {
+        self.budget = Some(budget);
+        self
+    }
+
+    fn charge(&self, node: &Node) {
+        if let Some(budget) = &self.budget {
+            budget.charge(Use::Cache, charge_of(node));
+        }
+    }
+
+    fn release(&self, node: &Node) {
+        if let Some(budget) = &self.budget {
+            budget.release(Use::Cache, charge_of(node));
         }
     }
 }
@@ -228,6 +262,7 @@ impl InodeTable {
             parent.path.join(source_name)
         };
         let node = new_node(ino, parent.ino, path, kind, parent.view);
+        self.charge(&node);
         tables.by_ino.insert(ino, node.clone());
         tables.by_name.insert(key, ino);
         node
@@ -270,10 +305,10 @@ impl InodeTable {
             return;
         }
         let mut tables = self.tables.write();
-        tables
-            .by_ino
-            .entry(node.ino)
-            .or_insert_with(|| node.clone());
+        if !tables.by_ino.contains_key(&node.ino) {
+            self.charge(node);
+            tables.by_ino.insert(node.ino, node.clone());
+        }
         let key = (node.parent, node.name_in_parent());
         tables.by_name.entry(key).or_insert(node.ino);
     }
@@ -305,11 +340,34 @@ impl InodeTable {
             .is_some_and(|n| Arc::ptr_eq(n, &node))
         {
             tables.by_ino.remove(&ino);
+            self.release(&node);
         }
         let key = (node.parent, node.name_in_parent());
         if tables.by_name.get(&key) == Some(&ino) {
             tables.by_name.remove(&key);
         }
+    }
+
+    /// Up to half of the dataset files' nodes, the oldest first, as (parent, name in parent):
+    /// what the mount may ask the kernel to forget under memory pressure (a lookup makes them
+    /// again). Directories stay (their children name them), and so do views' files, whose open
+    /// counts seed their augmentation.
+    pub fn forgettable(&self) -> Vec<(u64, OsString)> {
+        let tables = self.tables.read();
+        let mut files: Vec<&Arc<Node>> = tables
+            .by_ino
+            .values()
+            .filter(|n| n.kind == Kind::File && n.view.is_none() && n.ino >= FIRST_SOURCE_INODE)
+            .collect();
+        let half = files.len() / 2;
+        if half == 0 {
+            return Vec::new();
+        }
+        files.select_nth_unstable_by_key(half - 1, |n| n.ino);
+        files[..half]
+            .iter()
+            .map(|n| (n.parent, n.name_in_parent()))
+            .collect()
     }
 
     /// Number of source nodes known (the root included).

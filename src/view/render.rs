@@ -211,6 +211,62 @@ fn decode_whole_of_size(encoded: &[u8], size: (u32, u32)) -> Result<Rgb, RenderE
     Ok(image)
 }
 
+/// Bytes a whole decode of `encoded`, a `size` (width, height) image, holds beyond its RGB8
+/// pixels, from its headers alone: the image crate's native image when it is not RGB8 (16-bit
+/// samples, alpha, grey and palettes decode into it before the conversion to RGB; 8 bytes a
+/// pixel for 16-bit RGBA), a progressive JPEG's coefficients (2 bytes a sample, at most 3
+/// samples a pixel, held whole until the last scan), and the decoders' row buffers. What the
+/// memory budget charges a render before it decodes, so no decode outgrows its charge.
+pub fn decode_overhead(encoded: &[u8], (width, height): (u32, u32)) -> u64 {
+    let pixels = u64::from(width) * u64::from(height);
+    // Row buffers (a few rows of the widest samples) and the decoders' small state.
+    let rows = 4 * u64::from(width) * 8 + (1 << 20);
+    if is_jpeg(encoded) {
+        return if jpeg_is_progressive(encoded) {
+            6 * pixels + rows
+        } else {
+            rows
+        };
+    }
+    let native = reader(encoded)
+        .and_then(|r| {
+            r.into_decoder()
+                .map_err(|e| RenderError::Corrupt(e.to_string()))
+        })
+        .map(|d| {
+            if d.color_type() == image::ColorType::Rgb8 {
+                0
+            } else {
+                d.total_bytes()
+            }
+        });
+    // A header the crate cannot read fails the decode before any pixel: nothing beyond it.
+    native.unwrap_or(0) + rows
+}
+
+/// Whether a JPEG's frame is progressive (SOF2, or SOF6/SOF10/SOF14 of other codings): its
+/// coefficients are held whole while its scans refine them.
+fn jpeg_is_progressive(encoded: &[u8]) -> bool {
+    let mut at = 2;
+    while at + 4 <= encoded.len() {
+        if encoded[at] != 0xFF {
+            return false;
+        }
+        let marker = encoded[at + 1];
+        match marker {
+            0xC2 | 0xC6 | 0xCA | 0xCE => return true,
+            0xC0 | 0xC1 | 0xC3 | 0xC5 | 0xC7 | 0xC9 | 0xCB | 0xCD | 0xCF | 0xDA => return false,
+            // Fill bytes before a marker.
+            0xFF => at += 1,
+            _ => {
+                let len = usize::from(u16::from_be_bytes([encoded[at + 2], encoded[at + 3]]));
+                at += 2 + len;
+            }
+        }
+    }
+    false
+}
+
 /// Whether `encoded` starts as a JPEG does (SOI, then a marker).
 fn is_jpeg(encoded: &[u8]) -> bool {
     encoded.starts_with(&[0xFF, 0xD8, 0xFF])
@@ -819,6 +875,25 @@ mod tests {
             ))
             .expect("encodes");
         png
+    }
+
+    #[test]
+    fn a_decode_is_charged_its_native_image_before_the_rgb_copy() {
+        use image::codecs::png::PngEncoder;
+        let (w, h) = (64u32, 48u32);
+        let mut deep = Vec::new();
+        image::ImageBuffer::<image::Rgba<u16>, _>::new(w, h)
+            .write_with_encoder(PngEncoder::new(&mut deep))
+            .expect("encodes");
+        let pixels = u64::from(w * h);
+        let rgb = decode_overhead(&black_png(w, h), (w, h));
+        let rgba16 = decode_overhead(&deep, (w, h));
+        assert_eq!(
+            rgba16 - rgb,
+            8 * pixels,
+            "16-bit RGBA: 8 bytes a pixel more"
+        );
+        assert!(rgb < 2 << 20, "RGB8 decodes straight into its pixels");
     }
 
     #[test]
