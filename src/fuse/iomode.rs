@@ -35,9 +35,12 @@ struct Live<B> {
     backing: Option<Arc<B>>,
 }
 
+/// One shard of the table: inode -> its live opens.
+type Shard<B> = Mutex<HashMap<u64, Live<B>>>;
+
 /// The I/O mode of every inode with live opens.
 pub struct IoModes<B> {
-    shards: Box<[Mutex<HashMap<u64, Live<B>>>]>,
+    shards: Box<[Shard<B>]>,
 }
 
 impl<B> Default for IoModes<B> {
@@ -61,7 +64,7 @@ pub enum Why {
 }
 
 impl<B> IoModes<B> {
-    fn shard(&self, ino: u64) -> &Mutex<HashMap<u64, Live<B>>> {
+    fn shard(&self, ino: u64) -> &Shard<B> {
         &self.shards[(ino as usize) % SHARDS]
     }
 

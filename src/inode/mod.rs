@@ -305,9 +305,9 @@ impl InodeTable {
             return;
         }
         let mut tables = self.tables.write();
-        if !tables.by_ino.contains_key(&node.ino) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = tables.by_ino.entry(node.ino) {
             self.charge(node);
-            tables.by_ino.insert(node.ino, node.clone());
+            slot.insert(node.clone());
         }
         let key = (node.parent, node.name_in_parent());
         tables.by_name.entry(key).or_insert(node.ino);
