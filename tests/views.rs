@@ -152,6 +152,35 @@ fn renders_made_ahead_of_predicted_opens_are_the_tensors_those_opens_would_rende
 }
 
 #[test]
+fn an_image_whose_view_name_would_be_too_long_is_left_out_and_counted() {
+    // 251 bytes + ".npy" is the longest name a view file can have; 255 bytes + ".npy" is not
+    // a name any path can open.
+    let longest = format!("{}.jpg", "m".repeat(247));
+    let too_long = format!("{}.jpg", "n".repeat(251));
+    assert_eq!((longest.len(), too_long.len()), (251, 255));
+    let mut t = TestMount::new();
+    fs::create_dir(t.s("d")).expect("mkdir");
+    for (i, name) in [&longest, &too_long].into_iter().enumerate() {
+        let jpeg = prepfs::synthetic::photo(i as u64).expect("jpeg");
+        fs::write(t.s(&format!("d/{name}")), jpeg).expect("write");
+    }
+    t.mount(&["--view", VAL]);
+    assert_eq!(
+        names(&t.m("d")),
+        [longest.clone(), too_long.clone()],
+        "the source tree shows both"
+    );
+    let listed = names(&t.m(".prepfs/views/val/d"));
+    assert_eq!(listed, [format!("{longest}.npy")], "only names that open");
+    for name in &listed {
+        let bytes = fs::read(t.m(&format!(".prepfs/views/val/d/{name}"))).expect("opens");
+        assert_eq!(bytes.len(), 128 + 64 * 64 * 3);
+    }
+    let stats = t.stats();
+    assert_eq!(stats["views"]["val"]["unlisted_names"], 1, "{stats}");
+}
+
+#[test]
 fn broken_images_fail_alone_with_eio() {
     let mut t = TestMount::new();
     dataset(&t);

@@ -832,8 +832,11 @@ impl Fs {
             .collect()
     }
 
-    /// Opens a directory of a view: the source directory's subdirectories and images.
+    /// Opens a directory of a view: the source directory's subdirectories and images. An image
+    /// whose view name (`<name>.npy`) would pass `NAME_MAX` is left out and counted: no path
+    /// could open it.
     pub(super) fn opendir_in_view(&self, node: Arc<Node>) -> Result<DirSnapshot, FsError> {
+        let view = self.views.get(node.view.ok_or(FsError::NotFound)?)?;
         let entries = self
             .source
             .list(&node.path)
@@ -843,6 +846,10 @@ impl Fs {
             .filter_map(|e| match e.kind {
                 Kind::Directory => Some((e.name, Kind::Directory, None)),
                 Kind::File if is_image(&e.name) => {
+                    if e.name.len() + NPY.len() > inode::NAME_MAX {
+                        view.metrics.unlisted_names.inc();
+                        return None;
+                    }
                     let mut shown = e.name.into_vec();
                     shown.extend_from_slice(NPY.as_bytes());
                     Some((OsString::from_vec(shown), Kind::File, None))

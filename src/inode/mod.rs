@@ -88,7 +88,7 @@ pub fn dataset_path(path: &Path, mountpoint: &Path) -> Option<PathBuf> {
 }
 
 /// Longest accepted name component, as Linux NAME_MAX.
-const NAME_MAX: usize = 255;
+pub const NAME_MAX: usize = 255;
 
 /// A source entry known to the mount.
 #[derive(Debug)]
