@@ -181,6 +181,32 @@ fn an_image_whose_view_name_would_be_too_long_is_left_out_and_counted() {
 }
 
 #[test]
+fn with_allow_other_stats_name_no_failed_file_that_others_could_not_list() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut t = TestMount::new();
+    for (dir, mode) in [("public", 0o755), ("private", 0o700)] {
+        fs::create_dir(t.s(dir)).expect("mkdir");
+        fs::write(t.s(&format!("{dir}/bad.jpg")), b"not an image").expect("write");
+        fs::set_permissions(t.s(dir), fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    t.mount(&["--allow-other", "--view", VAL]);
+    for dir in ["public", "private"] {
+        let err = fs::read(t.m(&format!(".prepfs/views/val/{dir}/bad.jpg.npy"))).expect_err(dir);
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{dir}: {err}");
+    }
+    let stats = t.stats();
+    let val = &stats["views"]["val"];
+    assert_eq!(val["errors"], 2, "both failures are counted");
+    let failed = val["failed_files"].as_object().expect("an object");
+    assert!(failed.contains_key("public/bad.jpg"), "{val}");
+    assert_eq!(
+        failed.len(),
+        1,
+        "no name from inside the 0700 directory: {val}"
+    );
+}
+
+#[test]
 fn broken_images_fail_alone_with_eio() {
     let mut t = TestMount::new();
     dataset(&t);

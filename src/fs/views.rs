@@ -100,6 +100,9 @@ pub struct Views {
     held: AtomicUsize,
     /// Whether renders make restart-marked copies of the JPEGs they read (`--no-view-copies`).
     copies: bool,
+    /// Whether users other than the mount's owner may read the mount (`--allow-other`): the
+    /// failed files a stats file names are then only those anybody could list.
+    read_by_others: bool,
 }
 
 /// A render made (or being made) for the open that will be view file `ino`'s `count`th (from 0).
@@ -229,12 +232,19 @@ impl Views {
             ahead: Mutex::new(VecDeque::new()),
             held: AtomicUsize::new(0),
             copies: true,
+            read_by_others: false,
         }
     }
 
     /// These views, making restart-marked copies of the JPEGs they render or not (`copies`).
     pub fn with_copies(mut self, copies: bool) -> Views {
         self.copies = copies;
+        self
+    }
+
+    /// These views, in a mount other users may read (`--allow-other`) or not (`read_by_others`).
+    pub fn read_by_others(mut self, read_by_others: bool) -> Views {
+        self.read_by_others = read_by_others;
         self
     }
 
@@ -511,6 +521,23 @@ impl Views {
             .is_ok_and(|(_, _, kept)| kept)
     }
 
+    /// Whether the stats files may name the image at `path` (the world-readable stats.json is no
+    /// way to learn names one could not list): always when only the mount's owner reads the
+    /// mount; with `--allow-other`, when every directory from the source root down to it may be
+    /// read and searched by anybody. A stat of each, only when a render fails.
+    fn may_name(&self, path: &Path) -> bool {
+        !self.read_by_others
+            || path
+                .ancestors()
+                .skip(1)
+                .filter(|dir| !dir.as_os_str().is_empty())
+                .all(|dir| {
+                    self.source
+                        .stat(dir)
+                        .is_ok_and(|meta| meta.perm & 0o005 == 0o005)
+                })
+    }
+
     /// Renders `open` for a reader waiting on it: a failure is counted, logged and answered EIO.
     fn render(&self, open: &ViewOpen) -> Result<Rendered, FsError> {
         let view = self.get(open.view)?;
@@ -522,8 +549,10 @@ impl Views {
             let why = unrendered.why();
             let m = &view.metrics;
             m.errors.inc();
-            m.failed_files
-                .record(&open.node.path.to_string_lossy(), &why);
+            if self.may_name(&open.node.path) {
+                m.failed_files
+                    .record(&open.node.path.to_string_lossy(), &why);
+            }
             tracing::warn!(view = %view.spec.name, path = %open.node.path.display(), error = %why, "view render failed; EIO");
             FsError::Io
         })
