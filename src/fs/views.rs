@@ -12,7 +12,8 @@
 //! while no render waits for a thread: their pixels decoded into the cache (with idle CPU), or
 //! (when it keeps none) the render of their next open made and held, at most `AHEAD_RENDERS` for `AHEAD_PATIENCE`; since an open's
 //! seed is a pure function of the view, the path and the open's count, the open that takes it
-//! gets the bytes it would have rendered. Must never serve part of a render: a render that fails
+//! gets the bytes it would have rendered, provided the image is still the source version the
+//! render was made from (checked by a stat when the open takes it; else the open renders anew). Must never serve part of a render: a render that fails
 //! answers EIO for that open, counted by path and logged. Must never read more of a source file
 //! than a decode can use: a file over `MAX_ENCODED_BYTES` is refused unread, and never let a
 //! render made ahead wait for memory or shed anything to get it.
@@ -145,10 +146,12 @@ enum Image {
     Encoded(ReadBytes),
 }
 
-/// A finished render and its charge to the memory budget, held until the file is closed.
+/// A finished render, the source version it was made from, and its charge to the memory budget,
+/// held until the file is closed.
 #[derive(Clone)]
 struct Rendered {
     npy: Arc<Vec<u8>>,
+    source: Identity,
     _held: Arc<Work>,
 }
 
@@ -376,18 +379,18 @@ impl Views {
         }
     }
 
-    /// What a render of `node`'s image under `spec` with `seed` starts from, and its charge to
-    /// the memory budget (everything `plan::render_memory` says it holds): the cache's decoded
-    /// pixels; else the encoded file, fetched through the cache, decoded whole and offered to the
-    /// cache when it may keep the pixels (`decodes_whole`), or left for the render to decode
-    /// only what it reads.
+    /// What a render of `node`'s image under `spec` with `seed` starts from, its charge to the
+    /// memory budget (everything `plan::render_memory` says it holds) and the source version it
+    /// is of: the cache's decoded pixels; else the encoded file, fetched through the cache,
+    /// decoded whole and offered to the cache when it may keep the pixels (`decodes_whole`), or
+    /// left for the render to decode only what it reads.
     fn image(
         &self,
         node: &Node,
         spec: &ViewSpec,
         seed: u64,
         need: Need,
-    ) -> Result<(Image, Work), Unrendered> {
+    ) -> Result<(Image, Work, Identity), Unrendered> {
         let source = self
             .source
             .open(&node.path)
@@ -403,7 +406,7 @@ impl Views {
             if !render::reads_scaled(spec, size, seed) {
                 let work = memory(size)?;
                 match Rgb::from_bytes(bytes.as_slice()) {
-                    Ok(image) => return Ok((Image::Decoded(image, None), work)),
+                    Ok(image) => return Ok((Image::Decoded(image, None), work, identity)),
                     Err(e) => {
                         tracing::warn!(path = %node.path.display(), error = %e, "cached decoded pixels unusable; decoding again")
                     }
@@ -415,10 +418,10 @@ impl Views {
         let size = render::dimensions(encoded.as_slice()).map_err(|e| e.to_string())?;
         let work = memory(size)?;
         if !self.decodes_whole(spec, size, seed) {
-            return Ok((Image::Encoded(encoded), work));
+            return Ok((Image::Encoded(encoded), work, identity));
         }
         let (image, decode, _) = self.decode_and_offer(encoded.as_slice(), identity, &node.path)?;
-        Ok((Image::Decoded(image, Some(decode)), work))
+        Ok((Image::Decoded(image, Some(decode)), work, identity))
     }
 
     /// The encoded image a render starts from: the cache's restart-marked copy of it when it
@@ -542,8 +545,11 @@ impl Views {
     fn render(&self, open: &ViewOpen) -> Result<Rendered, FsError> {
         let view = self.get(open.view)?;
         if let Some(rendered) = open.ahead.as_ref().and_then(|slot| slot.wait().clone()) {
-            view.metrics.ahead_used.inc();
-            return Ok(rendered);
+            if self.is_current(&open.node.path, rendered.source) {
+                view.metrics.ahead_used.inc();
+                return Ok(rendered);
+            }
+            tracing::debug!(view = %view.spec.name, path = %open.node.path.display(), "the image changed since its render ahead; rendering it again");
         }
         self.render_for(view, open, Need::Open).map_err(|unrendered| {
             let why = unrendered.why();
@@ -558,12 +564,21 @@ impl Views {
         })
     }
 
+    /// Whether the image at `path` is still the source version `identity` (a render made ahead
+    /// of an open is that open's only if the image has not changed since; a stat of the source,
+    /// once per open that takes one).
+    fn is_current(&self, path: &Path, identity: Identity) -> bool {
+        self.source
+            .stat(path)
+            .is_ok_and(|meta| meta.identity == identity)
+    }
+
     /// Renders `open` of `view` with the memory `need` allows; counts what it rendered.
     fn render_for(&self, view: &View, open: &ViewOpen, need: Need) -> Result<Rendered, Unrendered> {
         let started = Instant::now();
         let result =
             self.image(&open.node, &view.spec, open.seed, need)
-                .and_then(|(image, work)| {
+                .and_then(|(image, work, source)| {
                     // The size getattr announced, from the image in hand (no second source read).
                     let expected = match view.spec.fixed_size() {
                         Some((h, w)) => view.spec.npy_size(h, w),
@@ -599,11 +614,11 @@ impl Views {
                         )
                         .into());
                     }
-                    Ok((rendered, work))
+                    Ok((rendered, work, source))
                 });
         let m = &view.metrics;
         m.render_latency.record(started.elapsed());
-        let (rendered, mut work) = result?;
+        let (rendered, mut work, source) = result?;
         tracing::debug!(view = %view.spec.name, path = %open.node.path.display(), seed = open.seed, crops = ?rendered.crops, flipped = rendered.flipped, "view rendered");
         if rendered.decode > Duration::ZERO {
             m.decode_latency.record(rendered.decode);
@@ -616,6 +631,7 @@ impl Views {
         work.shrink_to(rendered.npy.len() as u64);
         Ok(Rendered {
             npy: Arc::new(rendered.npy),
+            source,
             _held: Arc::new(work),
         })
     }
