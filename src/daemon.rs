@@ -137,7 +137,8 @@ pub(crate) fn build_observed(
             source.clone(),
             fetcher.clone(),
         )
-        .with_copies(views_config.copies),
+        .with_copies(views_config.copies)
+        .read_by_others(config.fuse.allow_other),
     );
 
     let inodes =

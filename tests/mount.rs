@@ -199,6 +199,32 @@ fn rewritten_source_file_is_seen_fresh_on_next_open() {
 }
 
 #[test]
+fn python_opens_leave_the_warn_level_log_quiet() {
+    // Python's open() asks each file whether it is a terminal (an ioctl the kernel passes to
+    // the daemon): normal operation at RUST_LOG=warn must log nothing per open.
+    let mut t = TestMount::new();
+    fs::write(t.s("small"), b"a small file").expect("write");
+    fs::write(t.s("large"), pattern(3 * MIB, 1)).expect("write");
+    let log = t.dir.path().join("prepfs.log");
+    t.mount_logged(&[], "warn", &log);
+    let before = fs::read(&log).expect("log").len();
+    let script = "import sys\n\
+                  for _ in range(25):\n\
+                  \x20   for path in sys.argv[1:]:\n\
+                  \x20       with open(path, 'rb') as f: f.read()\n";
+    common::run_checked(
+        std::process::Command::new(common::python())
+            .args(["-c", script])
+            .arg(t.m("small"))
+            .arg(t.m("large"))
+            .arg(t.m(".prepfs/stats.json")),
+    );
+    let log = fs::read(&log).expect("log");
+    let added = String::from_utf8_lossy(&log[before..]);
+    assert!(added.is_empty(), "75 opens logged at warn:\n{added}");
+}
+
+#[test]
 fn source_file_going_bad_fails_that_read_only() {
     let mut t = TestMount::new();
     fs::write(t.s("victim"), pattern(3 * MIB, 5)).expect("write");

@@ -152,6 +152,113 @@ fn renders_made_ahead_of_predicted_opens_are_the_tensors_those_opens_would_rende
 }
 
 #[test]
+fn an_image_replaced_after_its_render_ahead_renders_anew_on_its_next_open() {
+    // Prefetch learns the walk and renders the next files ahead; then each image is replaced
+    // (in place or by rename) just before its open. A deterministic view makes a render a
+    // function of the image alone: image i now holds what image i+1 held, so its open must
+    // read what i+1's read before, never the render made ahead of the image it replaced.
+    const IMAGES: usize = 8;
+    let mut t = TestMount::new();
+    fs::create_dir(t.s("a")).expect("mkdir");
+    let photos: Vec<Vec<u8>> = (0..IMAGES as u64)
+        .map(|i| prepfs::synthetic::photo(i).expect("jpeg"))
+        .collect();
+    for (i, jpeg) in photos.iter().enumerate() {
+        fs::write(t.s(&format!("a/{i:02}.jpg")), jpeg).expect("write");
+    }
+    t.mount(&["--view", VAL, "--decoded-cache", "off"]);
+    let view = |i: usize| t.m(&format!(".prepfs/views/val/a/{i:02}.jpg.npy"));
+    let mut before = Vec::new();
+    for pass in 0..2 {
+        for i in 0..IMAGES {
+            let bytes = fs::read(view(i)).expect("read");
+            if pass == 0 {
+                before.push(bytes);
+            } else {
+                assert!(bytes == before[i], "{i:02}: val is deterministic");
+            }
+            // A training step between samples: time for prefetch to work ahead.
+            std::thread::sleep(std::time::Duration::from_millis(40));
+        }
+    }
+    let ahead = t.stats()["views"]["val"]["rendered_ahead"].as_u64();
+    assert!(ahead.unwrap_or(0) > 0, "no render was made ahead");
+    for i in 0..IMAGES {
+        let source = t.s(&format!("a/{i:02}.jpg"));
+        let new = &photos[(i + 1) % IMAGES];
+        if i % 2 == 0 {
+            fs::write(&source, new).expect("rewrite in place");
+        } else {
+            let temporary = t.s(&format!("a/.{i:02}.tmp"));
+            fs::write(&temporary, new).expect("write");
+            fs::rename(&temporary, &source).expect("replace by rename");
+        }
+        let bytes = fs::read(view(i)).expect("read");
+        assert!(
+            bytes == before[(i + 1) % IMAGES],
+            "{i:02}: the render of the image it replaced"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(40));
+    }
+    assert_eq!(t.stats()["views"]["val"]["errors"], 0);
+}
+
+#[test]
+fn an_image_whose_view_name_would_be_too_long_is_left_out_and_counted() {
+    // 251 bytes + ".npy" is the longest name a view file can have; 255 bytes + ".npy" is not
+    // a name any path can open.
+    let longest = format!("{}.jpg", "m".repeat(247));
+    let too_long = format!("{}.jpg", "n".repeat(251));
+    assert_eq!((longest.len(), too_long.len()), (251, 255));
+    let mut t = TestMount::new();
+    fs::create_dir(t.s("d")).expect("mkdir");
+    for (i, name) in [&longest, &too_long].into_iter().enumerate() {
+        let jpeg = prepfs::synthetic::photo(i as u64).expect("jpeg");
+        fs::write(t.s(&format!("d/{name}")), jpeg).expect("write");
+    }
+    t.mount(&["--view", VAL]);
+    assert_eq!(
+        names(&t.m("d")),
+        [longest.clone(), too_long.clone()],
+        "the source tree shows both"
+    );
+    let listed = names(&t.m(".prepfs/views/val/d"));
+    assert_eq!(listed, [format!("{longest}.npy")], "only names that open");
+    for name in &listed {
+        let bytes = fs::read(t.m(&format!(".prepfs/views/val/d/{name}"))).expect("opens");
+        assert_eq!(bytes.len(), 128 + 64 * 64 * 3);
+    }
+    let stats = t.stats();
+    assert_eq!(stats["views"]["val"]["unlisted_names"], 1, "{stats}");
+}
+
+#[test]
+fn with_allow_other_stats_name_no_failed_file_that_others_could_not_list() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut t = TestMount::new();
+    for (dir, mode) in [("public", 0o755), ("private", 0o700)] {
+        fs::create_dir(t.s(dir)).expect("mkdir");
+        fs::write(t.s(&format!("{dir}/bad.jpg")), b"not an image").expect("write");
+        fs::set_permissions(t.s(dir), fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    t.mount(&["--allow-other", "--view", VAL]);
+    for dir in ["public", "private"] {
+        let err = fs::read(t.m(&format!(".prepfs/views/val/{dir}/bad.jpg.npy"))).expect_err(dir);
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{dir}: {err}");
+    }
+    let stats = t.stats();
+    let val = &stats["views"]["val"];
+    assert_eq!(val["errors"], 2, "both failures are counted");
+    let failed = val["failed_files"].as_object().expect("an object");
+    assert!(failed.contains_key("public/bad.jpg"), "{val}");
+    assert_eq!(
+        failed.len(),
+        1,
+        "no name from inside the 0700 directory: {val}"
+    );
+}
+
+#[test]
 fn broken_images_fail_alone_with_eio() {
     let mut t = TestMount::new();
     dataset(&t);

@@ -12,7 +12,8 @@
 //! while no render waits for a thread: their pixels decoded into the cache (with idle CPU), or
 //! (when it keeps none) the render of their next open made and held, at most `AHEAD_RENDERS` for `AHEAD_PATIENCE`; since an open's
 //! seed is a pure function of the view, the path and the open's count, the open that takes it
-//! gets the bytes it would have rendered. Must never serve part of a render: a render that fails
+//! gets the bytes it would have rendered, provided the image is still the source version the
+//! render was made from (checked by a stat when the open takes it; else the open renders anew). Must never serve part of a render: a render that fails
 //! answers EIO for that open, counted by path and logged. Must never read more of a source file
 //! than a decode can use: a file over `MAX_ENCODED_BYTES` is refused unread, and never let a
 //! render made ahead wait for memory or shed anything to get it.
@@ -111,6 +112,9 @@ pub struct Views {
     copies: bool,
     /// Renders running at once, whichever thread runs them: one per render thread.
     running: Permits,
+    /// Whether users other than the mount's owner may read the mount (`--allow-other`): the
+    /// failed files a stats file names are then only those anybody could list.
+    read_by_others: bool,
 }
 
 /// A render made (or being made) for the open that will be view file `ino`'s `count`th (from 0).
@@ -153,10 +157,12 @@ enum Image {
     Encoded(ReadBytes),
 }
 
-/// A finished render and its charge to the memory budget, held until the file is closed.
+/// A finished render, the source version it was made from, and its charge to the memory budget,
+/// held until the file is closed.
 #[derive(Clone)]
 struct Rendered {
     npy: Arc<Vec<u8>>,
+    source: Identity,
     _held: Arc<Work>,
 }
 
@@ -241,12 +247,19 @@ impl Views {
             held: AtomicUsize::new(0),
             copies: true,
             running: Permits::new(threads),
+            read_by_others: false,
         }
     }
 
     /// These views, making restart-marked copies of the JPEGs they render or not (`copies`).
     pub fn with_copies(mut self, copies: bool) -> Views {
         self.copies = copies;
+        self
+    }
+
+    /// These views, in a mount other users may read (`--allow-other`) or not (`read_by_others`).
+    pub fn read_by_others(mut self, read_by_others: bool) -> Views {
+        self.read_by_others = read_by_others;
         self
     }
 
@@ -378,19 +391,19 @@ impl Views {
         }
     }
 
-    /// What a render of `node`'s image under `spec` with `seed` starts from, and its charge to
-    /// the memory budget (everything `plan::render_memory` says it holds, and a decode's own
-    /// intermediates, `render::decode_overhead`, when it decodes): the cache's decoded
-    /// pixels; else the encoded file, fetched through the cache, decoded whole and offered to the
-    /// cache when it may keep the pixels (`decodes_whole`), or left for the render to decode
-    /// only what it reads.
+    /// What a render of `node`'s image under `spec` with `seed` starts from, its charge to the
+    /// memory budget (everything `plan::render_memory` says it holds, and a decode's own
+    /// intermediates, `render::decode_overhead`, when it decodes) and the source version it is
+    /// of: the cache's decoded pixels; else the encoded file, fetched through the cache, decoded
+    /// whole and offered to the cache when it may keep the pixels (`decodes_whole`), or left for
+    /// the render to decode only what it reads.
     fn image(
         &self,
         node: &Node,
         spec: &ViewSpec,
         seed: u64,
         need: Need,
-    ) -> Result<(Image, Work), Unrendered> {
+    ) -> Result<(Image, Work, Identity), Unrendered> {
         let source = self
             .source
             .open(&node.path)
@@ -406,7 +419,7 @@ impl Views {
             if !render::reads_scaled(spec, size, seed) {
                 let work = memory(size, 0)?;
                 match Rgb::from_bytes(bytes.as_slice()) {
-                    Ok(image) => return Ok((Image::Decoded(image, None), work)),
+                    Ok(image) => return Ok((Image::Decoded(image, None), work, identity)),
                     Err(e) => {
                         tracing::warn!(path = %node.path.display(), error = %e, "cached decoded pixels unusable; decoding again")
                     }
@@ -418,10 +431,10 @@ impl Views {
         let size = render::dimensions(encoded.as_slice()).map_err(|e| e.to_string())?;
         let work = memory(size, render::decode_overhead(encoded.as_slice(), size))?;
         if !self.decodes_whole(spec, size, seed) {
-            return Ok((Image::Encoded(encoded), work));
+            return Ok((Image::Encoded(encoded), work, identity));
         }
         let (image, decode, _) = self.decode_and_offer(encoded.as_slice(), identity, &node.path)?;
-        Ok((Image::Decoded(image, Some(decode)), work))
+        Ok((Image::Decoded(image, Some(decode)), work, identity))
     }
 
     /// The encoded image a render starts from: the cache's restart-marked copy of it when it
@@ -525,22 +538,53 @@ impl Views {
             .is_ok_and(|(_, _, kept)| kept)
     }
 
+    /// Whether the stats files may name the image at `path` (the world-readable stats.json is no
+    /// way to learn names one could not list): always when only the mount's owner reads the
+    /// mount; with `--allow-other`, when every directory from the source root down to it may be
+    /// read and searched by anybody. A stat of each, only when a render fails.
+    fn may_name(&self, path: &Path) -> bool {
+        !self.read_by_others
+            || path
+                .ancestors()
+                .skip(1)
+                .filter(|dir| !dir.as_os_str().is_empty())
+                .all(|dir| {
+                    self.source
+                        .stat(dir)
+                        .is_ok_and(|meta| meta.perm & 0o005 == 0o005)
+                })
+    }
+
     /// Renders `open` for a reader waiting on it: a failure is counted, logged and answered EIO.
     fn render(&self, open: &ViewOpen) -> Result<Rendered, FsError> {
         let view = self.get(open.view)?;
         if let Some(rendered) = open.ahead.as_ref().and_then(|slot| slot.wait().clone()) {
-            view.metrics.ahead_used.inc();
-            return Ok(rendered);
+            if self.is_current(&open.node.path, rendered.source) {
+                view.metrics.ahead_used.inc();
+                return Ok(rendered);
+            }
+            tracing::debug!(view = %view.spec.name, path = %open.node.path.display(), "the image changed since its render ahead; rendering it again");
         }
         self.render_for(view, open, Need::Open).map_err(|unrendered| {
             let why = unrendered.why();
             let m = &view.metrics;
             m.errors.inc();
-            m.failed_files
-                .record(&open.node.path.to_string_lossy(), &why);
+            if self.may_name(&open.node.path) {
+                m.failed_files
+                    .record(&open.node.path.to_string_lossy(), &why);
+            }
             tracing::warn!(view = %view.spec.name, path = %open.node.path.display(), error = %why, "view render failed; EIO");
             FsError::Io
         })
+    }
+
+    /// Whether the image at `path` is still the source version `identity` (a render made ahead
+    /// of an open is that open's only if the image has not changed since; a stat of the source,
+    /// once per open that takes one).
+    fn is_current(&self, path: &Path, identity: Identity) -> bool {
+        self.source
+            .stat(path)
+            .is_ok_and(|meta| meta.identity == identity)
     }
 
     /// Renders `open` of `view` with the memory `need` allows; counts what it rendered.
@@ -555,7 +599,7 @@ impl Views {
         .ok_or_else(|| Unrendered::NoRoom("no render turn free".into()))?;
         let result =
             self.image(&open.node, &view.spec, open.seed, need)
-                .and_then(|(image, work)| {
+                .and_then(|(image, work, source)| {
                     // The size getattr announced, from the image in hand (no second source read).
                     let expected = match view.spec.fixed_size() {
                         Some((h, w)) => view.spec.npy_size(h, w),
@@ -591,11 +635,11 @@ impl Views {
                         )
                         .into());
                     }
-                    Ok((rendered, work))
+                    Ok((rendered, work, source))
                 });
         let m = &view.metrics;
         m.render_latency.record(started.elapsed());
-        let (rendered, mut work) = result?;
+        let (rendered, mut work, source) = result?;
         tracing::debug!(view = %view.spec.name, path = %open.node.path.display(), seed = open.seed, crops = ?rendered.crops, flipped = rendered.flipped, "view rendered");
         if rendered.decode > Duration::ZERO {
             m.decode_latency.record(rendered.decode);
@@ -608,6 +652,7 @@ impl Views {
         work.shrink_to(rendered.npy.len() as u64);
         Ok(Rendered {
             npy: Arc::new(rendered.npy),
+            source,
             _held: Arc::new(work),
         })
     }
@@ -849,8 +894,11 @@ impl Fs {
         }))
     }
 
-    /// Opens a directory of a view: the source directory's subdirectories and images.
+    /// Opens a directory of a view: the source directory's subdirectories and images. An image
+    /// whose view name (`<name>.npy`) would pass `NAME_MAX` is left out and counted: no path
+    /// could open it.
     pub(super) fn opendir_in_view(&self, node: Arc<Node>) -> Result<DirSnapshot, FsError> {
+        let view = self.views.get(node.view.ok_or(FsError::NotFound)?)?;
         let entries = self
             .source
             .list(&node.path)
@@ -858,6 +906,10 @@ impl Fs {
         let names = Listing::of(entries.into_iter().filter_map(|e| match e.kind {
             Kind::Directory => Some((e.name, Kind::Directory)),
             Kind::File if is_image(&e.name) => {
+                if e.name.len() + NPY.len() > inode::NAME_MAX {
+                    view.metrics.unlisted_names.inc();
+                    return None;
+                }
                 let mut shown = e.name.into_vec();
                 shown.extend_from_slice(NPY.as_bytes());
                 Some((OsString::from_vec(shown), Kind::File))

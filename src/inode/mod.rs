@@ -92,7 +92,7 @@ pub fn dataset_path(path: &Path, mountpoint: &Path) -> Option<PathBuf> {
 }
 
 /// Longest accepted name component, as Linux NAME_MAX.
-const NAME_MAX: usize = 255;
+pub const NAME_MAX: usize = 255;
 /// Bytes a node holds beside its path and name, as charged to the memory budget: the node, its
 /// `Arc`, its entries in both maps and the allocator's headers (measured: 320-390 bytes per
 /// looked-up file with short names).

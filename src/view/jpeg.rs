@@ -23,7 +23,7 @@ use std::ffi::CStr;
 
 use turbojpeg_sys as tj;
 
-use super::segments::{self, Segments};
+use super::segments::{self, Restarts, Segments};
 
 /// Progressive scans a decode accepts: libjpeg-turbo's own fuzzers' limit. Real encoders write
 /// about 10; thousands of tiny scans make a small file decode for minutes.
@@ -138,10 +138,18 @@ pub fn restart_marked(encoded: &[u8]) -> Result<Vec<u8>, Refused> {
 
 impl<'a> Jpeg<'a> {
     /// Reads the header of `encoded`; refused when TurboJPEG cannot decode it (not a JPEG, a
-    /// header it rejects, or out of memory).
+    /// header it rejects, or out of memory), and when its restart markers are out of turn (its
+    /// whole decode warns, so a part decoded without reaching them, or from a renumbered cut,
+    /// would not be the whole decode's pixels: the caller decodes it whole, another way).
     pub fn open(encoded: &'a [u8]) -> Result<Jpeg<'a>, Refused> {
         let mut jpeg = Jpeg::open_plain(encoded)?;
-        jpeg.segments = Segments::find(encoded);
+        jpeg.segments = match Restarts::of(encoded) {
+            Restarts::Segments(segments) => Some(segments),
+            Restarts::OutOfTurn => {
+                return Err(Refused("restart markers out of turn".into()));
+            }
+            Restarts::Unknown => None,
+        };
         Ok(jpeg)
     }
 

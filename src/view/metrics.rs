@@ -69,6 +69,8 @@ pub struct ViewMetrics {
     pub rendered_ahead: Counter,
     /// Opens that found their render made ahead (no render waited for).
     pub ahead_used: Counter,
+    /// Images left out of listings because their view name would be too long to open.
+    pub unlisted_names: Counter,
 }
 
 /// Opens of a view's files.
@@ -142,6 +144,13 @@ pub const AHEAD_USED: Metric = Metric::counter(
     "Opens that found their render made ahead (rendered_ahead minus these: predictions that missed).",
 )
 .by("view");
+/// Images left out of listings.
+pub const UNLISTED_NAMES: Metric = Metric::counter(
+    "views.*.unlisted_names",
+    "view_unlisted_names_total",
+    "Images left out of a listing of the view because their name plus .npy would pass 255 bytes (once per listing).",
+)
+.by("view");
 
 impl ViewMetrics {
     /// The samples of view `name`: under `views.<name>.` in stats.json, labelled `view` in
@@ -157,6 +166,7 @@ impl ViewMetrics {
         out.latency_for(&RENDER_LATENCY, name, &self.render_latency);
         out.put_for(&RENDERED_AHEAD, name, self.rendered_ahead.get() as f64);
         out.put_for(&AHEAD_USED, name, self.ahead_used.get() as f64);
+        out.put_for(&UNLISTED_NAMES, name, self.unlisted_names.get() as f64);
     }
 }
 

@@ -919,6 +919,56 @@ mod tests {
         assert!(render(&small, &png, 0).is_ok());
     }
 
+    /// `jpeg` with every restart marker renumbered RST0, as some encoders write them.
+    fn restarts_all_rst0(jpeg: &[u8]) -> Vec<u8> {
+        let mut out = jpeg.to_vec();
+        // Past the headers: each marker segment's length, up to the scan header's end.
+        let mut at = 2;
+        while out[at + 1] != 0xDA {
+            at += 2 + usize::from(u16::from_be_bytes([out[at + 2], out[at + 3]]));
+        }
+        at += 2 + usize::from(u16::from_be_bytes([out[at + 2], out[at + 3]]));
+        let mut renumbered = 0;
+        while at + 1 < out.len() {
+            if out[at] == 0xFF && (0xD1..=0xD7).contains(&out[at + 1]) {
+                out[at + 1] = 0xD0;
+                renumbered += 1;
+            }
+            at += 1;
+        }
+        assert!(renumbered > 0, "the copy has restart markers");
+        out
+    }
+
+    #[test]
+    fn renders_equal_whole_decodes_when_restart_markers_are_out_of_turn() {
+        // The decoded cache renders from the whole decode's pixels; without it a render decodes
+        // only its crop. A JPEG whose restart markers are all RST0 must give the same bytes both
+        // ways (libjpeg-turbo resynchronises at each marker out of turn in a whole decode).
+        use turbojpeg::Subsamp;
+        let s = spec("t=decode,random_resized_crop(64, scale=(0.05, 0.2)),uint8(hwc)");
+        for subsampling in [Subsamp::Sub2x2, Subsamp::None] {
+            let jpeg = crate::view::jpeg::tests::encoded(305, 217, subsampling, false);
+            let marked = crate::view::jpeg::restart_marked(&jpeg).expect("copy");
+            let bad = restarts_all_rst0(&marked);
+            let pixels = decode(&bad).expect("the image crate decodes it");
+            let mut compared = 0;
+            for seed in 0..16 {
+                if reads_scaled(&s, pixels.size(), seed) {
+                    continue;
+                }
+                let part = render(&s, &bad, seed).expect("renders").npy;
+                let whole = transform(&s, &pixels, seed).expect("renders").npy;
+                assert!(
+                    part == whole,
+                    "{subsampling:?} seed {seed}: not byte for byte"
+                );
+                compared += 1;
+            }
+            assert!(compared >= 8, "{compared} renders at full scale");
+        }
+    }
+
     #[test]
     fn bad_bytes_are_errors_not_panics() {
         let jpeg = crate::synthetic::photo(1).expect("jpeg");
