@@ -39,8 +39,12 @@ use serde_json::Value;
 use prepfs::memory::limits::HEADROOM;
 use sandbox::{Cgroup, Guard, Limits, SlowDisk};
 
-/// The binary under test, built by cargo for this bench.
-const PREPFS: &str = env!("CARGO_BIN_EXE_prepfs");
+/// The binary under test, built by cargo for this bench; `PREPFS_BENCH_BIN` names another (an
+/// earlier build, to compare before and after in one session), as in the core bench.
+fn prepfs() -> PathBuf {
+    std::env::var_os("PREPFS_BENCH_BIN")
+        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_prepfs")), PathBuf::from)
+}
 const READERS_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/epochs/readers.py");
 const ENSURE_ENV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/ensure-env");
 const BENCHMARKS_MD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/BENCHMARKS.md");
@@ -742,7 +746,7 @@ impl PrepfsMount {
         args.extend_from_slice(extra);
         let log = opts.workdir.join("prepfs.log");
         let (child, stop_daemon, unmount) =
-            sandbox::start_prepfs(group, Path::new(PREPFS), &args, &mountpoint, &log)?;
+            sandbox::start_prepfs(group, &prepfs(), &args, &mountpoint, &log)?;
         Ok(PrepfsMount {
             mountpoint,
             child,
