@@ -398,3 +398,92 @@ fn in_a_memory_cgroup_of_half_the_dataset_the_daemon_is_never_oom_killed() {
         assert_eq!(group.oom_kills(), 0);
     }
 }
+
+/// Stops process `pid` until the guard drops.
+struct Stopped(libc::pid_t);
+
+impl Stopped {
+    fn process(pid: u32) -> Stopped {
+        let pid = pid as libc::pid_t;
+        // SAFETY: kill(2) has no memory effects.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) has no memory effects.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+#[test]
+fn a_hung_filesystem_inside_the_source_leaves_the_rest_of_the_source_served() {
+    let mut upper = TestMount::new();
+    for i in 0..40 {
+        std::fs::write(upper.s(&format!("healthy-{i}")), pattern(1000, i)).expect("write");
+    }
+    std::fs::create_dir(upper.s("sub")).expect("mkdir");
+    // A second prepfs mounted inside the source stands for any FUSE filesystem there.
+    let mut lower = TestMount::new();
+    std::fs::write(lower.s("f"), b"x").expect("write");
+    lower.mnt = upper.s("sub");
+    lower.mount(&[]);
+    upper.mount(&["--source-timeout", "1s"]);
+    // The job has looked into it before its daemon stops.
+    assert_eq!(std::fs::read(upper.m("sub/f")).expect("read"), b"x");
+    let stopped = Stopped::process(lower.child.as_ref().expect("lower daemon").id());
+    let mut healthy = (0..40).map(|i| (upper.m(&format!("healthy-{i}")), pattern(1000, i)));
+    // Three waves of 25 stats of names in the stopped filesystem: each answers EIO by the
+    // deadline, while a healthy file answers during the wave.
+    for wave in 0..3 {
+        let stuck: Vec<_> = (0..25)
+            .map(|i| {
+                let path = upper.m(&format!("sub/w{wave}-{i}"));
+                std::thread::spawn(move || std::fs::metadata(path).map_err(|e| e.raw_os_error()))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let (path, content) = healthy.next().expect("a healthy file");
+        let read = within(Duration::from_secs(20), move || std::fs::read(path))
+            .expect("a healthy file answers during a wave");
+        assert_eq!(read.expect("a healthy file reads during a wave"), content);
+        for s in stuck {
+            let result = within(Duration::from_secs(30), move || s.join())
+                .expect("answered by the deadline")
+                .expect("stat thread");
+            assert_eq!(result.err(), Some(Some(libc::EIO)), "wave {wave}");
+        }
+    }
+    // After the waves: stat, ls and reads of healthy files all answer.
+    for (path, content) in healthy.by_ref().take(10) {
+        let meta = within(Duration::from_secs(20), {
+            let path = path.clone();
+            move || std::fs::metadata(path)
+        })
+        .expect("stat answers");
+        assert_eq!(meta.expect("stat of a healthy file").len(), 1000);
+        let read = within(Duration::from_secs(20), move || std::fs::read(path)).expect("answers");
+        assert_eq!(read.expect("read of a healthy file"), content);
+    }
+    let mnt = upper.mnt.clone();
+    let names = within(Duration::from_secs(20), move || {
+        std::fs::read_dir(mnt).map(|d| d.flatten().count())
+    })
+    .expect("ls answers")
+    .expect("ls of the source root");
+    assert_eq!(names, 41);
+    let pid = upper.child.as_ref().expect("upper daemon").id();
+    let io_threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("tasks")
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("prepfs-io"))
+        })
+        .count();
+    eprintln!("robust: I/O threads after three waves into the stopped filesystem: {io_threads}");
+    drop(stopped);
+    assert_eq!(upper.unmount().map(|s| s.success()), Some(true));
+    assert_eq!(lower.unmount().map(|s| s.success()), Some(true));
+}

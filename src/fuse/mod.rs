@@ -28,7 +28,7 @@ use fuser::{
 use crate::error::FsError;
 use crate::fs::metrics::Op;
 use crate::fs::{Attr, Fs, Intent, Opened, Serve};
-use crate::requests::{self, Expiry, Once, RequestPool};
+use crate::requests::{self, Expiry, Once, Place, RequestPool};
 use crate::source::Kind;
 
 pub use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
@@ -150,18 +150,21 @@ impl Adapter {
     fn off_thread<R: Answer, T: Send + 'static>(
         &self,
         op: Op,
+        place: Place,
         reply: R,
         work: impl FnOnce(&Fs) -> Result<T, FsError> + Send + 'static,
         send: impl FnOnce(&Shared, Option<R>, T) + Send + 'static,
     ) {
-        self.off_thread_or(op, reply, self.patience, work, send, unanswered);
+        self.off_thread_or(op, place, reply, self.patience, work, send, unanswered);
     }
 
     /// Like `off_thread`, with `patience`, and `expired` answering at the deadline (or at once
     /// when the queue is full).
+    #[allow(clippy::too_many_arguments)]
     fn off_thread_or<R: Answer, T: Send + 'static>(
         &self,
         op: Op,
+        place: Place,
         reply: R,
         patience: Duration,
         work: impl FnOnce(&Fs) -> Result<T, FsError> + Send + 'static,
@@ -193,7 +196,7 @@ impl Adapter {
             }
         };
         self.requests
-            .submit(requests::Request::new(patience, run, expire));
+            .submit(requests::Request::new(patience, place, run, expire));
     }
 }
 
@@ -326,6 +329,7 @@ impl Filesystem for Adapter {
         let name = name.to_owned();
         self.off_thread(
             Op::Lookup,
+            self.fs().place(parent.0),
             reply,
             move |fs| fs.lookup(parent.0, &name),
             send_entry,
@@ -344,13 +348,20 @@ impl Filesystem for Adapter {
                 Err(e) => reply.error(e),
             };
         }
-        self.off_thread(Op::Getattr, reply, move |fs| fs.getattr(ino.0), send_attr);
+        self.off_thread(
+            Op::Getattr,
+            self.fs().place(ino.0),
+            reply,
+            move |fs| fs.getattr(ino.0),
+            send_attr,
+        );
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         use std::os::unix::ffi::OsStrExt;
         self.off_thread(
             Op::Readlink,
+            self.fs().place(ino.0),
             reply,
             move |fs| fs.readlink(ino.0),
             |_, reply, target| {
@@ -388,6 +399,7 @@ impl Filesystem for Adapter {
             let patience = CACHED_OPEN_PATIENCE.min(self.patience);
             self.off_thread_or(
                 Op::Open,
+                self.fs().place(ino.0),
                 reply,
                 patience,
                 work,
@@ -401,7 +413,7 @@ impl Filesystem for Adapter {
                 },
             );
         } else {
-            self.off_thread(Op::Open, reply, work, send);
+            self.off_thread(Op::Open, self.fs().place(ino.0), reply, work, send);
         }
     }
 
@@ -433,6 +445,7 @@ impl Filesystem for Adapter {
         }
         self.off_thread(
             Op::Read,
+            self.fs().read_place(fh.0),
             reply,
             move |fs| fs.read(fh.0, offset, size),
             move |shared, reply, bytes| {
@@ -485,6 +498,7 @@ impl Filesystem for Adapter {
         }
         self.off_thread(
             Op::Opendir,
+            self.fs().place(ino.0),
             reply,
             move |fs| fs.opendir(ino.0),
             |shared, reply, fh| match reply {
@@ -531,6 +545,7 @@ impl Filesystem for Adapter {
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         self.off_thread(
             Op::Statfs,
+            self.fs().place(crate::inode::ROOT),
             reply,
             |fs| fs.statfs(),
             |_, reply, s| {
@@ -562,6 +577,7 @@ impl Filesystem for Adapter {
         let name = name.to_owned();
         self.off_thread(
             Op::Xattr,
+            self.fs().place(ino.0),
             reply,
             move |fs| fs.xattr(ino.0, &name),
             move |_, reply, value| match reply {
@@ -596,6 +612,7 @@ impl Filesystem for Adapter {
         }
         self.off_thread(
             Op::Getattr,
+            self.fs().place(ino.0),
             reply,
             move |fs| fs.getattr(ino.0),
             |_, reply, _| {
