@@ -487,3 +487,60 @@ fn a_hung_filesystem_inside_the_source_leaves_the_rest_of_the_source_served() {
     assert_eq!(upper.unmount().map(|s| s.success()), Some(true));
     assert_eq!(lower.unmount().map(|s| s.success()), Some(true));
 }
+
+#[test]
+fn opens_after_an_in_place_rewrite_never_read_two_versions() {
+    const SIZE: usize = 16 << 20;
+    const BLOCK: u64 = MIB;
+    let mut t = TestMount::new();
+    // The trials' own writes make the file new each time.
+    t.keep_times = true;
+    let file = t.s("rewritten");
+    std::fs::write(&file, vec![0u8; SIZE]).expect("write");
+    let cache = t.dir.path().join("cache");
+    let cache_dir = cache.to_str().expect("utf-8 path").to_owned();
+    t.mount(&["--cache-dir", &cache_dir]);
+    let path = t.m("rewritten");
+    let mut mixed = Vec::new();
+    for version in 1..=100u8 {
+        let before = std::fs::metadata(&file)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        // One pwrite over the whole file...
+        let writer = std::thread::spawn({
+            let file = file.clone();
+            move || {
+                use std::os::unix::fs::FileExt;
+                let out = std::fs::OpenOptions::new().write(true).open(&file)?;
+                out.write_all_at(&vec![version; SIZE], 0)
+            }
+        });
+        // ... and a reader that opens the file as the write starts (its mtime changes first)
+        // and reads it last block first, ahead of the write.
+        while std::fs::metadata(&file).and_then(|m| m.modified()).ok() == Some(before)
+            && !writer.is_finished()
+        {
+            std::hint::spin_loop();
+        }
+        if let Ok(racing) = std::fs::File::open(&path) {
+            use std::os::unix::fs::FileExt;
+            let mut block = vec![0u8; BLOCK as usize];
+            for i in (0..SIZE as u64 / BLOCK).rev() {
+                let _ = racing.read_exact_at(&mut block, i * BLOCK);
+            }
+        }
+        writer.join().expect("writer").expect("pwrite");
+        // A fresh open after the write reads the new version only.
+        let fresh = std::fs::read(&path).expect("fresh read");
+        if fresh.len() != SIZE || fresh.iter().any(|&b| b != version) {
+            mixed.push(version);
+            break;
+        }
+    }
+    assert!(mixed.is_empty(), "opens that read two versions: {mixed:?}");
+    // Nor after a remount over the same cache dir.
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+    t.mount(&["--cache-dir", &cache_dir]);
+    let fresh = std::fs::read(&path).expect("read after the remount");
+    assert!(fresh.len() == SIZE && fresh.iter().all(|&b| b == 100));
+}
