@@ -544,3 +544,63 @@ fn opens_after_an_in_place_rewrite_never_read_two_versions() {
     let fresh = std::fs::read(&path).expect("read after the remount");
     assert!(fresh.len() == SIZE && fresh.iter().all(|&b| b == 100));
 }
+
+#[test]
+fn a_huge_order_file_rewritten_again_and_again_never_oom_kills_the_daemon() {
+    const LIMIT: u64 = 256 * MIB;
+    let mut t = TestMount::new();
+    std::fs::write(t.s("a"), b"x").expect("write");
+    let order_dir = tempfile::tempdir().expect("tempdir");
+    let order = order_dir.path().join("order");
+    // 64 MiB (the most prepfs reads) of the shortest lines: the costliest order per byte.
+    let text = "a\n".repeat(32 << 20);
+    std::fs::write(&order, &text).expect("write the order file");
+    let group = MemoryCgroup::new(LIMIT);
+    t.mount_confined(
+        &["--order-file", order.to_str().expect("utf-8 path")],
+        &group,
+    );
+    let pid = t.child.as_ref().expect("daemon").id();
+    let stats_path = t.m(".prepfs/stats.json");
+    // What the daemon holds for the order (charged as working memory; nothing else is in
+    // flight on an idle mount).
+    let order_bytes = || {
+        std::fs::read_to_string(&stats_path)
+            .ok()
+            .and_then(|s| serde_json::from_str::<Value>(&s).ok())
+            .and_then(|s| s["memory"]["work"]["used_bytes"].as_f64())
+    };
+    // Read, replaced by a small order, and the huge one again, twice: each version read in
+    // turn, the huge ones within the budget.
+    for round in 0..4 {
+        let huge = round % 2 == 0;
+        if round > 0 {
+            let new: &str = if huge { &text } else { "a\n" };
+            std::fs::write(&order, new).expect("rewrite the order file");
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while order_bytes().is_none_or(|b| (b > MIB as f64) != huge) {
+            assert_eq!(
+                group.oom_kills(),
+                0,
+                "round {round}: the daemon was OOM-killed"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the order was not read"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let stats = t.stats();
+    let rss = peak_rss(pid);
+    eprintln!("robust: order file: peak RSS {} MiB", rss >> 20);
+    assert!(
+        stat(&stats, "memory.work.used_bytes") <= (64 * MIB) as f64,
+        "{stats:#}"
+    );
+    assert_eq!(group.oom_kills(), 0);
+    assert_eq!(std::fs::read(t.m("a")).expect("the mount answers"), b"x");
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+    assert_eq!(group.oom_kills(), 0);
+}
