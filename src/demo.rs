@@ -100,6 +100,9 @@ fn build_dataset(
         !interrupted.load(Ordering::Relaxed)
     })?;
     progress.finish();
+    // Bytes of a file modified in the last `SETTLE` are served but not cached (it may still be
+    // being written): epoch 1 starts once the newest image is that old.
+    std::thread::sleep(crate::source::SETTLE);
     Ok(samples.into_iter().map(|s| s.path).collect())
 }
 

@@ -12,6 +12,14 @@
 //! block a submitter (a full queue refuses at once), answer a request twice (the caller's reply
 //! lives in one `Once`), or outlive its owner's drop (threads that are not stuck are joined).
 //!
+//! Places: each request names the part of the source it waits on (the device of the file or
+//! directory it touches), and one place holds at most `share` threads at once, stuck ones
+//! included: all but a quarter of the request threads (at least one left). A request of a full
+//! place waits in the queue (requests of other places behind it are taken first) until a thread
+//! of its place returns or its deadline passes. So a hung filesystem mounted inside the source
+//! (a stopped FUSE daemon, a dead NFS server) holds at most `share` threads however many
+//! requests go to it, and the others, with their replacements, keep serving the rest.
+//!
 //! The background lane: the pool runs `threads` threads for requests plus `background` more, and
 //! a free thread takes a background job only when no request is queued, pulling it from the
 //! `Lane` its owner registered (`serve`), so the owner's queue stays the only queue of planned
@@ -22,7 +30,7 @@
 //! lane's patience is stuck like a request (its thread replaced, within `MAX_SPARE`) and keeps
 //! its place in the lane until it returns, so a hung source takes at most `background` threads
 //! from the lane and none from requests. A job that finds the pool stopping is not started.
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
@@ -62,18 +70,25 @@ pub enum Expiry {
 
 type Expire = Box<dyn FnOnce(Expiry) + Send>;
 
-/// One request: what it does, and what answers it if it is not done by `deadline`.
+/// The part of the source a request waits on (see the module doc): the device of the file or
+/// directory it touches, 0 where that is not known yet.
+pub type Place = u64;
+
+/// One request: what it does, where it waits, and what answers it if it is not done by
+/// `deadline`.
 pub struct Request {
     run: Box<dyn FnOnce() + Send>,
     expire: Expire,
     deadline: Instant,
+    place: Place,
 }
 
 impl Request {
     /// `run` within `patience`, else `expire` (from the watchdog's thread, or at once when the
-    /// queue is full).
+    /// queue is full); it waits on the source at `place`.
     pub fn new(
         patience: Duration,
+        place: Place,
         run: impl FnOnce() + Send + 'static,
         expire: impl FnOnce(Expiry) + Send + 'static,
     ) -> Request {
@@ -81,6 +96,7 @@ impl Request {
             run: Box::new(run),
             expire: Box::new(expire),
             deadline: Instant::now() + patience,
+            place,
         }
     }
 }
@@ -123,6 +139,38 @@ struct Queue {
     requests: VecDeque<Request>,
     /// Background jobs running (stuck ones included, until they return).
     background: usize,
+    /// Threads running a request of each place (stuck ones included, until they return); a
+    /// place is removed when it holds none.
+    held: HashMap<Place, usize>,
+}
+
+impl Queue {
+    /// The first queued request whose place has a thread to spare, taken and counted.
+    fn take_request(&mut self, share: usize) -> Option<Request> {
+        let held = &self.held;
+        let at = self
+            .requests
+            .iter()
+            .position(|r| held.get(&r.place).is_none_or(|&n| n < share))?;
+        let request = self.requests.remove(at)?;
+        *self.held.entry(request.place).or_insert(0) += 1;
+        Some(request)
+    }
+
+    /// A thread of `place` returned; whether the place was full (a request of it may wait).
+    fn release(&mut self, place: Place, share: usize) -> bool {
+        match self.held.get_mut(&place) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                *n + 1 == share
+            }
+            Some(_) => {
+                self.held.remove(&place);
+                share == 1
+            }
+            None => false,
+        }
+    }
 }
 
 struct Shared {
@@ -132,6 +180,8 @@ struct Shared {
     depth: usize,
     /// Threads that should be running requests and background jobs (the pool's size).
     size: usize,
+    /// Threads one place may hold at once (see the module doc).
+    share: usize,
     /// Background jobs at once, at most.
     background: usize,
     lane: OnceLock<Lane>,
@@ -188,15 +238,18 @@ impl RequestPool {
         background: usize,
         depth: usize,
     ) -> std::io::Result<RequestPool> {
+        let size = threads.max(1) + background;
         let shared = Arc::new(Shared {
             name: name.to_owned(),
             queue: Mutex::new(Queue {
                 requests: VecDeque::new(),
                 background: 0,
+                held: HashMap::new(),
             }),
             work: Condvar::new(),
             depth,
-            size: threads.max(1) + background,
+            size,
+            share: size.saturating_sub((threads / 4).max(1)).max(1),
             background,
             lane: OnceLock::new(),
             live: AtomicUsize::new(0),
@@ -311,7 +364,7 @@ enum Task {
 fn next_task(shared: &Shared) -> Option<Task> {
     let mut queue = shared.queue.lock();
     loop {
-        if let Some(r) = queue.requests.pop_front() {
+        if let Some(r) = queue.take_request(shared.share) {
             return Some(Task::Request(r));
         }
         if shared.stop.load(Ordering::Acquire) {
@@ -344,6 +397,11 @@ fn work(shared: &Shared) {
             Task::Request(request) => {
                 *slot.lock() = Some((request.deadline, Some(request.expire)));
                 (request.run)();
+                let was_full = shared.queue.lock().release(request.place, shared.share);
+                // A request of that place may have waited for this thread.
+                if was_full {
+                    shared.work.notify_one();
+                }
             }
             Task::Background(job, patience) => {
                 *slot.lock() = Some((Instant::now() + patience, None));
@@ -461,11 +519,12 @@ mod tests {
         let pool = RequestPool::new("t", 2, 0, 16).expect("starts");
         let (tx, rx) = mpsc::channel::<&str>();
         let hang = Arc::new((Mutex::new(false), Condvar::new()));
-        // Two requests that hang (as on a dead NFS server) take both threads...
-        for _ in 0..2 {
+        // Two requests that hang (as on two dead NFS servers) take both threads...
+        for place in 1..=2 {
             let (tx, etx, hang) = (tx.clone(), tx.clone(), hang.clone());
             pool.submit(Request::new(
                 Duration::from_millis(100),
+                place,
                 move || {
                     let mut released = hang.0.lock();
                     while !*released {
@@ -485,6 +544,7 @@ mod tests {
         let ok = tx.clone();
         pool.submit(Request::new(
             Duration::from_secs(10),
+            0,
             move || {
                 let _ = ok.send("served");
             },
@@ -500,6 +560,70 @@ mod tests {
         assert_eq!(rx.recv().expect("late"), "late");
         assert_eq!(rx.recv().expect("late"), "late");
         drop(pool);
+    }
+
+    #[test]
+    fn a_hung_place_holds_at_most_its_share_of_threads_and_the_others_are_served() {
+        // Four threads: one place may hold three of them.
+        let pool = RequestPool::new("p", 4, 0, 64).expect("starts");
+        let (tx, rx) = mpsc::channel::<&str>();
+        let hang = Gate::default();
+        let started = Arc::new(AtomicUsize::new(0));
+        // Three waves of requests into a place that never answers (a stopped FUSE daemon
+        // mounted inside the source) ...
+        for _ in 0..3 {
+            for _ in 0..10 {
+                let (tx, etx, hang, started) =
+                    (tx.clone(), tx.clone(), hang.clone(), started.clone());
+                pool.submit(Request::new(
+                    Duration::from_millis(200),
+                    7,
+                    move || {
+                        started.fetch_add(1, Ordering::AcqRel);
+                        hang.wait();
+                        let _ = tx.send("late");
+                    },
+                    move |_| {
+                        let _ = etx.send("expired");
+                    },
+                ));
+            }
+            for _ in 0..10 {
+                assert_eq!(rx.recv_timeout(MINUTE).expect("answered"), "expired");
+            }
+        }
+        // ... started three of thirty, and requests elsewhere are still served, at once.
+        assert_eq!(started.load(Ordering::Acquire), 3);
+        assert_eq!(pool.gauges().stuck, 3);
+        for place in [0, 8] {
+            let (ok, etx) = (tx.clone(), tx.clone());
+            pool.submit(Request::new(
+                Duration::from_secs(60),
+                place,
+                move || {
+                    let _ = ok.send("served");
+                },
+                move |_| {
+                    let _ = etx.send("expired elsewhere");
+                },
+            ));
+            assert_eq!(rx.recv_timeout(MINUTE).expect("answered"), "served");
+        }
+        // The place answers again: its threads return, and its requests run again.
+        hang.open();
+        for _ in 0..3 {
+            assert_eq!(rx.recv_timeout(MINUTE).expect("late"), "late");
+        }
+        let ok = tx.clone();
+        pool.submit(Request::new(
+            Duration::from_secs(60),
+            7,
+            move || {
+                let _ = ok.send("served");
+            },
+            |_| {},
+        ));
+        assert_eq!(rx.recv_timeout(MINUTE).expect("answered"), "served");
     }
 
     #[test]
@@ -521,6 +645,7 @@ mod tests {
             let started_tx = started_tx.clone();
             pool.submit(Request::new(
                 Duration::from_secs(10),
+                0,
                 move || {
                     let _ = started_tx.send(());
                     let _g = gate.lock();
@@ -613,9 +738,12 @@ mod tests {
 
     /// A request that logs `name` when it starts, then waits at `gate`.
     fn gated(gate: &Gate, log: &mpsc::Sender<&'static str>, name: &'static str) -> Request {
+        // Each in a place of its own: these tests are about threads, not places.
+        static PLACE: AtomicU64 = AtomicU64::new(1000);
         let (gate, log, expired) = (gate.clone(), log.clone(), log.clone());
         Request::new(
             Duration::from_secs(60),
+            PLACE.fetch_add(1, Ordering::Relaxed),
             move || {
                 let _ = log.send(name);
                 gate.wait();
@@ -701,6 +829,7 @@ mod tests {
         let (done_tx, done) = mpsc::channel();
         pool.submit(Request::new(
             Duration::from_secs(60),
+            0,
             move || {
                 let _ = done_tx.send(());
             },

@@ -953,6 +953,8 @@ fn filesystems_mounted_inside_the_source_are_served_and_keep_their_own_identity(
     let original = pattern(300_000, 7);
     let inverted: Vec<u8> = original.iter().map(|b| !b).collect();
     fs::write(content.join("x"), &original).expect("write");
+    // The images keep x's times and are mounted read-only: dated back before they are made.
+    common::date_back(&content);
     let first = t.dir.path().join("first.img");
     fs::File::create(&first)
         .and_then(|f| f.set_len(8 << 20))

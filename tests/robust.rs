@@ -541,3 +541,210 @@ fn view_reads_queued_behind_renders_are_not_answered_eio_as_if_the_source_hung()
     assert_eq!(failed, 0, "reads answered EIO: {}", stats["requests"]);
     assert_eq!(stat(&stats, "requests.expired"), 0.0);
 }
+
+/// Stops process `pid` until the guard drops.
+struct Stopped(libc::pid_t);
+
+impl Stopped {
+    fn process(pid: u32) -> Stopped {
+        let pid = pid as libc::pid_t;
+        // SAFETY: kill(2) has no memory effects.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) has no memory effects.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+#[test]
+fn a_hung_filesystem_inside_the_source_leaves_the_rest_of_the_source_served() {
+    let mut upper = TestMount::new();
+    for i in 0..40 {
+        std::fs::write(upper.s(&format!("healthy-{i}")), pattern(1000, i)).expect("write");
+    }
+    std::fs::create_dir(upper.s("sub")).expect("mkdir");
+    // A second prepfs mounted inside the source stands for any FUSE filesystem there.
+    let mut lower = TestMount::new();
+    std::fs::write(lower.s("f"), b"x").expect("write");
+    lower.mnt = upper.s("sub");
+    lower.mount(&[]);
+    upper.mount(&["--source-timeout", "1s"]);
+    // The job has looked into it before its daemon stops.
+    assert_eq!(std::fs::read(upper.m("sub/f")).expect("read"), b"x");
+    let stopped = Stopped::process(lower.child.as_ref().expect("lower daemon").id());
+    let mut healthy = (0..40).map(|i| (upper.m(&format!("healthy-{i}")), pattern(1000, i)));
+    // Three waves of 25 stats of names in the stopped filesystem: each answers EIO by the
+    // deadline, while a healthy file answers during the wave.
+    for wave in 0..3 {
+        let stuck: Vec<_> = (0..25)
+            .map(|i| {
+                let path = upper.m(&format!("sub/w{wave}-{i}"));
+                std::thread::spawn(move || std::fs::metadata(path).map_err(|e| e.raw_os_error()))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let (path, content) = healthy.next().expect("a healthy file");
+        let read = within(Duration::from_secs(20), move || std::fs::read(path))
+            .expect("a healthy file answers during a wave");
+        assert_eq!(read.expect("a healthy file reads during a wave"), content);
+        for s in stuck {
+            let result = within(Duration::from_secs(30), move || s.join())
+                .expect("answered by the deadline")
+                .expect("stat thread");
+            assert_eq!(result.err(), Some(Some(libc::EIO)), "wave {wave}");
+        }
+    }
+    // After the waves: stat, ls and reads of healthy files all answer.
+    for (path, content) in healthy.by_ref().take(10) {
+        let meta = within(Duration::from_secs(20), {
+            let path = path.clone();
+            move || std::fs::metadata(path)
+        })
+        .expect("stat answers");
+        assert_eq!(meta.expect("stat of a healthy file").len(), 1000);
+        let read = within(Duration::from_secs(20), move || std::fs::read(path)).expect("answers");
+        assert_eq!(read.expect("read of a healthy file"), content);
+    }
+    let mnt = upper.mnt.clone();
+    let names = within(Duration::from_secs(20), move || {
+        std::fs::read_dir(mnt).map(|d| d.flatten().count())
+    })
+    .expect("ls answers")
+    .expect("ls of the source root");
+    assert_eq!(names, 41);
+    let pid = upper.child.as_ref().expect("upper daemon").id();
+    let io_threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("tasks")
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("prepfs-io"))
+        })
+        .count();
+    eprintln!("robust: I/O threads after three waves into the stopped filesystem: {io_threads}");
+    drop(stopped);
+    assert_eq!(upper.unmount().map(|s| s.success()), Some(true));
+    assert_eq!(lower.unmount().map(|s| s.success()), Some(true));
+}
+
+#[test]
+fn opens_after_an_in_place_rewrite_never_read_two_versions() {
+    const SIZE: usize = 16 << 20;
+    const BLOCK: u64 = MIB;
+    let mut t = TestMount::new();
+    // The trials' own writes make the file new each time.
+    t.keep_times = true;
+    let file = t.s("rewritten");
+    std::fs::write(&file, vec![0u8; SIZE]).expect("write");
+    let cache = t.dir.path().join("cache");
+    let cache_dir = cache.to_str().expect("utf-8 path").to_owned();
+    t.mount(&["--cache-dir", &cache_dir]);
+    let path = t.m("rewritten");
+    let mut mixed = Vec::new();
+    for version in 1..=100u8 {
+        let before = std::fs::metadata(&file)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        let content = std::sync::Arc::new(vec![version; SIZE]);
+        // One pwrite over the whole file...
+        let writer = std::thread::spawn({
+            let (file, content) = (file.clone(), content.clone());
+            move || {
+                use std::os::unix::fs::FileExt;
+                let out = std::fs::OpenOptions::new().write(true).open(&file)?;
+                out.write_all_at(&content, 0)
+            }
+        });
+        // ... and a reader that opens the file as the write starts (its mtime changes first)
+        // and reads it last block first, ahead of the write.
+        while std::fs::metadata(&file).and_then(|m| m.modified()).ok() == Some(before)
+            && !writer.is_finished()
+        {
+            std::hint::spin_loop();
+        }
+        if let Ok(racing) = std::fs::File::open(&path) {
+            use std::os::unix::fs::FileExt;
+            let mut block = vec![0u8; BLOCK as usize];
+            for i in (0..SIZE as u64 / BLOCK).rev() {
+                let _ = racing.read_exact_at(&mut block, i * BLOCK);
+            }
+        }
+        writer.join().expect("writer").expect("pwrite");
+        // A fresh open after the write reads the new version only.
+        if std::fs::read(&path).expect("fresh read") != *content {
+            mixed.push(version);
+            break;
+        }
+    }
+    assert!(mixed.is_empty(), "opens that read two versions: {mixed:?}");
+    // Nor after a remount over the same cache dir.
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+    t.mount(&["--cache-dir", &cache_dir]);
+    let fresh = std::fs::read(&path).expect("read after the remount");
+    assert!(fresh == vec![100; SIZE], "the last version after a remount");
+}
+
+#[test]
+fn a_huge_order_file_rewritten_again_and_again_never_oom_kills_the_daemon() {
+    const LIMIT: u64 = 256 * MIB;
+    let mut t = TestMount::new();
+    std::fs::write(t.s("a"), b"x").expect("write");
+    let order_dir = tempfile::tempdir().expect("tempdir");
+    let order = order_dir.path().join("order");
+    // 64 MiB (the most prepfs reads) of the shortest lines: the costliest order per byte.
+    let text = "a\n".repeat(32 << 20);
+    std::fs::write(&order, &text).expect("write the order file");
+    let group = MemoryCgroup::new(LIMIT);
+    t.mount_confined(
+        &["--order-file", order.to_str().expect("utf-8 path")],
+        &group,
+    );
+    let pid = t.child.as_ref().expect("daemon").id();
+    let stats_path = t.m(".prepfs/stats.json");
+    // What the daemon holds for the order (charged as working memory; nothing else is in
+    // flight on an idle mount).
+    let order_bytes = || {
+        std::fs::read_to_string(&stats_path)
+            .ok()
+            .and_then(|s| serde_json::from_str::<Value>(&s).ok())
+            .and_then(|s| s["memory"]["work"]["used_bytes"].as_f64())
+    };
+    // Read, replaced by a small order, and the huge one again, twice: each version read in
+    // turn, the huge ones within the budget.
+    for round in 0..4 {
+        let huge = round % 2 == 0;
+        if round > 0 {
+            let new: &str = if huge { &text } else { "a\n" };
+            std::fs::write(&order, new).expect("rewrite the order file");
+        }
+        // A debug build parses 64 MiB of lines in a minute or more.
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while order_bytes().is_none_or(|b| (b > MIB as f64) != huge) {
+            assert_eq!(
+                group.oom_kills(),
+                0,
+                "round {round}: the daemon was OOM-killed"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the order was not read"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let stats = t.stats();
+    let rss = peak_rss(pid);
+    eprintln!("robust: order file: peak RSS {} MiB", rss >> 20);
+    assert!(
+        stat(&stats, "memory.work.used_bytes") <= (64 * MIB) as f64,
+        "{stats:#}"
+    );
+    assert_eq!(group.oom_kills(), 0);
+    assert_eq!(std::fs::read(t.m("a")).expect("the mount answers"), b"x");
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+    assert_eq!(group.oom_kills(), 0);
+}

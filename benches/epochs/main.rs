@@ -42,8 +42,10 @@ use sandbox::{Cgroup, Guard, Limits, SlowDisk};
 /// The binary under test, built by cargo for this bench; `PREPFS_BENCH_BIN` names another (an
 /// earlier build, to compare before and after in one session), as in the core bench.
 fn prepfs() -> PathBuf {
-    std::env::var_os("PREPFS_BENCH_BIN")
-        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_prepfs")), PathBuf::from)
+    std::env::var_os("PREPFS_BENCH_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_prepfs")),
+        PathBuf::from,
+    )
 }
 const READERS_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/epochs/readers.py");
 const ENSURE_ENV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/ensure-env");

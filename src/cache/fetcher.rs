@@ -12,7 +12,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -190,6 +190,11 @@ impl BlockFetcher {
         if index >= entry.blocks() || entry.is_stored(index) {
             return Ok(Prefetched::Present);
         }
+        // A version that may still be being written can be read but not kept: nothing to do
+        // ahead of its readers.
+        if !source.settled(SystemTime::now()) {
+            return Ok(Prefetched::NoRoom);
+        }
         let span = entry.block_span(index);
         let len = span.end - span.start;
         if !entry.fits(len) && !self.staging.has_room(len) {
@@ -280,7 +285,7 @@ impl BlockFetcher {
             }
             self.metrics.admission_rejected.inc();
             let start = span.start + range.start as u64;
-            let bytes =
+            let (bytes, _) =
                 self.read_source(entry.identity(), start..start + range.len() as u64, source)?;
             return Ok(ReadBytes::Owned(bytes));
         }
@@ -331,20 +336,26 @@ impl BlockFetcher {
         let below = self
             .in_tier(self.staging.as_ref(), &key, &whole)
             .or_else(|| self.in_lower(&key, &whole));
-        let result = match below {
-            Some(block) => Ok(block),
-            None => self
-                .read_source(key.identity, span.clone(), source)
-                .map(|bytes| {
+        let (result, keep) = match below {
+            Some(block) => (Ok(block), true),
+            None => match self.read_source(key.identity, span.clone(), source) {
+                Ok((bytes, settled)) => {
                     let block = Arc::new(Block::new(bytes));
-                    // Every block read from the source is offered to the persistent tiers.
-                    for tier in &self.lower {
-                        tier.put(&key, entry.path(), &block);
+                    // Every block read from the source is offered to the persistent tiers, but
+                    // one of a version that may still be being written is only served.
+                    if settled {
+                        for tier in &self.lower {
+                            tier.put(&key, entry.path(), &block);
+                        }
                     }
-                    block
-                }),
+                    (Ok(block), settled)
+                }
+                Err(e) => (Err(e), false),
+            },
         };
-        if let Ok(block) = &result {
+        if let Ok(block) = &result
+            && keep
+        {
             let kept = entry.store(index, block);
             if kept {
                 // The RAM tier holds these bytes now; the kernel's copy would be a second one.
@@ -382,18 +393,20 @@ impl BlockFetcher {
         }
     }
 
-    /// Bytes `span` of version `identity` from the source; EIO if the read fails or the file
-    /// changed.
+    /// Bytes `span` of version `identity` from the source, and whether they may be cached (the
+    /// version was settled when the read started: see `SourceFile::settled`); EIO if the read
+    /// fails or the file changed.
     fn read_source(
         &self,
         identity: Identity,
         span: Range<u64>,
         source: &dyn SourceFile,
-    ) -> Result<Vec<u8>, FsError> {
+    ) -> Result<(Vec<u8>, bool), FsError> {
         let metrics = &self.metrics;
         // A read in flight: charged to the budget's work slice while it runs.
         let _in_flight = self.budget.in_flight(span.end - span.start);
         let mut buf = vec![0u8; (span.end - span.start) as usize];
+        let read_start = SystemTime::now();
         let started = Instant::now();
         let read = read_full(source, &mut buf, span.start);
         let took = started.elapsed();
@@ -416,7 +429,11 @@ impl BlockFetcher {
             );
             return Err(FsError::Io);
         }
-        Ok(buf)
+        let settled = source.settled(read_start);
+        if !settled {
+            metrics.unsettled_reads.inc();
+        }
+        Ok((buf, settled))
     }
 }
 
@@ -463,6 +480,10 @@ mod tests {
 
         fn current_identity(&self) -> std::io::Result<Identity> {
             Ok(self.now.lock().identity)
+        }
+
+        fn settled(&self, read_start: SystemTime) -> bool {
+            self.opened.settled_at(read_start, crate::source::SETTLE)
         }
     }
 
@@ -625,6 +646,51 @@ mod tests {
             }
         }
         assert!(checked > 2000, "reads checked: {checked}");
+    }
+
+    /// A version modified just now may still be being written: its reads are answered from the
+    /// source every time, and nothing of it is kept by the RAM tier, the staging buffer or the
+    /// tiers below, nor fetched ahead.
+    #[test]
+    fn blocks_of_a_version_modified_within_the_settle_time_are_served_but_never_cached() {
+        let (fetcher, lower) = chain(64 << 20, 4 << 20, Codec::None);
+        let data: Vec<u8> = (0..2 * BLOCK_SIZE as usize).map(|i| i as u8).collect();
+        let now_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos() as i64;
+        let id = identity(3, now_ns, data.len());
+        let source = MemFile {
+            opened: id,
+            now: Arc::new(Mutex::new(Versions {
+                identity: id,
+                data: data.clone(),
+            })),
+            reads: Arc::default(),
+        };
+        let entry = fetcher.ram().file(id, Path::new("f"));
+        let memo = Unpacked::default();
+        for _ in 0..2 {
+            let got = fetcher
+                .read(&entry, &source, 0, 2 << 20, &memo)
+                .expect("read");
+            assert!(got.as_slice() == &data[..]);
+        }
+        assert_eq!(fetcher.prefetch(&entry, 1, &source), Ok(Prefetched::NoRoom));
+        assert_eq!(entry.cached_blocks(), 0);
+        assert_eq!(fetcher.held(&id).0, 0);
+        assert!(!fetcher.staging.contains(id, 0) && !fetcher.staging.contains(id, 1));
+        let key = BlockKey {
+            identity: id,
+            index: 0,
+        };
+        assert!(lower.get(&key, &(0..1)).is_none(), "nothing offered below");
+        assert_eq!(
+            fetcher.metrics.source_reads.get(),
+            4,
+            "every read from the source"
+        );
+        assert_eq!(fetcher.metrics.unsettled_reads.get(), 4);
     }
 
     /// Many threads reading the same blocks at once: each block is read from the source once

@@ -218,6 +218,12 @@ pub const SOURCE_ERRORS: Metric = Metric::counter(
     "source_errors_total",
     "Source reads that failed (answered EIO).",
 );
+/// Source reads of a version that may still be being written.
+pub const SOURCE_UNSETTLED: Metric = Metric::counter(
+    "source.unsettled_reads",
+    "source_unsettled_reads_total",
+    "Source reads served but not cached: the file was modified less than 2 s before the read.",
+);
 /// Latency of one fetch.
 pub const SOURCE_LATENCY: Metric = Metric::latency(
     "source.read_latency_us",
@@ -389,6 +395,8 @@ pub struct CacheMetrics {
     pub source_reads: Counter,
     /// See `SOURCE_ERRORS`.
     pub source_errors: Counter,
+    /// See `SOURCE_UNSETTLED`.
+    pub unsettled_reads: Counter,
     /// See `SOURCE_LATENCY`.
     pub source_latency: Histogram,
     /// Nanoseconds spent in source fetches (with `source_bytes`: the source's bandwidth).
@@ -545,6 +553,7 @@ impl CacheMetrics {
         out.count(&SOURCE_BYTES, &self.source_bytes);
         out.count(&SOURCE_READS, &self.source_reads);
         out.count(&SOURCE_ERRORS, &self.source_errors);
+        out.count(&SOURCE_UNSETTLED, &self.unsettled_reads);
         out.latency(&SOURCE_LATENCY, &self.source_latency);
         out.put(&STAGED_BYTES, now.staged_bytes as f64);
         out.put(&STAGED_BUDGET_BYTES, now.staged_budget_bytes as f64);

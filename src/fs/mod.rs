@@ -34,6 +34,7 @@ use crate::inode::{
 use crate::memory::{MemoryBudget, Work};
 use crate::metrics::{Samples, to_json_text, to_prometheus_text};
 use crate::prefetch::Prefetcher;
+use crate::requests::Place;
 use crate::shards::ShardedMap;
 use crate::source::{Deferred, Kind, Meta, Source, SourceFile, SpaceStats};
 use listing::Listing;
@@ -235,7 +236,10 @@ impl Fs {
         match meta {
             // The name now refers to something else, or nothing: this inode is gone, and so is
             // the version the cache held for it.
-            Ok(meta) if meta.kind == node.kind => Ok(meta),
+            Ok(meta) if meta.kind == node.kind => {
+                node.device.store(meta.identity.dev, Ordering::Relaxed);
+                Ok(meta)
+            }
             Ok(_) | Err(FsError::NotFound) => {
                 if let Some(old) = node.last_identity.lock().take() {
                     self.fetcher.forget(&old);
@@ -360,8 +364,25 @@ impl Fs {
             .stat(&child_path)
             .map_err(|e| FsError::from_source(&e))?;
         let node = self.inodes.intern(&parent, name, meta.kind);
+        node.device.store(meta.identity.dev, Ordering::Relaxed);
         self.inodes.remember(&node);
         Ok(Self::source_attr(node.ino, &meta))
+    }
+
+    /// Where a request about `ino` waits if the source hangs: the device its entry was last
+    /// seen on (a lookup's is its parent directory's). Never touches the source.
+    pub fn place(&self, ino: u64) -> Place {
+        self.inodes
+            .get(ino)
+            .map_or(0, |node| node.device.load(Ordering::Relaxed))
+    }
+
+    /// Where a read of handle `fh` waits if the source hangs: the device of its file version.
+    pub fn read_place(&self, fh: u64) -> Place {
+        match self.handles.get(&fh).as_deref() {
+            Some(Handle::File(reader)) => reader.entry().identity().dev,
+            _ => 0,
+        }
     }
 
     /// Whether `ino` is a virtual node (the control directory, its files, the views' roots):

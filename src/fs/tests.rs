@@ -61,11 +61,19 @@ fn options(budget: u64) -> Setup {
 }
 
 fn local_fs(dir: &Path, budget: u64) -> Fs {
-    options(budget).build(Arc::new(LocalSource::open(dir).expect("source opens")))
+    options(budget).build(Arc::new(
+        LocalSource::open(dir)
+            .expect("source opens")
+            .settled_at_once(),
+    ))
 }
 
 fn faulty_fs(dir: &Path, budget: u64) -> (Fs, Arc<FaultPlan>) {
-    let (source, plan) = FaultySource::new(Arc::new(LocalSource::open(dir).expect("source opens")));
+    let (source, plan) = FaultySource::new(Arc::new(
+        LocalSource::open(dir)
+            .expect("source opens")
+            .settled_at_once(),
+    ));
     (options(budget).build(Arc::new(source)), plan)
 }
 
@@ -519,7 +527,11 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
         let mut o = options(1 << 30);
         o.config.views.specs = vec![spec.clone()];
         o.config.cache.decoded = mode;
-        o.build(Arc::new(LocalSource::open(dir.path()).expect("source")))
+        o.build(Arc::new(
+            LocalSource::open(dir.path())
+                .expect("source")
+                .settled_at_once(),
+        ))
     };
     let read_view = |fs: &Fs, i: usize| {
         let ino = ino_of(fs, &format!(".prepfs/views/v/a{i}.jpg.npy"));
@@ -571,6 +583,7 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     // A damaged cached copy is a miss: decoded again from the (cached) JPEG, and re-admitted.
     let identity = LocalSource::open(dir.path())
         .expect("source")
+        .settled_at_once()
         .stat(Path::new("a1.jpg"))
         .expect("stat")
         .identity;
@@ -591,7 +604,11 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     let mut o = options(jpegs.iter().map(|j| j.len() as u64).sum::<u64>() + 1000);
     o.config.views.specs = vec![spec.clone()];
     o.config.cache.decoded = DecodedCaching::On;
-    let tight = o.build(Arc::new(LocalSource::open(dir.path()).expect("source")));
+    let tight = o.build(Arc::new(
+        LocalSource::open(dir.path())
+            .expect("source")
+            .settled_at_once(),
+    ));
     for (i, w) in want.iter().enumerate() {
         assert_eq!(&read_view(&tight, i), w);
     }
@@ -611,13 +628,18 @@ fn renders_that_read_their_jpeg_scaled_never_render_from_cached_pixels() {
     let mut o = options(1 << 30);
     o.config.views.specs = vec![spec.clone()];
     o.config.cache.decoded = DecodedCaching::On;
-    let fs = o.build(Arc::new(LocalSource::open(dir.path()).expect("source")));
+    let fs = o.build(Arc::new(
+        LocalSource::open(dir.path())
+            .expect("source")
+            .settled_at_once(),
+    ));
     let want = crate::view::render::render(&spec, &jpeg, 0)
         .expect("renders")
         .npy;
     // Pixels already cached (as prefetch's decode-ahead leaves them) are not used either.
     let identity = LocalSource::open(dir.path())
         .expect("source")
+        .settled_at_once()
         .stat(Path::new("a.jpg"))
         .expect("stat")
         .identity;
@@ -664,8 +686,11 @@ fn slow_prefetching_fs_sized(
     for i in 0..files {
         std::fs::write(dir.path().join(format!("f{i:02}")), pattern(size(i), i)).expect("write");
     }
-    let (source, plan) =
-        FaultySource::new(Arc::new(LocalSource::open(dir.path()).expect("source")));
+    let (source, plan) = FaultySource::new(Arc::new(
+        LocalSource::open(dir.path())
+            .expect("source")
+            .settled_at_once(),
+    ));
     plan.read_delay_us.store(2000, Ordering::SeqCst);
     let mut setup = options(256 << 10);
     setup.config.prefetch.enabled = true;
@@ -820,7 +845,9 @@ fn shuffled_epochs_stage_the_smallest_remaining_files_first() {
     // 120 files of 2 to 240 KiB, sizes unrelated to names (so no walk predicts the order).
     let size = |i: u8| (1 + (usize::from(i) * 7) % 120) * (2 << 10);
     let (dir, fs, _plan) = slow_prefetching_fs_sized(120, size, 64 << 10, None);
-    let local = LocalSource::open(dir.path()).expect("source");
+    let local = LocalSource::open(dir.path())
+        .expect("source")
+        .settled_at_once();
     let held = |i: u8| {
         let id = local
             .stat(Path::new(&format!("f{i:02}")))
@@ -866,7 +893,9 @@ fn view_fs(
     decoded: DecodedCaching,
     prefetch: bool,
 ) -> (Arc<Fs>, Arc<crate::telemetry::Telemetry>) {
-    let (source, plan) = FaultySource::new(Arc::new(LocalSource::open(dir).expect("source")));
+    let (source, plan) = FaultySource::new(Arc::new(
+        LocalSource::open(dir).expect("source").settled_at_once(),
+    ));
     plan.read_delay_us.store(2000, Ordering::SeqCst);
     let telemetry = Arc::new(crate::telemetry::Telemetry::default());
     let mut setup = options(1 << 30);
@@ -1032,7 +1061,11 @@ fn with_view_copies_off_renders_make_no_copy_and_give_the_same_bytes() {
     let mut o = options(1 << 30);
     o.config.views.specs = vec![spec.clone()];
     o.config.views.copies = false;
-    let fs = o.build(Arc::new(LocalSource::open(dir.path()).expect("source")));
+    let fs = o.build(Arc::new(
+        LocalSource::open(dir.path())
+            .expect("source")
+            .settled_at_once(),
+    ));
     for pass in 0..2u64 {
         read_pass_as_rendered(&fs, &spec, &jpegs, pass);
     }
@@ -1139,7 +1172,11 @@ fn stats_say_whether_views_can_use_a_gpu_and_renders_are_unchanged() {
     let mut setup = options(1 << 20);
     setup.config.views.specs = vec![spec.clone()];
     setup.config.views.gpu = crate::view::gpu::GpuOptions::default();
-    let fs = setup.build(Arc::new(LocalSource::open(dir.path()).expect("source")));
+    let fs = setup.build(Arc::new(
+        LocalSource::open(dir.path())
+            .expect("source")
+            .settled_at_once(),
+    ));
     let control = fs
         .lookup(inode::ROOT, OsStr::new(".prepfs"))
         .expect("control");
@@ -1204,7 +1241,11 @@ fn every_figure_of_a_full_mount_has_one_path_one_name_and_a_documented_row() {
         },
         validate: Box::new(|_| None),
     };
-    let source: Arc<dyn Source> = Arc::new(LocalSource::open(dir.path()).expect("source"));
+    let source: Arc<dyn Source> = Arc::new(
+        LocalSource::open(dir.path())
+            .expect("source")
+            .settled_at_once(),
+    );
     let fs = build(source, &setup.config, setup.plan, Some(disk))
         .expect("the daemon starts")
         .fs;
@@ -1273,7 +1314,9 @@ fn a_cached_file_of_one_block_opens_by_passthrough_only_when_passthrough_is_on()
         let mut setup = options(1 << 20);
         setup.config.fuse.passthrough = passthrough;
         let fs = setup.build(Arc::new(
-            LocalSource::open(dir.path()).expect("source opens"),
+            LocalSource::open(dir.path())
+                .expect("source opens")
+                .settled_at_once(),
         ));
         let ino = ino_of(&fs, "small");
         let first = fs.open(ino, Intent::Read).expect("open");
@@ -1313,7 +1356,9 @@ fn multi_block_files_past_the_memfd_allowance_stay_on_the_heap_and_read_the_same
     let mut setup = options(64 << 20);
     setup.config.fuse.passthrough = true;
     let fs = setup.build(Arc::new(
-        LocalSource::open(dir.path()).expect("source opens"),
+        LocalSource::open(dir.path())
+            .expect("source opens")
+            .settled_at_once(),
     ));
     fs.fetcher.ram().limit_memfds_for_test(1);
     for round in 0..2 {

@@ -31,7 +31,7 @@ mod iomode;
 use crate::error::FsError;
 use crate::fs::metrics::Op;
 use crate::fs::{Attr, Fs, Intent, Opened, RENDER_WAIT, Serve};
-use crate::requests::{self, Expiry, Once, RequestPool};
+use crate::requests::{self, Expiry, Once, Place, RequestPool};
 use crate::source::Kind;
 use iomode::{IoModes, Mode, Why};
 
@@ -158,18 +158,21 @@ impl Adapter {
     fn off_thread<R: Answer, T: Send + 'static>(
         &self,
         op: Op,
+        place: Place,
         reply: R,
         work: impl FnOnce(&Fs) -> Result<T, FsError> + Send + 'static,
         send: impl FnOnce(&Shared, Option<R>, T) + Send + 'static,
     ) {
-        self.off_thread_or(op, reply, self.patience, work, send, unanswered);
+        self.off_thread_or(op, place, reply, self.patience, work, send, unanswered);
     }
 
     /// Like `off_thread`, with `patience`, and `expired` answering at the deadline (or at once
     /// when the queue is full).
+    #[allow(clippy::too_many_arguments)]
     fn off_thread_or<R: Answer, T: Send + 'static>(
         &self,
         op: Op,
+        place: Place,
         reply: R,
         patience: Duration,
         work: impl FnOnce(&Fs) -> Result<T, FsError> + Send + 'static,
@@ -201,7 +204,7 @@ impl Adapter {
             }
         };
         self.requests
-            .submit(requests::Request::new(patience, run, expire));
+            .submit(requests::Request::new(patience, place, run, expire));
     }
 }
 
@@ -341,6 +344,7 @@ impl Filesystem for Adapter {
         let name = name.to_owned();
         self.off_thread(
             Op::Lookup,
+            self.fs().place(parent.0),
             reply,
             move |fs| fs.lookup(parent.0, &name),
             send_entry,
@@ -359,13 +363,20 @@ impl Filesystem for Adapter {
                 Err(e) => reply.error(e),
             };
         }
-        self.off_thread(Op::Getattr, reply, move |fs| fs.getattr(ino.0), send_attr);
+        self.off_thread(
+            Op::Getattr,
+            self.fs().place(ino.0),
+            reply,
+            move |fs| fs.getattr(ino.0),
+            send_attr,
+        );
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         use std::os::unix::ffi::OsStrExt;
         self.off_thread(
             Op::Readlink,
+            self.fs().place(ino.0),
             reply,
             move |fs| fs.readlink(ino.0),
             |_, reply, target| {
@@ -403,6 +414,7 @@ impl Filesystem for Adapter {
             let patience = CACHED_OPEN_PATIENCE.min(self.patience);
             self.off_thread_or(
                 Op::Open,
+                self.fs().place(ino.0),
                 reply,
                 patience,
                 work,
@@ -416,7 +428,7 @@ impl Filesystem for Adapter {
                 },
             );
         } else {
-            self.off_thread(Op::Open, reply, work, send);
+            self.off_thread(Op::Open, self.fs().place(ino.0), reply, work, send);
         }
     }
 
@@ -454,6 +466,7 @@ impl Filesystem for Adapter {
         };
         self.off_thread_or(
             Op::Read,
+            self.fs().read_place(fh.0),
             reply,
             patience,
             move |fs| fs.read(fh.0, offset, size),
@@ -509,6 +522,7 @@ impl Filesystem for Adapter {
         }
         self.off_thread(
             Op::Opendir,
+            self.fs().place(ino.0),
             reply,
             move |fs| fs.opendir(ino.0),
             |shared, reply, fh| match reply {
@@ -555,6 +569,7 @@ impl Filesystem for Adapter {
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         self.off_thread(
             Op::Statfs,
+            self.fs().place(crate::inode::ROOT),
             reply,
             |fs| fs.statfs(),
             |_, reply, s| {
@@ -586,6 +601,7 @@ impl Filesystem for Adapter {
         let name = name.to_owned();
         self.off_thread(
             Op::Xattr,
+            self.fs().place(ino.0),
             reply,
             move |fs| fs.xattr(ino.0, &name),
             move |_, reply, value| match reply {
@@ -620,6 +636,7 @@ impl Filesystem for Adapter {
         }
         self.off_thread(
             Op::Getattr,
+            self.fs().place(ino.0),
             reply,
             move |fs| fs.getattr(ino.0),
             |_, reply, _| {

@@ -118,6 +118,9 @@ pub struct Node {
     pub opens: AtomicU64,
     /// Lookups the kernel holds (answered and not yet forgotten).
     lookups: AtomicU64,
+    /// The device the source entry was last seen on (0: not yet): where requests about it
+    /// wait if the source hangs (`requests::Place`).
+    pub device: AtomicU64,
 }
 
 impl Node {
@@ -177,6 +180,7 @@ fn new_node(ino: u64, parent: u64, path: PathBuf, kind: Kind, view: Option<u16>)
         view,
         opens: AtomicU64::new(0),
         lookups: AtomicU64::new(0),
+        device: AtomicU64::new(0),
     })
 }
 

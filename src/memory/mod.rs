@@ -132,6 +132,11 @@ impl Work {
         self.bytes
     }
 
+    /// Takes over `more`'s charge: one charge for something that grew.
+    pub fn absorb(&mut self, mut more: Work) {
+        self.bytes += std::mem::take(&mut more.bytes);
+    }
+
     /// Gives back all but `bytes` (what the work keeps, e.g. a finished render's file).
     pub fn shrink_to(&mut self, bytes: u64) {
         if bytes < self.bytes {

@@ -8,8 +8,11 @@
 //! `/dev/shm`); a sampler that knows its order (NoPFS-style clairvoyance) writes the upcoming
 //! paths there, one per line. Must never trust the file: lines are bytes in any encoding; a line
 //! naming nothing under the mount, with `..`, a NUL or over `MAX_LINE` bytes is skipped, not the
-//! file; it is read up to `MAX_BYTES`; a file that cannot be read keeps the last order. Must
-//! never do I/O except that poll.
+//! file; it is read up to `MAX_BYTES`; a file that cannot be read keeps the last order. The
+//! parsed order is charged to the memory budget as it grows, within `order_cap` (an eighth of
+//! the budget, at most `MAX_ORDER_BYTES`), and cut where either runs out; a file rewritten
+//! without pause is read again only after a rest of `REST_PER_READ` times the last read's
+//! duration. Must never do I/O except that poll.
 
 use std::ffi::OsStr;
 use std::fs::{File, Metadata};
@@ -25,6 +28,7 @@ use parking_lot::Mutex;
 use super::epoch::{EpochTracker, FileKey};
 use super::predict::{Predictor, SCAN_PER_PREDICTION, take_unskipped};
 use crate::inode::dataset_path;
+use crate::memory::{MemoryBudget, Work};
 
 /// How often the planner checks the order file for a change.
 pub const POLL: Duration = Duration::from_millis(10);
@@ -38,8 +42,94 @@ const MAX_LINE: usize = 4096;
 /// Bytes read from the file per system call.
 const READ_CHUNK: usize = 64 << 10;
 
+/// Memory one parsed order may hold at most (paths' bytes plus 8 per path): an ImageNet-1k
+/// epoch's 1.28 million relative paths take about 50 MiB. While a new version is parsed the
+/// last one still serves, so the hint holds at most twice this.
+const MAX_ORDER_BYTES: u64 = 64 << 20;
+/// ... and at most this fraction of the memory budget (1/8), so a small budget keeps its room
+/// for data: the order is cut where it ends.
+const ORDER_BUDGET_DIVISOR: u64 = 8;
+/// After reading a version, the file is left alone for this many times as long as the read
+/// took: a sampler that rewrites a large file without pause costs at most a tenth of a core.
+const REST_PER_READ: u32 = 9;
+/// Paths whose index entry (4 bytes each) is charged at a time.
+const INDEX_STEP: usize = 1024;
+
 // Positions in `Order::names` are u32.
 const _: () = assert!(MAX_BYTES <= u32::MAX as u64);
+
+/// The bytes one order of a mount with budget `budget` may hold.
+pub fn order_cap(budget: &MemoryBudget) -> u64 {
+    MAX_ORDER_BYTES.min(budget.plan().limit() / ORDER_BUDGET_DIVISOR)
+}
+
+/// What an order holds, charged to the memory budget as it grows, within a cap.
+struct Charge {
+    budget: Arc<MemoryBudget>,
+    cap: u64,
+    held: Option<Work>,
+}
+
+impl Charge {
+    fn new(budget: Arc<MemoryBudget>, cap: u64) -> Charge {
+        Charge {
+            budget,
+            cap,
+            held: None,
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.held.as_ref().map_or(0, Work::bytes)
+    }
+
+    /// Charges `bytes` more if they fit the cap and the budget has them free now.
+    fn grow(&mut self, bytes: u64) -> bool {
+        if self.bytes().saturating_add(bytes) > self.cap {
+            return false;
+        }
+        let Some(more) = self.budget.try_work(bytes) else {
+            return false;
+        };
+        match &mut self.held {
+            Some(held) => held.absorb(more),
+            None => self.held = Some(more),
+        }
+        true
+    }
+
+    /// Makes room in `v` for `more` elements, charged first: doubling, else all the cap has
+    /// left, else an eighth more (each step grows geometrically, so filling costs linear time);
+    /// false, and nothing changed, when none fits.
+    fn reserve<T>(&mut self, v: &mut Vec<T>, more: usize) -> bool {
+        let needed = v.len() + more;
+        if needed <= v.capacity() {
+            return true;
+        }
+        let size = std::mem::size_of::<T>();
+        let left = ((self.cap - self.bytes()) / size as u64) as usize;
+        let steps = [
+            (v.capacity() * 2).max(INDEX_STEP),
+            v.capacity().saturating_add(left),
+            v.capacity() + (v.capacity() / 8).max(INDEX_STEP),
+        ];
+        for target in steps.into_iter().filter(|&t| t >= needed) {
+            let extra = ((target - v.capacity()) as u64).saturating_mul(size as u64);
+            if self.grow(extra) {
+                v.reserve_exact(target - v.len());
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Gives back what `freed` bytes no longer need.
+    fn release(&mut self, freed: u64) {
+        if let Some(held) = &mut self.held {
+            held.shrink_to(held.bytes().saturating_sub(freed));
+        }
+    }
+}
 
 /// A published order: the paths, one after another in one buffer, and where each first appears.
 #[derive(Default)]
@@ -50,6 +140,8 @@ pub struct Order {
     ends: Vec<u32>,
     /// Position of each distinct path's first appearance, sorted by path (binary searched).
     first: Vec<u32>,
+    /// Its memory's charge to the budget (none for the empty order).
+    charge: Option<Work>,
 }
 
 impl Order {
@@ -73,23 +165,48 @@ impl Order {
             .map(|at| self.first[at] as usize)
     }
 
-    /// Appends `path`.
-    fn push(&mut self, path: &Path) {
-        self.names.extend_from_slice(path.as_os_str().as_bytes());
+    /// Appends `path` if `charge` has room for it (its bytes, its end and its index entry);
+    /// false, and nothing appended, when it has not.
+    fn push(&mut self, path: &Path, charge: &mut Charge, indexed: &mut usize) -> bool {
+        let bytes = path.as_os_str().as_bytes();
+        if self.ends.len() == *indexed {
+            let step = (INDEX_STEP * std::mem::size_of::<u32>()) as u64;
+            if !charge.grow(step) {
+                return false;
+            }
+            *indexed += INDEX_STEP;
+        }
+        if !charge.reserve(&mut self.names, bytes.len()) || !charge.reserve(&mut self.ends, 1) {
+            return false;
+        }
+        self.names.extend_from_slice(bytes);
         self.ends.push(self.names.len() as u32);
+        true
     }
 
-    /// Indexes the paths pushed and gives back the room growing left over.
-    fn finish(mut self) -> Order {
+    /// Indexes the paths pushed (`indexed` entries were charged) and gives back the room
+    /// growing left over; the order keeps the charge.
+    fn finish(mut self, mut charge: Charge, indexed: usize) -> Order {
         let mut first: Vec<u32> = (0..self.ends.len() as u32).collect();
         let bytes = |i: u32| self.path(i as usize).as_os_str().as_bytes();
         first.sort_unstable_by(|&a, &b| bytes(a).cmp(bytes(b)).then(a.cmp(&b)));
         first.dedup_by(|a, b| bytes(*a) == bytes(*b));
         first.shrink_to_fit();
+        let size = std::mem::size_of::<u32>();
+        let spare = (self.names.capacity() - self.names.len())
+            + (self.ends.capacity() - self.ends.len()) * size
+            + indexed.saturating_sub(first.len()) * size;
         self.first = first;
         self.names.shrink_to_fit();
         self.ends.shrink_to_fit();
+        charge.release(spare as u64);
+        self.charge = charge.held.take();
         self
+    }
+
+    /// Bytes charged for it.
+    fn charged(&self) -> u64 {
+        self.charge.as_ref().map_or(0, Work::bytes)
     }
 }
 
@@ -108,25 +225,39 @@ struct Parsed {
     order: Order,
     /// Lines that named no dataset file (not counting blank lines and comments).
     skipped: usize,
+    /// The order ended where its memory did, before the file's end.
+    full: bool,
 }
 
 /// Reads the order from `reader`, line by line, holding at most `MAX_LINE` bytes of a line;
 /// `cut`: the reader stops short of the file's end, so its last, unterminated line is partial.
-fn parse(mut reader: impl BufRead, mountpoint: &Path, cut: bool) -> io::Result<Parsed> {
+/// The order grows within `charge` and ends where it runs out.
+fn parse(
+    mut reader: impl BufRead,
+    mountpoint: &Path,
+    cut: bool,
+    mut charge: Charge,
+) -> io::Result<Parsed> {
     let mut order = Order::default();
     let mut skipped = 0;
+    let mut indexed = 0;
     let mut line = Vec::new();
     let mut long = false;
-    let mut take = |line: &[u8], long: bool, order: &mut Order| {
+    // Whether there is room for more: false once a path did not fit.
+    let mut take = |line: &[u8], long: bool, order: &mut Order, charge: &mut Charge| {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() || line.starts_with(b"#") {
-            return;
+            return true;
         }
         match (!long).then(|| key_of(line, mountpoint)).flatten() {
-            Some(key) => order.push(&key),
-            None => skipped += 1,
+            Some(key) => order.push(&key, charge, &mut indexed),
+            None => {
+                skipped += 1;
+                true
+            }
         }
     };
+    let mut full = false;
     loop {
         let buf = reader.fill_buf()?;
         if buf.is_empty() {
@@ -142,17 +273,21 @@ fn parse(mut reader: impl BufRead, mountpoint: &Path, cut: bool) -> io::Result<P
         let used = end.map_or(buf.len(), |i| i + 1);
         reader.consume(used);
         if end.is_some() {
-            take(&line, long, &mut order);
+            if !take(&line, long, &mut order, &mut charge) {
+                full = true;
+                break;
+            }
             line.clear();
             long = false;
         }
     }
-    if !cut {
-        take(&line, long, &mut order);
+    if !cut && !full {
+        full = !take(&line, long, &mut order, &mut charge);
     }
     Ok(Parsed {
-        order: order.finish(),
+        order: order.finish(charge, indexed),
         skipped,
+        full,
     })
 }
 
@@ -211,20 +346,29 @@ pub struct OrderFile {
     /// The version last read, or tried.
     seen: Option<Stamp>,
     polled: Option<Instant>,
+    /// Not looked at again before this (the rest after a read: `REST_PER_READ`).
+    rest_until: Option<Instant>,
     /// Bytes read at most (`MAX_BYTES`).
     max_bytes: u64,
+    /// What the order is charged to, and the most it may hold (`order_cap`).
+    budget: Arc<MemoryBudget>,
+    cap: u64,
     slot: OrderSlot,
 }
 
 impl OrderFile {
-    /// The order file at `path`, for a mount at `mountpoint`; nothing is read yet.
-    pub fn new(path: PathBuf, mountpoint: PathBuf) -> OrderFile {
+    /// The order file at `path`, for a mount at `mountpoint` whose memory budget is `budget`;
+    /// nothing is read yet.
+    pub fn new(path: PathBuf, mountpoint: PathBuf, budget: Arc<MemoryBudget>) -> OrderFile {
         OrderFile {
             path,
             mountpoint,
             seen: None,
             polled: None,
+            rest_until: None,
             max_bytes: MAX_BYTES,
+            cap: order_cap(&budget),
+            budget,
             slot: OrderSlot::default(),
         }
     }
@@ -236,10 +380,13 @@ impl OrderFile {
 
     /// Reads the file if `POLL` has passed and it is a version not read (or tried) before.
     pub fn poll(&mut self) -> Polled {
-        if self.polled.is_some_and(|t| t.elapsed() < POLL) {
+        let now = Instant::now();
+        if self.polled.is_some_and(|t| now.duration_since(t) < POLL)
+            || self.rest_until.is_some_and(|t| now < t)
+        {
             return Polled::Unchanged;
         }
-        self.polled = Some(Instant::now());
+        self.polled = Some(now);
         let Ok(meta) = std::fs::metadata(&self.path) else {
             return Polled::Unchanged;
         };
@@ -248,8 +395,14 @@ impl OrderFile {
             return Polled::Unchanged;
         }
         self.seen = Some(stamp);
-        match self.read(&meta) {
+        let started = Instant::now();
+        let read = self.read(&meta);
+        self.rest_until = Some(Instant::now() + started.elapsed() * REST_PER_READ);
+        match read {
             Ok(parsed) => {
+                if parsed.full {
+                    tracing::warn!(path = %self.path.display(), paths = parsed.order.len(), bytes = parsed.order.charged(), limit = self.cap, "order file's order reached its memory limit (an eighth of the budget, at most 64 MiB, and what the budget has free); the order ends there");
+                }
                 if parsed.skipped > 0 {
                     tracing::warn!(path = %self.path.display(), skipped = parsed.skipped, "order file lines name no file under the mount (outside it, `..`, a NUL, or longer than PATH_MAX); skipped");
                 }
@@ -283,7 +436,8 @@ impl OrderFile {
             tracing::warn!(path = %self.path.display(), size = meta.size(), limit = self.max_bytes, "order file larger than its limit; only its start is read");
         }
         let reader = BufReader::with_capacity(READ_CHUNK, file.take(self.max_bytes));
-        Ok(parse(reader, &self.mountpoint, cut)?)
+        let charge = Charge::new(self.budget.clone(), self.cap);
+        Ok(parse(reader, &self.mountpoint, cut, charge)?)
     }
 }
 
@@ -330,9 +484,20 @@ impl Predictor for Hint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::{MemoryPlan, Use};
+
+    /// A budget of `limit` bytes (its work slice an eighth).
+    fn budget(limit: u64) -> Arc<MemoryBudget> {
+        MemoryBudget::new(MemoryPlan {
+            cache: limit - limit / 8,
+            staging: 0,
+            work: limit / 8,
+        })
+    }
 
     fn order(text: &[u8]) -> Order {
-        parse(text, Path::new("/mnt/d"), false)
+        let charge = Charge::new(budget(1 << 30), u64::MAX);
+        parse(text, Path::new("/mnt/d"), false, charge)
             .expect("parse")
             .order
     }
@@ -346,6 +511,7 @@ mod tests {
     /// Polls `file` now, whatever `POLL` says.
     fn poll_now(file: &mut OrderFile) -> Polled {
         file.polled = None;
+        file.rest_until = None;
         file.poll()
     }
 
@@ -354,7 +520,8 @@ mod tests {
         let text = b"train/a.jpg\n/mnt/d/train/b.jpg\r\n./train/c.jpg\n\n# a comment\n\
                     /elsewhere/x.jpg\ntrain/../../etc/passwd\n.prepfs/stats.json\n\
                     /mnt/d/.prepfs/views/v/train/d.jpg.npy\n.prepfs/views/v/e.png.npy";
-        let parsed = parse(&text[..], Path::new("/mnt/d"), false).expect("parse");
+        let charge = Charge::new(budget(1 << 30), u64::MAX);
+        let parsed = parse(&text[..], Path::new("/mnt/d"), false, charge).expect("parse");
         assert_eq!(
             keys(&parsed.order),
             [
@@ -411,7 +578,7 @@ mod tests {
     fn an_order_file_is_read_again_only_when_it_changes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("order");
-        let mut file = OrderFile::new(path.clone(), PathBuf::from("/m"));
+        let mut file = OrderFile::new(path.clone(), PathBuf::from("/m"), budget(1 << 30));
         assert_eq!(poll_now(&mut file), Polled::Unchanged, "no file yet");
         std::fs::write(&path, "a\nb\n").expect("write");
         assert_eq!(poll_now(&mut file), Polled::Published);
@@ -430,7 +597,7 @@ mod tests {
         text.extend(std::iter::repeat_n(b'l', MAX_LINE + 1));
         text.extend(b"\nb.jpg\n");
         std::fs::write(&path, &text).expect("write");
-        let mut file = OrderFile::new(path, PathBuf::from("/m"));
+        let mut file = OrderFile::new(path, PathBuf::from("/m"), budget(1 << 30));
         assert_eq!(poll_now(&mut file), Polled::Published);
         assert_eq!(
             keys(&file.slot().lock()),
@@ -443,7 +610,7 @@ mod tests {
     fn a_version_that_cannot_be_read_is_not_read_again_until_the_file_changes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("order");
-        let mut file = OrderFile::new(path.clone(), PathBuf::from("/m"));
+        let mut file = OrderFile::new(path.clone(), PathBuf::from("/m"), budget(1 << 30));
         std::fs::write(&path, "a\nb\n").expect("write");
         assert_eq!(poll_now(&mut file), Polled::Published);
         // A regular file whose every read fails (EIO), and a directory.
@@ -472,7 +639,7 @@ mod tests {
         let path = dir.path().join("order");
         let text: String = (0..30).map(|i| format!("f{i:04}\n")).collect();
         std::fs::write(&path, &text).expect("write");
-        let mut file = OrderFile::new(path, PathBuf::from("/m"));
+        let mut file = OrderFile::new(path, PathBuf::from("/m"), budget(1 << 30));
         // Sixteen 6-byte lines, then "f001" of "f0016".
         file.max_bytes = 100;
         assert_eq!(poll_now(&mut file), Polled::Published);
@@ -499,5 +666,68 @@ mod tests {
             "{held} bytes held for {} read",
             text.len()
         );
+    }
+
+    #[test]
+    fn an_order_is_charged_to_the_budget_and_cut_where_its_share_ends() {
+        // 200,000 short distinct lines need about 2.6 MB parsed; an 8 MiB budget gives the
+        // order 1 MiB.
+        let mut text = Vec::new();
+        for i in 0..200_000u32 {
+            text.extend(format!("{i:x}\n").bytes());
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("order");
+        std::fs::write(&path, &text).expect("write");
+        let budget = budget(8 << 20);
+        let mut file = OrderFile::new(path, PathBuf::from("/m"), budget.clone());
+        assert_eq!(file.cap, 1 << 20);
+        assert_eq!(poll_now(&mut file), Polled::Published);
+        let order = file.slot().lock().clone();
+        assert!(
+            order.len() > 50_000 && order.len() < 200_000,
+            "{}",
+            order.len()
+        );
+        assert!(order.charged() <= 1 << 20);
+        let held = order.names.capacity() + 4 * (order.ends.capacity() + order.first.capacity());
+        assert!(
+            held as u64 <= order.charged(),
+            "{held} held, {} charged",
+            order.charged()
+        );
+        assert_eq!(budget.used(Use::Work), order.charged());
+        assert_eq!(order.first(Path::new("0")), Some(0));
+        // A budget with no room left cuts the next version at once, and the last one stays
+        // charged until it is replaced.
+        let _taken = budget.try_work(budget.plan().limit() - budget.used(Use::Work));
+        std::fs::write(file.path.clone(), "a\nb\n").expect("write");
+        assert_eq!(poll_now(&mut file), Polled::Published);
+        assert_eq!(file.slot().lock().len(), 0);
+        drop(order);
+        drop(_taken);
+        assert_eq!(budget.used(Use::Work), 0, "every byte given back");
+    }
+
+    #[test]
+    fn after_a_read_the_file_rests_for_nine_times_as_long() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("order");
+        std::fs::write(&path, "a\nb\n").expect("write");
+        let mut file = OrderFile::new(path.clone(), PathBuf::from("/m"), budget(1 << 30));
+        let before = Instant::now();
+        assert_eq!(poll_now(&mut file), Polled::Published);
+        let rest = file.rest_until.expect("resting");
+        assert!(rest >= before);
+        // A new version while the file rests is not read...
+        std::fs::write(&path, "a\nb\nc\n").expect("write");
+        file.polled = None;
+        file.rest_until = Some(Instant::now() + Duration::from_secs(3600));
+        assert_eq!(file.poll(), Polled::Unchanged);
+        // ... until the rest is over.
+        file.rest_until = Some(Instant::now());
+        file.polled = None;
+        assert_eq!(file.poll(), Polled::Published);
+        assert_eq!(file.slot().lock().len(), 3);
     }
 }

@@ -370,10 +370,10 @@ impl Prefetcher {
             parked: Parked::for_open_file_limit(),
             work_ahead,
         });
-        let order_file = config
-            .order_file
-            .clone()
-            .map(|file| OrderFile::new(file, mountpoint.to_path_buf()));
+        let order_file = config.order_file.clone().map(|file| {
+            let budget = shared.fetcher.ram().budget().clone();
+            OrderFile::new(file, mountpoint.to_path_buf(), budget)
+        });
         let slot = order_file.as_ref().map(OrderFile::slot);
         let sets: Vec<SetState> = names
             .into_iter()

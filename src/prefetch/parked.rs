@@ -117,6 +117,9 @@ mod tests {
         fn current_identity(&self) -> io::Result<Identity> {
             Ok(self.0)
         }
+        fn settled(&self, _read_start: std::time::SystemTime) -> bool {
+            true
+        }
     }
 
     fn id(n: u64) -> Identity {

@@ -603,7 +603,11 @@ mod tests {
     }
 
     fn source(dir: &tempfile::TempDir) -> Arc<dyn Source> {
-        Arc::new(LocalSource::open(dir.path()).expect("source"))
+        Arc::new(
+            LocalSource::open(dir.path())
+                .expect("source")
+                .settled_at_once(),
+        )
     }
 
     /// On a shuffled pass, predicting unopened files comes true more and more often towards

@@ -10,6 +10,7 @@ use std::io;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use parking_lot::Mutex;
 
@@ -61,6 +62,10 @@ impl SourceFile for Deferred {
 
     fn current_identity(&self) -> io::Result<Identity> {
         self.file()?.current_identity()
+    }
+
+    fn settled(&self, read_start: SystemTime) -> bool {
+        self.file().is_ok_and(|f| f.settled(read_start))
     }
 
     fn drop_page_cache(&self, range: Range<u64>) {

@@ -117,4 +117,8 @@ impl SourceFile for FaultyFile {
         }
         self.inner.current_identity()
     }
+
+    fn settled(&self, read_start: std::time::SystemTime) -> bool {
+        self.inner.settled(read_start)
+    }
 }

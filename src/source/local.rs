@@ -19,6 +19,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use rustix::fs::{Advice, Dir, FileType, Mode, OFlags, ResolveFlags, Stat};
 
@@ -34,6 +35,8 @@ const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
 #[derive(Debug)]
 pub struct LocalSource {
     root: OwnedFd,
+    /// How long after a modification a version may still be being written (`super::SETTLE`).
+    settle: Duration,
 }
 
 impl LocalSource {
@@ -51,7 +54,20 @@ impl LocalSource {
                 format!("openat2 beneath the source root failed: {e}"),
             )
         })?;
-        Ok(LocalSource { root: fd })
+        Ok(LocalSource {
+            root: fd,
+            settle: super::SETTLE,
+        })
+    }
+
+    /// Treats every version as settled, however recent (unit tests over files just written; the
+    /// tests of the binary date their files back instead).
+    #[cfg(test)]
+    pub fn settled_at_once(self) -> LocalSource {
+        LocalSource {
+            settle: Duration::ZERO,
+            ..self
+        }
     }
 
     fn open_path(&self, path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
@@ -164,6 +180,7 @@ impl Source for LocalSource {
         Ok(Arc::new(LocalFile {
             fd,
             identity: identity_of(&st),
+            settle: self.settle,
         }))
     }
 
@@ -186,6 +203,7 @@ impl Source for LocalSource {
 struct LocalFile {
     fd: OwnedFd,
     identity: Identity,
+    settle: Duration,
 }
 
 impl SourceFile for LocalFile {
@@ -199,6 +217,10 @@ impl SourceFile for LocalFile {
 
     fn current_identity(&self) -> io::Result<Identity> {
         Ok(identity_of(&rustix::fs::fstat(&self.fd)?))
+    }
+
+    fn settled(&self, read_start: SystemTime) -> bool {
+        self.identity.settled_at(read_start, self.settle)
     }
 
     fn drop_page_cache(&self, range: Range<u64>) {

@@ -16,6 +16,7 @@ use std::io;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 pub use deferred::Deferred;
 pub use local::LocalSource;
@@ -33,6 +34,30 @@ pub struct Identity {
     pub mtime_ns: i64,
     /// Status change time, nanoseconds since the epoch.
     pub ctime_ns: i64,
+}
+
+/// How long after its last modification a file version may still be being written: bytes read
+/// from it before then are served but never cached (see `Identity::settled_at`). A write stamps
+/// the file's mtime when it starts, then copies its data, so an open during one big write sees
+/// the version that write will leave, while its reads may return bytes of both versions; and two
+/// writes within one tick of the filesystem's clock leave the same identity. Two seconds covers
+/// the coarsest common timestamp granularity (FAT's 2 s; ext3, HFS+ and some NFS servers keep
+/// whole seconds) and a single write of gigabytes into the page cache.
+pub const SETTLE: Duration = Duration::from_secs(2);
+
+impl Identity {
+    /// Whether bytes read at or after `read_start` from a file still at this identity are all of
+    /// this version, given that a write finishes within `settle` of stamping the mtime: the
+    /// version was last modified at least `settle` before the read started. (The mtime only:
+    /// the ctime of a file whose times were set back is recent although its writes are done.)
+    pub fn settled_at(&self, read_start: SystemTime, settle: Duration) -> bool {
+        let start_ns = match read_start.duration_since(SystemTime::UNIX_EPOCH) {
+            Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+            Err(_) => return false,
+        };
+        let settle_ns = i64::try_from(settle.as_nanos()).unwrap_or(i64::MAX);
+        self.mtime_ns.saturating_add(settle_ns) <= start_ns
+    }
 }
 
 /// The kind of a source entry, as the namespace exposes it.
@@ -120,6 +145,10 @@ pub trait SourceFile: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
     /// The identity of the open file now (to detect changes made during a read).
     fn current_identity(&self) -> io::Result<Identity>;
+    /// Whether bytes read from `identity()` by a read that started at `read_start` may be cached
+    /// (`Identity::settled_at` with the source's settle time), provided the identity still held
+    /// once the read ended.
+    fn settled(&self, read_start: SystemTime) -> bool;
     /// Tells the kernel that `range` is cached elsewhere and its page-cache copy can go; a hint,
     /// so failures are ignored.
     fn drop_page_cache(&self, _range: Range<u64>) {}

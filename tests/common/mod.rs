@@ -38,6 +38,8 @@ pub struct TestMount {
     pub src: PathBuf,
     pub mnt: PathBuf,
     pub child: Option<Child>,
+    /// Mount without dating the source's files back first (see `date_back`).
+    pub keep_times: bool,
 }
 
 impl TestMount {
@@ -56,6 +58,7 @@ impl TestMount {
             src: src.canonicalize().expect("canonical"),
             mnt: mnt.canonicalize().expect("canonical"),
             child: None,
+            keep_times: false,
         }
     }
 
@@ -83,6 +86,9 @@ impl TestMount {
         stderr: Stdio,
         group: Option<&MemoryCgroup>,
     ) {
+        if !self.keep_times {
+            date_back(&self.src);
+        }
         let mut command = prepfs();
         if let Some(group) = group {
             group.confine(&mut command);
@@ -152,6 +158,30 @@ impl TestMount {
 impl Drop for TestMount {
     fn drop(&mut self) {
         self.unmount();
+    }
+}
+
+/// Sets the mtime of every regular file under `dir` modified in the last minute an hour back, as
+/// for a dataset written before its training starts: prepfs caches no bytes of a file modified
+/// less than 2 s before they are read (it may still be being written; docs/SEMANTICS.md).
+pub fn date_back(dir: &Path) {
+    let now = std::time::SystemTime::now();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(meta) = entry.path().symlink_metadata() else {
+            continue;
+        };
+        if meta.is_dir() {
+            date_back(&entry.path());
+        } else if meta.is_file()
+            && let Ok(mtime) = meta.modified()
+            && now.duration_since(mtime).unwrap_or_default() < Duration::from_secs(60)
+            && let Ok(file) = std::fs::File::open(entry.path())
+        {
+            let _ = file.set_modified(mtime - Duration::from_secs(3600));
+        }
     }
 }
 
