@@ -8,7 +8,8 @@
 //! Must never run unbounded work or outlive its owner (dropping it joins every thread).
 //!
 //! `Permits` bounds work that any thread may start (renders start on the render pool, on the
-//! reads that find their file unrendered and on prefetch's threads): at most `n` at once.
+//! reads that find their file unrendered and on prefetch's threads): at most as many at once as
+//! the pool has active workers.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -128,50 +129,57 @@ impl Drop for WorkerPool {
     }
 }
 
-/// At most a fixed number of pieces of work at once, whichever threads start them.
+/// At most `limit()` pieces of work at once (read live, like a pool's active count), whichever
+/// threads start them.
 pub struct Permits {
-    free: Mutex<usize>,
+    running: Mutex<usize>,
     freed: Condvar,
+    limit: Active,
 }
 
 /// One piece of work's permit, given back when dropped.
 pub struct Permit<'a>(&'a Permits);
 
 impl Permits {
-    /// `n` permits (at least one).
-    pub fn new(n: usize) -> Permits {
+    /// Permits for at most `limit()` pieces of work at once (at least one).
+    pub fn new(limit: Active) -> Permits {
         Permits {
-            free: Mutex::new(n.max(1)),
+            running: Mutex::new(0),
             freed: Condvar::new(),
+            limit,
         }
     }
 
     /// A permit if one is free now.
     pub fn try_take(&self) -> Option<Permit<'_>> {
-        let mut free = self.free.lock();
-        (*free > 0).then(|| {
-            *free -= 1;
+        let mut running = self.running.lock();
+        (*running < (self.limit)().max(1)).then(|| {
+            *running += 1;
             Permit(self)
         })
     }
 
-    /// A permit, waiting at most `patience` for one to be given back.
+    /// A permit, waiting at most `patience` for one to be given back (or the limit to rise).
     pub fn take(&self, patience: std::time::Duration) -> Option<Permit<'_>> {
         let deadline = std::time::Instant::now() + patience;
-        let mut free = self.free.lock();
-        while *free == 0 {
-            if self.freed.wait_until(&mut free, deadline).timed_out() && *free == 0 {
+        let mut running = self.running.lock();
+        while *running >= (self.limit)().max(1) {
+            if std::time::Instant::now() >= deadline {
                 return None;
             }
+            let _ = self.freed.wait_until(
+                &mut running,
+                deadline.min(std::time::Instant::now() + RECHECK),
+            );
         }
-        *free -= 1;
+        *running += 1;
         Some(Permit(self))
     }
 }
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        *self.0.free.lock() += 1;
+        *self.0.running.lock() -= 1;
         self.0.freed.notify_one();
     }
 }
@@ -241,7 +249,7 @@ mod tests {
 
     #[test]
     fn permits_bound_work_and_come_back_when_dropped() {
-        let permits = Permits::new(2);
+        let permits = Permits::new(Arc::new(|| 2));
         let a = permits.try_take().expect("first");
         let _b = permits.try_take().expect("second");
         assert!(permits.try_take().is_none(), "two at most");

@@ -110,7 +110,7 @@ pub struct Views {
     held: AtomicUsize,
     /// Whether renders make restart-marked copies of the JPEGs they read (`--no-view-copies`).
     copies: bool,
-    /// Renders running at once, whichever thread runs them: one per render thread.
+    /// Renders running at once, whichever thread runs them: one per active render thread.
     running: Permits,
     /// Whether users other than the mount's owner may read the mount (`--allow-other`): the
     /// failed files a stats file names are then only those anybody could list.
@@ -226,7 +226,7 @@ impl Views {
         let pool = if list.is_empty() {
             None
         } else {
-            WorkerPool::sized("prepfs-render", threads, RENDER_QUEUE_DEPTH, active)
+            WorkerPool::sized("prepfs-render", threads, RENDER_QUEUE_DEPTH, active.clone())
                 .inspect_err(|e| {
                     tracing::warn!(error = %e, "cannot start render threads; rendering on read");
                 })
@@ -246,7 +246,7 @@ impl Views {
             ahead: Mutex::new(VecDeque::new()),
             held: AtomicUsize::new(0),
             copies: true,
-            running: Permits::new(threads),
+            running: Permits::new(active),
             read_by_others: false,
         }
     }
