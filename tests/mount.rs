@@ -781,7 +781,11 @@ fn normal_user_mounts_with_fusermount3_and_others_are_kept_out() {
             .output()
             .expect("setpriv")
     };
-    let exe = std::ffi::OsStr::new(env!("CARGO_BIN_EXE_prepfs"));
+    // The checkout may sit where `nobody` cannot reach (a clone in /root or in a mode-0700
+    // directory): the user runs a copy in the test's own directory, which it owns.
+    let copy = t.dir.path().join("prepfs");
+    fs::copy(env!("CARGO_BIN_EXE_prepfs"), &copy).expect("copy the binary for nobody");
+    let exe = copy.as_os_str();
     let out = as_nobody(&[
         exe,
         "mount".as_ref(),
