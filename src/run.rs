@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use crate::cache::{CacheDir, DiskOptions, DiskSetup};
 use crate::config::{ConfigError, MountConfig};
 use crate::fs::Fs;
-use crate::fuse::{Adapter, Config, MountOption, Session, SessionACL, SessionUnmounter};
+use crate::fuse::{Adapter, Config, MountOption, SessionACL, Unmount};
 use crate::memory::pressure::PressureWatch;
 use crate::source::{LocalSource, Source};
 
@@ -72,7 +72,7 @@ pub struct Mounted {
 #[derive(Clone)]
 pub struct Unmounter {
     mountpoint: PathBuf,
-    inner: Arc<Mutex<SessionUnmounter>>,
+    inner: Arc<Mutex<Unmount>>,
 }
 
 impl Unmounter {
@@ -153,11 +153,11 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
     config.n_threads = Some(fuse.threads.max(1));
     config.clone_fd = true;
 
-    let mut session = Session::new(adapter, &cfg.mountpoint, &config)
+    let (session, unmount) = crate::fuse::mount(adapter, &cfg.mountpoint, &config)
         .map_err(|e| mount_error(explain_mount_error(&e)))?;
     let unmounter = Unmounter {
         mountpoint: cfg.mountpoint.clone(),
-        inner: Arc::new(Mutex::new(session.unmount_callable())),
+        inner: Arc::new(Mutex::new(unmount)),
     };
     let session = std::thread::Builder::new()
         .name("prepfs-session".into())

@@ -799,6 +799,13 @@ fn normal_user_mounts_with_fusermount3_and_others_are_kept_out() {
         "user mount: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // fusermount3 gives the mount prepfs's type, as mount(2) does for root.
+    assert_eq!(
+        common::mount_type(&t.mnt)
+            .map(|(fstype, _)| fstype)
+            .as_deref(),
+        Some("fuse.prepfs")
+    );
     let cat = as_nobody(&["/bin/cat".as_ref(), t.s("f").as_os_str()]);
     let through = as_nobody(&["/bin/cat".as_ref(), t.m("f").as_os_str()]);
     assert_eq!(
@@ -818,6 +825,21 @@ fn normal_user_mounts_with_fusermount3_and_others_are_kept_out() {
         "user umount: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(!is_mounted(&t.mnt));
+}
+
+#[test]
+fn the_mount_shows_its_type_as_fuse_prepfs_and_its_source() {
+    let mut t = TestMount::new();
+    fs::write(t.s("f"), b"data").expect("write");
+    t.mount(&[]);
+    // As libfuse and fusermount3 show a FUSE filesystem with a subtype: what `findmnt -t`,
+    // `umount -t` and /etc/fstab's `fuse.prepfs` entries match.
+    let (fstype, source) = common::mount_type(&t.mnt).expect("the mount is listed");
+    assert_eq!(fstype, "fuse.prepfs");
+    assert_eq!(source, format!("prepfs:{}", t.src.display()));
+    assert_eq!(fs::read(t.m("f")).expect("read"), b"data");
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
     assert!(!is_mounted(&t.mnt));
 }
 

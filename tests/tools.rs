@@ -223,7 +223,9 @@ fn the_fuse_mount_helper_form_takes_options_from_o_and_a_config_file() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stats = t.stats();
+    let fstype = common::mount_type(&t.mnt).map(|(fstype, _)| fstype);
     let _ = common::run(&["umount".as_ref(), t.mnt.as_os_str()]);
+    assert_eq!(fstype.as_deref(), Some("fuse.prepfs"));
     // -o overrides the file; the file's other options hold; the mount is read-only regardless.
     // (--cache-mem is the whole memory budget; the RAM tier gets a slice of it.)
     assert_eq!(stats["memory"]["budget_bytes"], 48 * MIB, "{stats}");

@@ -31,7 +31,10 @@ use crate::fs::{Attr, Fs, Intent, Opened, Serve};
 use crate::requests::{self, Expiry, Once, RequestPool};
 use crate::source::Kind;
 
-pub use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
+mod mount;
+
+pub use fuser::{Config, MountOption, Session, SessionACL};
+pub use mount::{Unmount, mount};
 
 /// Requests that may wait on the source run on this many threads by default: enough parallel
 /// source reads to keep network or slow storage busy.
