@@ -23,6 +23,7 @@ use crate::scheduler::{
     self,
     runtime::{Mode, SchedulerOptions},
 };
+use crate::stats::Shown;
 use crate::stats::live::{self, Watch};
 use crate::view::ViewsConfig;
 use crate::warm::WarmRequest;
@@ -48,10 +49,13 @@ enum Command {
         #[arg(long, short = 'l')]
         lazy: bool,
     },
-    /// Print a mount's statistics as a table (or raw JSON).
+    /// Print a summary of a mount's statistics (every field with --all, raw JSON with --json).
     Stats {
         /// The mountpoint.
         mountpoint: PathBuf,
+        /// Print every field of stats.json, one `dotted.key  value` line each.
+        #[arg(long, conflicts_with = "json")]
+        all: bool,
         /// Print stats.json as is.
         #[arg(long, conflicts_with = "watch")]
         json: bool,
@@ -498,13 +502,24 @@ fn dispatch(command: Command) -> Result<(), RunError> {
         Command::Umount { mountpoint, lazy } => run::unmount_path(&mountpoint, lazy),
         Command::Stats {
             mountpoint,
+            all,
             json: _,
             watch: true,
             live,
-        } => live::watch_table(&mountpoint, live.watch()?).map_err(RunError::Other),
+        } => live::watch_table(&mountpoint, live.watch()?, all).map_err(RunError::Other),
         Command::Stats {
-            mountpoint, json, ..
-        } => crate::stats::table::print(&mountpoint, json).map_err(RunError::Other),
+            mountpoint,
+            all,
+            json,
+            ..
+        } => {
+            let shown = match (all, json) {
+                (_, true) => Shown::Json,
+                (true, false) => Shown::All,
+                (false, false) => Shown::Summary,
+            };
+            crate::stats::print(&mountpoint, shown).map_err(RunError::Other)
+        }
         Command::Top { mountpoint, live } => {
             live::top(&mountpoint, live.watch()?).map_err(RunError::Other)
         }

@@ -2,7 +2,7 @@
 //!
 //! Owns: building a small synthetic JPEG dataset in class folders, mounting it, reading two
 //! shuffled epochs through the mount with a progress bar (checking every byte against the
-//! source), printing the cache's hit rate per epoch and the final stats, then unmounting and
+//! source), printing the cache's hit rate per epoch and the stats summary, then unmounting and
 //! removing everything, also when interrupted. Must never leave a mount or files behind.
 
 use std::path::{Path, PathBuf};
@@ -70,12 +70,14 @@ pub fn run(files: usize) -> Result<(), String> {
         .and_then(|()| read_view(&mountpoint, &paths, &interrupted));
     if outcome.is_ok() {
         println!("\nprepfs stats {}:", mountpoint.display());
-        let _ = crate::stats::table::print(&mountpoint, false);
+        let _ = crate::stats::print(&mountpoint, crate::stats::Shown::Summary);
     }
     let unmounted = mounted.unmount().map_err(|e| e.to_string());
     outcome.and(unmounted)?;
     println!(
-        "\nUnmounted and cleaned up. Mount your own data with: prepfs mount DATASET MOUNTPOINT"
+        "\nUnmounted and cleaned up. Mount your own data with: prepfs mount DATASET MOUNTPOINT\n\
+         Then watch it live with prepfs top MOUNTPOINT (MOUNTPOINT/.prepfs/stats.json has every \
+         figure); the rest is in docs/GUIDE.md."
     );
     Ok(())
 }
