@@ -10,7 +10,7 @@
 //! is M plus the reader's own measured footprint (a tenth more in `--quick`, so a smoke run never
 //! thrashes on a footprint measured low), and prepfs gets `--cache-mem` = M minus the daemon's
 //! measured footprint. Results: JSON files, SVG plots and Markdown tables (appended to
-//! BENCHMARKS.md), and the targets of issue 3 checked side by side. The views comparison
+//! docs/BENCHMARKS-HISTORY.md), and the targets of issue 3 checked side by side. The views comparison
 //! (`views`: tensor views against stock PyTorch, torchvision.io and DALI on the CPU, issues 4 and
 //! 25) runs on a dataset of its own (`--view-files`, 2,000 by default) and asks
 //! `python/ensure-env --bench` for DALI when a DALI pipeline is selected. `--quick` is the CI
@@ -43,7 +43,8 @@ use sandbox::{Cgroup, Guard, Limits, SlowDisk};
 const PREPFS: &str = env!("CARGO_BIN_EXE_prepfs");
 const READERS_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/epochs/readers.py");
 const ENSURE_ENV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/ensure-env");
-const BENCHMARKS_MD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/BENCHMARKS.md");
+const BENCHMARKS_HISTORY_MD: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/docs/BENCHMARKS-HISTORY.md");
 const RESULTS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/results");
 /// Memory the prepfs side keeps free beyond the measured footprints, taken out of its cache:
 /// the page cache and buffers of source reads in flight (a couple of concurrent 1 MiB fetches,
