@@ -186,3 +186,66 @@ fn the_readme_starts_a_user_in_one_screen() {
     assert!(first_docs_link <= 45, "line {first_docs_link}");
     assert!(text.contains("./demo.sh") && text.contains("./test.sh"));
 }
+
+/// Runs the README's `./demo.sh` as `nobody` from a copy (with its scripts/), with `PATH` holding
+/// only links to `tools` and a `cargo` that prints its arguments.
+fn demo_sh_as_nobody(tools: &[&str]) -> std::process::Output {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // Not the checkout itself: it may sit where nobody cannot reach (a mode-0700 directory).
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let (copy, bin) = (dir.path().join("checkout"), dir.path().join("bin"));
+    std::fs::create_dir_all(copy.join("scripts")).expect("mkdir");
+    std::fs::create_dir(&bin).expect("mkdir");
+    for file in ["demo.sh", "scripts/system-packages.sh"] {
+        std::fs::copy(root.join(file), copy.join(file)).expect("copy");
+    }
+    for tool in ["bash", "dirname", "id", "apt-get"].iter().chain(tools) {
+        let found = Command::new("sh")
+            .arg("-c")
+            .arg(format!("command -v {tool}"))
+            .output()
+            .expect("sh");
+        let path = String::from_utf8_lossy(&found.stdout).trim().to_owned();
+        assert!(
+            !path.is_empty(),
+            "{tool} is installed (test.sh installs it)"
+        );
+        symlink(path, bin.join(tool)).expect("link");
+    }
+    std::fs::write(bin.join("cargo"), "#!/bin/sh\necho \"cargo $*\"\n").expect("write");
+    std::fs::set_permissions(bin.join("cargo"), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    let mut command = Command::new("/usr/bin/setpriv");
+    command
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(bin.join("bash"))
+        .arg(copy.join("demo.sh"))
+        .args(["--files", "10"])
+        .env_clear()
+        .env("PATH", &bin);
+    command.output().expect("run demo.sh")
+}
+
+#[test]
+fn demo_sh_names_a_missing_build_tool_and_its_install_command_before_any_build() {
+    let out = demo_sh_as_nobody(&["cc", "make", "nasm", "fusermount3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        "demo.sh: missing cmake; install with: sudo apt-get install cmake\n"
+    );
+    assert!(out.stdout.is_empty(), "cargo never ran");
+    let out = demo_sh_as_nobody(&["cc", "make", "nasm", "cmake", "fusermount3"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "cargo run --release --locked -- demo --files 10\n"
+    );
+}
