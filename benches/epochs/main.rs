@@ -157,7 +157,7 @@ const USAGE: &str = "usage: cargo bench --bench epochs -- [--quick] [--files N] 
 [--scenarios sorted,shuffled,fixed,torch,shards] [--staging-mib N] [--prefetch-threads N] \
 [--view-files N] [--rounds N] [--workers N] [--step-ms F] \
 [--pipelines stock,tvio,dali,dali-roi,f32-off,u8-off,f32,u8,u8-ahead] \
-[--seed N] [--workdir DIR] [--out DIR]";
+[--seed N] [--workdir DIR] [--out DIR]\n       cargo bench --bench epochs -- --replot-views   (benches/results/views.json again as a plot)";
 
 impl Options {
     fn parse() -> Result<Options, String> {
@@ -349,10 +349,32 @@ fn main() {
         }
         return;
     }
+    if args.first().map(String::as_str) == Some("--replot-views") {
+        if let Err(e) = replot_views() {
+            eprintln!("epochs: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Err(e) = run() {
         eprintln!("epochs: {e}");
         sandbox::exit(1);
     }
+}
+
+/// `--replot-views`: draws benches/results' images/s plot again from its views.json, without
+/// running anything (for a plot added after the run).
+fn replot_views() -> Result<(), String> {
+    let dir = Path::new(RESULTS_DIR);
+    let json = dir.join("views.json");
+    let text = std::fs::read_to_string(&json).map_err(|e| format!("{}: {e}", json.display()))?;
+    let doc: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", json.display()))?;
+    let bars = views_report::bars_from_json(&doc)?;
+    views_report::plot(
+        &bars,
+        &dir.join(views_report::PLOT),
+        views_report::PLOT_TITLE,
+    )
 }
 
 fn run() -> Result<(), String> {

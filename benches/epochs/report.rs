@@ -226,6 +226,11 @@ pub fn write(
                 "targets": view_targets,
             }),
         )?);
+        crate::views_report::plot(
+            &crate::views_report::bars(&summaries),
+            &opts.out.join(crate::views_report::PLOT),
+            crate::views_report::PLOT_TITLE,
+        )?;
         md.push_str(&crate::views_report::markdown(
             manifest,
             view_runs,
