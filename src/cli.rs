@@ -59,7 +59,8 @@ enum Command {
         /// Print stats.json as is.
         #[arg(long, conflicts_with = "watch")]
         json: bool,
-        /// Print the table again every --interval seconds (redrawn in place on a terminal).
+        /// Print the summary (or, with --all, every field) again every --interval seconds
+        /// (redrawn in place on a terminal).
         #[arg(long)]
         watch: bool,
         #[command(flatten)]
