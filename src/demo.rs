@@ -1,4 +1,5 @@
-//! `prepfs demo`: the README's "run it" command, end to end in a temporary directory.
+//! `prepfs demo`: what the README's first command (`./demo.sh`) runs, end to end in a temporary
+//! directory.
 //!
 //! Owns: building a small synthetic JPEG dataset in class folders, mounting it, reading two
 //! shuffled epochs through the mount with a progress bar (checking every byte against the
