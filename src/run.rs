@@ -162,7 +162,11 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
     let session = std::thread::Builder::new()
         .name("prepfs-session".into())
         .spawn(move || session.run())
-        .map_err(|e| mount_error(format!("cannot start the session thread: {e}")))?;
+        .map_err(|e| {
+            // Nothing serves the mount: take it down rather than leave it hanging its readers.
+            let _ = unmounter.unmount();
+            mount_error(format!("cannot start the session thread: {e}"))
+        })?;
     let pressure = PressureWatch::start(fs.memory().clone());
     let mounted = Mounted {
         unmounter,
