@@ -21,7 +21,6 @@
 mod dataset;
 mod prefetch;
 mod report;
-mod sandbox;
 mod slowfs;
 mod target;
 mod views;
@@ -37,7 +36,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use prepfs::memory::limits::HEADROOM;
-use sandbox::{Cgroup, Guard, Limits, SlowDisk};
+use prepfs::sandbox::{self, Cgroup, Guard, Limits, SlowDisk};
 
 /// The binary under test, built by cargo for this bench.
 const PREPFS: &str = env!("CARGO_BIN_EXE_prepfs");
@@ -379,7 +378,7 @@ fn replot_views() -> Result<(), String> {
 
 fn run() -> Result<(), String> {
     let opts = Options::parse()?;
-    preflight()?;
+    sandbox::preflight()?;
     sandbox::install_signal_teardown()?;
     std::fs::create_dir_all(&opts.workdir)
         .map_err(|e| format!("{}: {e}", opts.workdir.display()))?;
@@ -455,31 +454,6 @@ fn run() -> Result<(), String> {
 
 fn mb(bytes: u64) -> f64 {
     bytes as f64 / 1e6
-}
-
-fn preflight() -> Result<(), String> {
-    if !rustix::process::geteuid().is_root() {
-        return Err("must run as root (loop devices, cgroups, drop_caches)".into());
-    }
-    for path in [
-        "/dev/fuse",
-        "/sys/fs/cgroup/memory/cgroup.procs",
-        "/sys/fs/cgroup/blkio/cgroup.procs",
-        "/sys/fs/cgroup/cpuacct/cgroup.procs",
-        "/proc/sys/vm/drop_caches",
-    ] {
-        if !Path::new(path).exists() {
-            return Err(format!(
-                "{path} is missing: this needs FUSE and cgroup v1 memory, blkio and cpuacct"
-            ));
-        }
-    }
-    for tool in ["losetup", "mkfs.ext4", "mount", "umount"] {
-        if sandbox::must(Command::new("sh").args(["-c", &format!("command -v {tool}")])).is_err() {
-            return Err(format!("{tool} not found (util-linux / e2fsprogs)"));
-        }
-    }
-    Ok(())
 }
 
 /// The Python of the readers, from `python/ensure-env`; `bench`: with the benchmarks' peers
