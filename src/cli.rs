@@ -90,11 +90,23 @@ enum Command {
     /// The scheduler's policy: measure this machine, train in the simulator, inspect a file.
     #[command(subcommand)]
     Policy(PolicyCommand),
-    /// Build a small image dataset, mount it, read two epochs, show the cache at work, clean up.
+    /// Why prepfs: epochs on slow storage against the page cache with the same memory, and a
+    /// tensor view against decoding in the loader, in a one-screen summary; then cleans up.
     Demo {
-        /// Number of images to generate.
+        /// Number of distinct images to generate.
         #[arg(long, default_value_t = 300)]
         files: usize,
+        /// Memory of the slow-storage comparison (reader and cache together), in MiB; its
+        /// dataset is twice as large (copies of the images).
+        #[arg(long, default_value_t = 160, value_name = "MIB")]
+        memory: u64,
+        /// Also print the mount's full stats.
+        #[arg(long)]
+        stats: bool,
+        /// Internal: read the files listed on stdin under DIR, one line out per file (the
+        /// demo's reader process, inside its cgroup).
+        #[arg(long, hide = true, value_name = "DIR")]
+        read_listed: Option<PathBuf>,
     },
 }
 
@@ -560,6 +572,20 @@ fn dispatch(command: Command) -> Result<(), RunError> {
         Command::Policy(PolicyCommand::Show { file }) => {
             scheduler::commands::run_show(file.as_deref()).map_err(RunError::Other)
         }
-        Command::Demo { files } => crate::demo::run(files).map_err(RunError::Other),
+        Command::Demo {
+            read_listed: Some(root),
+            ..
+        } => crate::demo::read_listed(&root).map_err(RunError::Other),
+        Command::Demo {
+            files,
+            memory,
+            stats,
+            read_listed: None,
+        } => crate::demo::run(&crate::demo::DemoOptions {
+            files,
+            memory: memory << 20,
+            full_stats: stats,
+        })
+        .map_err(RunError::Other),
     }
 }

@@ -1,10 +1,16 @@
 //! `prepfs demo`: what the README's first command (`./demo.sh`) runs, end to end in a temporary
-//! directory.
+//! directory: why prepfs exists, in about a minute, side by side.
 //!
-//! Owns: building a small synthetic JPEG dataset in class folders, mounting it, reading two
-//! shuffled epochs through the mount with a progress bar (checking every byte against the
-//! source), printing the cache's hit rate per epoch and the stats summary, then unmounting and
-//! removing everything, also when interrupted. Must never leave a mount or files behind.
+//! Owns the demo's flow and its one-screen summary: building a small synthetic JPEG dataset in
+//! class folders, mounting it, reading two shuffled epochs through the mount (checking every byte
+//! against the source), then the two comparisons — a tensor view against decoding in the loader
+//! (`decode`), and, as root, shuffled epochs on slow storage with a dataset twice the memory
+//! given, the page cache against prepfs with the same memory (`slow`) — and where to look next.
+//! Must never leave a mount, loop device, cgroup or file behind, also when interrupted
+//! (SIGINT/SIGTERM stop the work at the next file; every piece is undone as the demo returns).
+
+mod decode;
+mod slow;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,32 +25,75 @@ use crate::inode::CONTROL_DIR_NAME;
 use crate::run;
 use crate::synthetic;
 
+pub use slow::read_listed;
+
 /// Classes (sub-directories) of the demo dataset, as an ImageFolder expects.
 const CLASSES: usize = 10;
-/// The demo's tensor view: ImageNet training augmentation, served as .npy files.
-const DEMO_VIEW: &str = "train=decode,random_resized_crop(224),hflip,normalize(imagenet)";
+/// The demo's view name and pipeline: ImageNet training augmentation, served as .npy files.
+const VIEW_NAME: &str = "train";
+const VIEW_PIPELINE: &str = "decode,random_resized_crop(224),hflip,normalize(imagenet)";
 /// RAM budget of the demo mount: the whole dataset fits, so epoch 2 is all hits.
 const DEMO_CACHE_BYTES: u64 = 512 << 20;
+/// The error of work stopped by SIGINT or SIGTERM.
+const INTERRUPTED: &str = "interrupted; unmounted and cleaned up";
 
-/// Runs the demo with `files` images.
-pub fn run(files: usize) -> Result<(), String> {
+/// What `prepfs demo` was asked for.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Distinct images to generate.
+    pub files: usize,
+    /// Memory of each side of the slow-storage comparison, bytes.
+    pub memory: u64,
+    /// Also print the mount's full stats.
+    pub full_stats: bool,
+}
+
+/// The view comparison's two sides and its setting.
+struct ViewComparison {
+    threads: usize,
+    loader: decode::Throughput,
+    view: decode::Throughput,
+}
+
+/// Runs the demo.
+pub fn run(options: &DemoOptions) -> Result<(), String> {
     let interrupted = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, interrupted.clone())
             .map_err(|e| format!("cannot install signal handler: {e}"))?;
     }
+    let started = Instant::now();
     let work = tempfile::Builder::new()
         .prefix("prepfs-demo-")
         .tempdir()
         .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
-    let source = work.path().join("dataset");
-    let mountpoint = work.path().join("mnt");
+    let outcome = demo(work.path(), options, &interrupted);
+    // Everything inside is undone by now; the directory goes last.
+    let removed = work
+        .close()
+        .map_err(|e| format!("cannot remove the temporary directory: {e}"));
+    let (views, slow) = outcome?;
+    removed?;
+    print_summary(&views, &slow, started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The demo's work in `work`: the view comparison, and the slow-storage one (or why it was
+/// skipped).
+fn demo(
+    work: &Path,
+    options: &DemoOptions,
+    interrupted: &AtomicBool,
+) -> Result<(ViewComparison, Result<slow::SlowComparison, String>), String> {
+    let source = work.join("dataset");
+    let mountpoint = work.join("mnt");
     std::fs::create_dir(&mountpoint).map_err(|e| e.to_string())?;
     println!(
-        "Building {files} JPEG images in {CLASSES} classes under {}",
+        "Building {} JPEG images in {CLASSES} classes under {}",
+        options.files,
         source.display()
     );
-    let paths = build_dataset(&source, files, &interrupted)?;
+    let paths = build_dataset(&source, options.files, interrupted)?;
     let bytes: u64 = paths
         .iter()
         .filter_map(|p| std::fs::metadata(source.join(p)).ok())
@@ -59,28 +108,131 @@ pub fn run(files: usize) -> Result<(), String> {
     );
     cfg.foreground = true;
     cfg.cache.budget = DEMO_CACHE_BYTES;
-    cfg.views.specs = vec![crate::view::ViewSpec::parse(DEMO_VIEW).map_err(|e| e.to_string())?];
+    let spec = crate::view::ViewSpec::parse(&format!("{VIEW_NAME}={VIEW_PIPELINE}"))
+        .map_err(|e| e.to_string())?;
+    cfg.views.specs = vec![spec.clone()];
     let mounted = run::start(&cfg).map_err(|e| e.to_string())?;
     println!(
-        "Mounted at {} ({:.1} MB dataset, {} MB cache budget)\n",
+        "Mounted at {} ({:.1} MB dataset, {} MB cache budget)",
         mountpoint.display(),
         bytes as f64 / 1e6,
         DEMO_CACHE_BYTES >> 20
     );
-    let outcome = read_epochs(&source, &mountpoint, &paths, &interrupted)
-        .and_then(|()| read_view(&mountpoint, &paths, &interrupted));
-    if outcome.is_ok() {
-        println!("\nprepfs stats {}:", mountpoint.display());
-        let _ = crate::stats::print(&mountpoint, crate::stats::Shown::Summary);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let outcome = read_epochs(&source, &mountpoint, &paths, interrupted).and_then(|()| {
+        println!("Tensor view against decoding in the loader, {threads} threads each");
+        let view_dir = mountpoint
+            .join(CONTROL_DIR_NAME)
+            .join("views")
+            .join(VIEW_NAME);
+        let view = decode::from_view(&view_dir, &paths, threads, interrupted)?;
+        let loader = decode::in_loader(&source, &paths, &spec, threads, interrupted)?;
+        Ok(ViewComparison {
+            threads,
+            loader,
+            view,
+        })
+    });
+    if options.full_stats && outcome.is_ok() {
+        println!("\nprepfs stats --all {}:", mountpoint.display());
+        let _ = crate::stats::print(&mountpoint, crate::stats::Shown::All);
     }
     let unmounted = mounted.unmount().map_err(|e| e.to_string());
-    outcome.and(unmounted)?;
+    let views = outcome?;
+    unmounted?;
+    let slow = match crate::sandbox::preflight() {
+        Ok(()) => slow::compare(work, &source, &paths, options.memory, interrupted),
+        Err(why) => Err(why),
+    };
+    if interrupted.load(Ordering::Relaxed) {
+        return Err(INTERRUPTED.into());
+    }
+    Ok((views, slow))
+}
+
+/// The one-screen summary (at most 25 lines): both comparisons, how to use a view, where next.
+fn print_summary(
+    views: &ViewComparison,
+    slow: &Result<slow::SlowComparison, String>,
+    seconds: f64,
+) {
+    let mb = |bytes: u64| bytes as f64 / 1e6;
+    println!("\n=== prepfs demo: summary ({seconds:.0} s) ===");
+    match slow {
+        Ok(c) => {
+            println!(
+                "Slow storage: {} files, {:.0} MB (twice the memory) on a disk throttled to {} MB/s,",
+                c.files,
+                mb(c.data_bytes),
+                c.read_bps / 1_000_000
+            );
+            println!(
+                "  shuffled epochs, {} MiB of memory for reader and cache on each side:",
+                c.memory >> 20
+            );
+            println!(
+                "  {:<8} {:>24} {:>32}",
+                "",
+                "page cache",
+                format!("prepfs (--cache-mem {}M)", c.cache >> 20)
+            );
+            for (i, (p, q)) in c.page_cache.iter().zip(&c.prepfs).enumerate() {
+                println!(
+                    "  epoch {:<2} {:>7.2} s {:>7.0} MB read {:>15.2} s {:>7.0} MB read",
+                    i + 1,
+                    p.seconds,
+                    mb(p.device_bytes),
+                    q.seconds,
+                    mb(q.device_bytes)
+                );
+            }
+            let later = |epochs: &[slow::Epoch]| {
+                epochs
+                    .iter()
+                    .skip(1)
+                    .fold((0.0, 0u64), |(s, b), e| (s + e.seconds, b + e.device_bytes))
+            };
+            let ((ps, pb), (qs, qb)) = (later(&c.page_cache), later(&c.prepfs));
+            println!(
+                "  epochs 2+: prepfs read {:.2}x the bytes in {:.2}x the time of the page cache",
+                qb as f64 / pb.max(1) as f64,
+                qs / ps.max(1e-9)
+            );
+        }
+        Err(why) => {
+            println!("Slow storage: comparison skipped: {why} (it needs root: ./demo.sh as root)")
+        }
+    }
     println!(
-        "\nUnmounted and cleaned up. Mount your own data with: prepfs mount DATASET MOUNTPOINT\n\
-         Then watch it live with prepfs top MOUNTPOINT (MOUNTPOINT/.prepfs/stats.json has every \
-         figure); the rest is in docs/GUIDE.md."
+        "Tensor view vs decoding in the loader: {} images, {} threads each on the same cores:",
+        views.view.images, views.threads
     );
-    Ok(())
+    println!("  {:<34} {:>9} {:>13}", "", "images/s", "CPU ms/image");
+    for (name, t) in [
+        ("decoding in the loader", &views.loader),
+        ("prepfs view (.npy, float32)", &views.view),
+    ] {
+        println!(
+            "  {name:<34} {:>9.0} {:>13.2}",
+            t.images_per_s(),
+            t.cpu_ms_per_image()
+        );
+    }
+    println!(
+        "  loader: libjpeg-turbo decodes each whole image, then RandomResizedCrop(224), flip and"
+    );
+    println!(
+        "  normalize run in Rust (torchvision's ops); the view decodes only the crop, scaled when it can."
+    );
+    println!("  Use it: prepfs mount DATA MNT --view {VIEW_NAME}='{VIEW_PIPELINE}'");
+    println!(
+        "  and in the loader: np.load(MNT/.prepfs/views/{VIEW_NAME}/<path>.npy) (README's DatasetFolder)"
+    );
+    println!(
+        "Where next: prepfs top MNT (live), MNT/.prepfs/stats.json (every figure, docs/STATS.md),"
+    );
+    println!("  docs/GUIDE.md, and prepfs demo --stats for the full stats of this run.");
+    println!("Unmounted and cleaned up: no mount, loop device, cgroup or file is left.");
 }
 
 fn bar(len: u64, what: &str) -> ProgressBar {
@@ -104,36 +256,6 @@ fn build_dataset(
     })?;
     progress.finish();
     Ok(samples.into_iter().map(|s| s.path).collect())
-}
-
-/// One epoch over the view: every image as a decoded, augmented float32 tensor file.
-fn read_view(mountpoint: &Path, paths: &[PathBuf], interrupted: &AtomicBool) -> Result<(), String> {
-    let view = mountpoint.join(CONTROL_DIR_NAME).join("views/train");
-    println!("\nView {DEMO_VIEW}\n  served at {}", view.display());
-    let progress = bar(paths.len() as u64, "view");
-    let started = Instant::now();
-    let mut bytes = 0u64;
-    for rel in paths {
-        if interrupted.load(Ordering::Relaxed) {
-            progress.abandon();
-            return Err("interrupted; unmounted and cleaned up".into());
-        }
-        let mut npy = rel.clone().into_os_string();
-        npy.push(".npy");
-        let tensor =
-            std::fs::read(view.join(&npy)).map_err(|e| format!("{}: {e}", rel.display()))?;
-        bytes += tensor.len() as u64;
-        progress.inc(1);
-    }
-    progress.finish();
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "view epoch: {} tensors (float32, 3x224x224, {:.0} MB) in {secs:.2} s, {:.0} images/s; load them with numpy.load",
-        paths.len(),
-        bytes as f64 / 1e6,
-        paths.len() as f64 / secs.max(1e-9)
-    );
-    Ok(())
 }
 
 fn cache_counts(mountpoint: &Path) -> (u64, u64) {
@@ -165,7 +287,7 @@ fn read_epochs(
         for rel in &order {
             if interrupted.load(Ordering::Relaxed) {
                 progress.abandon();
-                return Err("interrupted; unmounted and cleaned up".into());
+                return Err(INTERRUPTED.into());
             }
             let through_mount = std::fs::read(mountpoint.join(rel))
                 .map_err(|e| format!("{}: {e}", rel.display()))?;
