@@ -910,7 +910,7 @@ fn demo_summary_shows_both_comparisons_on_one_screen_and_leaves_nothing_behind()
         );
     } else {
         assert!(
-            summary.contains("Slow storage: comparison skipped"),
+            summary.contains("Slow storage comparison skipped: "),
             "{summary}"
         );
     }

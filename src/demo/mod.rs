@@ -141,8 +141,9 @@ fn demo(
     let views = outcome?;
     unmounted?;
     let slow = match crate::sandbox::preflight() {
-        Ok(()) => slow::compare(work, &source, &paths, options.memory, interrupted),
-        Err(why) => Err(why),
+        Ok(()) => slow::compare(work, &source, &paths, options.memory, interrupted)
+            .map_err(|e| format!("failed: {e}")),
+        Err(why) => Err(format!("skipped: {why}; run ./demo.sh as root for it")),
     };
     if interrupted.load(Ordering::Relaxed) {
         return Err(INTERRUPTED.into());
