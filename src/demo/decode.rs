@@ -112,15 +112,16 @@ pub fn in_loader(
     })
 }
 
-/// The view: each image's .npy file under `view` (the view's directory in the mount) read
-/// whole, on `threads` threads.
+/// One epoch of the view: each image's .npy file under `view` (the view's directory in the
+/// mount) read whole, on `threads` threads, with a progress bar named `what`.
 pub fn from_view(
     view: &Path,
     paths: &[PathBuf],
     threads: usize,
+    what: &str,
     interrupted: &AtomicBool,
 ) -> Result<Throughput, String> {
-    measure(paths, threads, "view", interrupted, &|rel| {
+    measure(paths, threads, what, interrupted, &|rel| {
         let mut npy = rel.as_os_str().to_owned();
         npy.push(".npy");
         let tensor =
