@@ -128,9 +128,17 @@ fn demo(
             .join(CONTROL_DIR_NAME)
             .join("views")
             .join(VIEW_NAME);
-        let view_first = decode::from_view(&view_dir, &paths, threads, "view 1", interrupted)?;
-        let view_later = decode::from_view(&view_dir, &paths, threads, "view 2", interrupted)?;
-        let loader = decode::in_loader(&source, &paths, &spec, threads, interrupted)?;
+        // A new shuffle every epoch, as a training loader's sampler draws: nothing can render
+        // ahead of an order it cannot predict, so each epoch pays for its own renders.
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut shuffled = || {
+            let mut order = paths.clone();
+            rng.shuffle(&mut order);
+            order
+        };
+        let view_first = decode::from_view(&view_dir, &shuffled(), threads, "view 1", interrupted)?;
+        let view_later = decode::from_view(&view_dir, &shuffled(), threads, "view 2", interrupted)?;
+        let loader = decode::in_loader(&source, &shuffled(), &spec, threads, interrupted)?;
         Ok(ViewComparison {
             threads,
             loader,
@@ -226,10 +234,13 @@ fn print_summary(
         );
     }
     println!(
-        "  loader: libjpeg-turbo decodes each whole image, then RandomResizedCrop(224), flip and"
+        "  loader: in Rust, libjpeg-turbo decodes each whole image, then RandomResizedCrop(224), flip,"
     );
     println!(
-        "  normalize run in Rust (torchvision's ops); the view decodes only the crop, scaled when it can."
+        "  normalize (a Python loader costs more: BENCHMARKS.md). The view decodes only the crop,"
+    );
+    println!(
+        "  scaled when it can; epoch 1 also makes the restart-marked copies later epochs cut from."
     );
     println!("  Use it: prepfs mount DATA MNT --view {VIEW_NAME}='{VIEW_PIPELINE}'");
     println!(
