@@ -52,7 +52,7 @@ pub struct DemoOptions {
 struct ViewComparison {
     threads: usize,
     loader: decode::Throughput,
-    /// The view's first epoch (it also makes the restart-marked copies later renders cut).
+    /// The view's first epoch (it also keeps decoded pixels or restart-marked copies for later).
     view_first: decode::Throughput,
     /// Its second: what every later epoch costs.
     view_later: decode::Throughput,
@@ -240,7 +240,10 @@ fn print_summary(
         "  normalize (a Python loader costs more: BENCHMARKS.md). The view decodes only the crop,"
     );
     println!(
-        "  scaled when it can; epoch 1 also makes the restart-marked copies later epochs cut from."
+        "  scaled when it can; in epoch 1 it keeps what makes later epochs cheaper: decoded pixels when"
+    );
+    println!(
+        "  they fit (the scheduler's choice, cache.decoded in --stats), else restart-marked copies."
     );
     println!("  Use it: prepfs mount DATA MNT --view {VIEW_NAME}='{VIEW_PIPELINE}'");
     println!(
