@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine. Everything it needs is installed or checked first,
 # completely, before any test runs (tests never install anything):
-#   1. system packages: fuse3 (fusermount3), e2fsprogs and mount (loop-device ext4 images),
-#      util-linux's flock, python3-venv, and cmake and nasm (the build compiles libjpeg-turbo,
-#      the views' JPEG decoder, from source with its SIMD code);
+#   1. system packages (scripts/system-packages.sh): what the build needs (a C compiler, make,
+#      cmake and nasm: libjpeg-turbo, the views' JPEG decoder, is compiled from source with its
+#      SIMD code), fuse3 (fusermount3), e2fsprogs and mount (loop-device ext4 images),
+#      util-linux's flock and python3-venv;
 #   2. the Python environment of the client tests (python/ensure-env: pinned requirements.lock,
 #      rebuilt when half made; $PREPFS_VENV, default ~/.cache/prepfs/venv);
 # then every test of the default build (unit tests, real-mount tests of the binary, PyTorch/TF
@@ -25,20 +26,11 @@ command -v cargo >/dev/null || { say "needs a Rust toolchain (https://rustup.rs)
 [ -e /dev/fuse ] || { say "/dev/fuse is missing: load the fuse module (modprobe fuse)"; exit 1; }
 [ "$(id -u)" = 0 ] || { say "the mount tests run as root (they also test a normal user via setpriv)"; exit 1; }
 
-# 1. System packages.
-need_pkgs=()
-command -v fusermount3 >/dev/null || need_pkgs+=(fuse3)   # how normal users mount; tested
-command -v mkfs.ext4 >/dev/null || need_pkgs+=(e2fsprogs)
-command -v losetup >/dev/null || need_pkgs+=(mount)
-command -v flock >/dev/null || need_pkgs+=(util-linux)
-python3 -c 'import venv, ensurepip' 2>/dev/null || need_pkgs+=(python3-venv)
-command -v cmake >/dev/null || need_pkgs+=(cmake)
-command -v nasm >/dev/null || need_pkgs+=(nasm)
-if [ ${#need_pkgs[@]} -gt 0 ]; then
-  say "installing ${need_pkgs[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
-fi
+# 1. System packages (scripts/system-packages.sh: the build's, as for demo.sh, and the tests').
+source scripts/system-packages.sh
+# fusermount3 is how normal users mount (tested); mkfs.ext4 and losetup make slow-disk images.
+ensure_packages test.sh "${BUILD_PACKAGES[@]}" fuse3:fusermount3 \
+  e2fsprogs:mkfs.ext4 mount:losetup util-linux:flock python3-venv:has_python_venv || exit 1
 # Without udev (containers), /dev/fuse keeps mode 0600; distributions make it 0666 through the
 # fuse3 udev rule, which is what normal-user mounts rely on.
 if [ "$(stat -c %a /dev/fuse)" != 666 ]; then

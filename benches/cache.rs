@@ -15,16 +15,12 @@
 //! [--text DIR]`. Reads are done by this process with 2 threads, whole files, so the numbers
 //! isolate the cache from any loader.
 
-#[path = "epochs/sandbox.rs"]
-#[allow(dead_code)]
-mod sandbox;
-
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use sandbox::{Cgroup, Guard, Limits, SlowDisk};
+use prepfs::sandbox::{self, Cgroup, Guard, Limits, SlowDisk};
 use serde_json::Value;
 
 const PREPFS: &str = env!("CARGO_BIN_EXE_prepfs");

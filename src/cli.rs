@@ -23,6 +23,7 @@ use crate::scheduler::{
     self,
     runtime::{Mode, SchedulerOptions},
 };
+use crate::stats::Shown;
 use crate::stats::live::{self, Watch};
 use crate::view::ViewsConfig;
 use crate::warm::WarmRequest;
@@ -48,14 +49,18 @@ enum Command {
         #[arg(long, short = 'l')]
         lazy: bool,
     },
-    /// Print a mount's statistics as a table (or raw JSON).
+    /// Print a summary of a mount's statistics (every field with --all, raw JSON with --json).
     Stats {
         /// The mountpoint.
         mountpoint: PathBuf,
+        /// Print every field of stats.json, one `dotted.key  value` line each.
+        #[arg(long, conflicts_with = "json")]
+        all: bool,
         /// Print stats.json as is.
         #[arg(long, conflicts_with = "watch")]
         json: bool,
-        /// Print the table again every --interval seconds (redrawn in place on a terminal).
+        /// Print the summary (or, with --all, every field) again every --interval seconds
+        /// (redrawn in place on a terminal).
         #[arg(long)]
         watch: bool,
         #[command(flatten)]
@@ -85,11 +90,23 @@ enum Command {
     /// The scheduler's policy: measure this machine, train in the simulator, inspect a file.
     #[command(subcommand)]
     Policy(PolicyCommand),
-    /// Build a small image dataset, mount it, read two epochs, show the cache at work, clean up.
+    /// Why prepfs: epochs on slow storage against the page cache with the same memory, and a
+    /// tensor view against decoding in the loader, in a one-screen summary; then cleans up.
     Demo {
-        /// Number of images to generate.
+        /// Number of distinct images to generate.
         #[arg(long, default_value_t = 300)]
         files: usize,
+        /// Memory of the slow-storage comparison (reader and cache together), in MiB; its
+        /// dataset is twice as large (copies of the images).
+        #[arg(long, default_value_t = 160, value_name = "MIB")]
+        memory: u64,
+        /// Also print the mount's full stats.
+        #[arg(long)]
+        stats: bool,
+        /// Internal: read the files listed on stdin under DIR, one line out per file (the
+        /// demo's reader process, inside its cgroup).
+        #[arg(long, hide = true, value_name = "DIR")]
+        read_listed: Option<PathBuf>,
     },
 }
 
@@ -498,13 +515,24 @@ fn dispatch(command: Command) -> Result<(), RunError> {
         Command::Umount { mountpoint, lazy } => run::unmount_path(&mountpoint, lazy),
         Command::Stats {
             mountpoint,
+            all,
             json: _,
             watch: true,
             live,
-        } => live::watch_table(&mountpoint, live.watch()?).map_err(RunError::Other),
+        } => live::watch_table(&mountpoint, live.watch()?, all).map_err(RunError::Other),
         Command::Stats {
-            mountpoint, json, ..
-        } => crate::stats::table::print(&mountpoint, json).map_err(RunError::Other),
+            mountpoint,
+            all,
+            json,
+            ..
+        } => {
+            let shown = match (all, json) {
+                (_, true) => Shown::Json,
+                (true, false) => Shown::All,
+                (false, false) => Shown::Summary,
+            };
+            crate::stats::print(&mountpoint, shown).map_err(RunError::Other)
+        }
         Command::Top { mountpoint, live } => {
             live::top(&mountpoint, live.watch()?).map_err(RunError::Other)
         }
@@ -544,6 +572,20 @@ fn dispatch(command: Command) -> Result<(), RunError> {
         Command::Policy(PolicyCommand::Show { file }) => {
             scheduler::commands::run_show(file.as_deref()).map_err(RunError::Other)
         }
-        Command::Demo { files } => crate::demo::run(files).map_err(RunError::Other),
+        Command::Demo {
+            read_listed: Some(root),
+            ..
+        } => crate::demo::read_listed(&root).map_err(RunError::Other),
+        Command::Demo {
+            files,
+            memory,
+            stats,
+            read_listed: None,
+        } => crate::demo::run(&crate::demo::DemoOptions {
+            files,
+            memory: memory << 20,
+            full_stats: stats,
+        })
+        .map_err(RunError::Other),
     }
 }

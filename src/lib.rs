@@ -21,6 +21,7 @@ pub mod options;
 pub mod prefetch;
 pub mod requests;
 pub mod run;
+pub mod sandbox;
 pub mod scheduler;
 pub mod shards;
 pub mod source;

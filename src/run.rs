@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use crate::cache::{CacheDir, DiskOptions, DiskSetup};
 use crate::config::{ConfigError, MountConfig};
 use crate::fs::Fs;
-use crate::fuse::{Adapter, Config, Forgetter, MountOption, Session, SessionACL, SessionUnmounter};
+use crate::fuse::{Adapter, Config, Forgetter, MountOption, SessionACL, Unmount};
 use crate::memory::Shed;
 use crate::memory::pressure::PressureWatch;
 use crate::source::{LocalSource, Source};
@@ -75,7 +75,7 @@ pub struct Mounted {
 #[derive(Clone)]
 pub struct Unmounter {
     mountpoint: PathBuf,
-    inner: Arc<Mutex<SessionUnmounter>>,
+    inner: Arc<Mutex<Unmount>>,
 }
 
 impl Unmounter {
@@ -156,21 +156,27 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
     config.n_threads = Some(fuse.threads.max(1));
     config.clone_fd = true;
 
-    let mut session = Session::new(adapter, &cfg.mountpoint, &config)
+    let (session, unmount) = crate::fuse::mount(adapter, &cfg.mountpoint, &config)
         .map_err(|e| mount_error(explain_mount_error(&e)))?;
-    // Metadata beyond the budget: the kernel is asked to forget dataset files' names.
-    let forgetter = Forgetter::start(session.notifier(), Arc::downgrade(&fs))
-        .map_err(|e| mount_error(format!("cannot start the forget thread: {e}")))?;
-    fs.memory()
-        .add_shed(Arc::downgrade(&(forgetter.clone() as Arc<dyn Shed>)));
     let unmounter = Unmounter {
         mountpoint: cfg.mountpoint.clone(),
-        inner: Arc::new(Mutex::new(session.unmount_callable())),
+        inner: Arc::new(Mutex::new(unmount)),
     };
+    // Metadata beyond the budget: the kernel is asked to forget dataset files' names.
+    let forgetter = Forgetter::start(session.notifier(), Arc::downgrade(&fs)).map_err(|e| {
+        let _ = unmounter.unmount();
+        mount_error(format!("cannot start the forget thread: {e}"))
+    })?;
+    fs.memory()
+        .add_shed(Arc::downgrade(&(forgetter.clone() as Arc<dyn Shed>)));
     let session = std::thread::Builder::new()
         .name("prepfs-session".into())
         .spawn(move || session.run())
-        .map_err(|e| mount_error(format!("cannot start the session thread: {e}")))?;
+        .map_err(|e| {
+            // Nothing serves the mount: take it down rather than leave it hanging its readers.
+            let _ = unmounter.unmount();
+            mount_error(format!("cannot start the session thread: {e}"))
+        })?;
     let pressure = PressureWatch::start(fs.memory().clone());
     let mounted = Mounted {
         unmounter,

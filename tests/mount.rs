@@ -842,7 +842,11 @@ fn normal_user_mounts_with_fusermount3_and_others_are_kept_out() {
             .output()
             .expect("setpriv")
     };
-    let exe = std::ffi::OsStr::new(env!("CARGO_BIN_EXE_prepfs"));
+    // The checkout may sit where `nobody` cannot reach (a clone in /root or in a mode-0700
+    // directory): the user runs a copy in the test's own directory, which it owns.
+    let copy = t.dir.path().join("prepfs");
+    fs::copy(env!("CARGO_BIN_EXE_prepfs"), &copy).expect("copy the binary for nobody");
+    let exe = copy.as_os_str();
     let out = as_nobody(&[
         exe,
         "mount".as_ref(),
@@ -855,6 +859,13 @@ fn normal_user_mounts_with_fusermount3_and_others_are_kept_out() {
         out.status.success(),
         "user mount: {}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    // fusermount3 gives the mount prepfs's type, as mount(2) does for root.
+    assert_eq!(
+        common::mount_type(&t.mnt)
+            .map(|(fstype, _)| fstype)
+            .as_deref(),
+        Some("fuse.prepfs")
     );
     let cat = as_nobody(&["/bin/cat".as_ref(), t.s("f").as_os_str()]);
     let through = as_nobody(&["/bin/cat".as_ref(), t.m("f").as_os_str()]);
@@ -879,9 +890,25 @@ fn normal_user_mounts_with_fusermount3_and_others_are_kept_out() {
 }
 
 #[test]
+fn the_mount_shows_its_type_as_fuse_prepfs_and_its_source() {
+    let mut t = TestMount::new();
+    fs::write(t.s("f"), b"data").expect("write");
+    t.mount(&[]);
+    // As libfuse and fusermount3 show a FUSE filesystem with a subtype: what `findmnt -t`,
+    // `umount -t` and /etc/fstab's `fuse.prepfs` entries match.
+    let (fstype, source) = common::mount_type(&t.mnt).expect("the mount is listed");
+    assert_eq!(fstype, "fuse.prepfs");
+    assert_eq!(source, format!("prepfs:{}", t.src.display()));
+    assert_eq!(fs::read(t.m("f")).expect("read"), b"data");
+    assert_eq!(t.unmount().map(|s| s.success()), Some(true));
+    assert!(!is_mounted(&t.mnt));
+}
+
+#[test]
 fn demo_runs_two_epochs_and_the_second_is_all_hits() {
     let out = common::prepfs()
-        .args(["demo", "--files", "80"])
+        // The smallest slow-storage comparison prepfs allows (its headroom is 64 MiB).
+        .args(["demo", "--files", "80", "--memory", "72"])
         .env("RUST_LOG", "warn,fuser=error")
         .output()
         .expect("demo");
@@ -901,6 +928,82 @@ fn demo_runs_two_epochs_and_the_second_is_all_hits() {
         "{stdout}"
     );
     assert!(stdout.contains("Unmounted and cleaned up"), "{stdout}");
+}
+
+#[test]
+fn demo_summary_shows_both_comparisons_on_one_screen_and_leaves_nothing_behind() {
+    let out = common::prepfs()
+        .args(["demo", "--files", "30", "--memory", "72"])
+        .env("RUST_LOG", "warn,fuser=error")
+        .output()
+        .expect("demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("=== prepfs demo: summary"))
+        .collect();
+    assert!(
+        !summary.is_empty() && summary.len() <= 25,
+        "{} lines:\n{stdout}",
+        summary.len()
+    );
+    let summary = summary.join("\n");
+    // As root with cgroup v1 (how the suite runs) the slow-storage comparison runs; elsewhere the
+    // summary says in one line why it was skipped.
+    let sandboxed = rustix::process::geteuid().is_root()
+        && Path::new("/sys/fs/cgroup/blkio/cgroup.procs").exists();
+    if sandboxed {
+        for epoch in ["epoch 1", "epoch 2", "epoch 3"] {
+            assert!(summary.contains(epoch), "{summary}");
+        }
+        assert!(
+            summary.contains("page cache") && summary.contains("prepfs (--cache-mem 8M)"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains("MB read") && summary.contains("epochs 2+"),
+            "{summary}"
+        );
+    } else {
+        assert!(
+            summary.contains("Slow storage comparison skipped: "),
+            "{summary}"
+        );
+    }
+    for expected in [
+        "decoding in the loader",
+        "prepfs view",
+        "images/s",
+        "CPU ms/image",
+        "--view train=",
+        "np.load(",
+        "prepfs top",
+        "stats.json",
+        "docs/",
+    ] {
+        assert!(summary.contains(expected), "{expected}: {summary}");
+    }
+    // Nothing of the run is left: no mount, loop device or cgroup of the demo's sandbox.
+    let mounts = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let work = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Mounted at "))
+        .and_then(|l| l.split("/mnt ").next())
+        .expect("the demo names its mount");
+    assert!(!mounts.contains(work), "{work} left mounted");
+    assert!(!Path::new(work).exists(), "{work} left behind");
+    if sandboxed {
+        let losetup = std::process::Command::new("losetup")
+            .arg("--list")
+            .output()
+            .expect("losetup");
+        assert!(!String::from_utf8_lossy(&losetup.stdout).contains(work));
+    }
 }
 
 #[test]

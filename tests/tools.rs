@@ -182,11 +182,60 @@ fn top_and_stats_watch_print_plain_updates_when_not_on_a_terminal() {
         assert!(line.contains(" hit_rate="), "{line}");
         assert!(line.contains(" files: epoch 3"), "{line}");
     }
-    let out = live("stats", &["--watch"]);
+    let out = live("stats", &["--watch", "--all"]);
     let text = stdout(&out);
     assert!(out.status.success(), "{text}");
     assert_eq!(text.matches("\ncache.hits ").count(), 2, "{text}");
     assert!(text.contains("epochs.files.diagnosis.verdict "), "{text}");
+    let out = live("stats", &["--watch"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(text.matches("\ncache.hit_rate ").count(), 2, "{text}");
+}
+
+#[test]
+fn stats_shows_a_one_screen_summary_and_every_field_with_all() {
+    let mut t = TestMount::new();
+    for i in 0..8 {
+        fs::write(t.s(&format!("{i}")), pattern(64 * KIB, i)).expect("write");
+    }
+    let view = "train=decode,resize(8),float32";
+    t.mount(&["--view", view, "--view", "val=decode,resize(8),uint8"]);
+    for _ in 0..2 {
+        for i in 0..8 {
+            fs::read(t.m(&format!("{i}"))).expect("read");
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let stats = |extra: &[&str]| {
+        let mut args: Vec<&OsStr> = vec!["stats".as_ref(), t.mnt.as_os_str()];
+        args.extend(extra.iter().map(OsStr::new));
+        let out = common::run(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout(&out)
+    };
+    let summary = stats(&[]);
+    // One screen, two views and all: the figures by the paths stats.json and STATS.md use.
+    assert!(summary.lines().count() <= 25, "{summary}");
+    for path in [
+        "cache.hit_rate ",
+        "source.bytes_read ",
+        "stall.fetch_seconds ",
+        "views.train.images_per_s ",
+        "views.val.errors ",
+    ] {
+        assert!(summary.contains(path), "{path} in\n{summary}");
+    }
+    assert!(summary.contains("files: epoch 2"), "{summary}");
+    assert!(summary.contains("prepfs stats --all"), "{summary}");
+    let all = stats(&["--all"]);
+    assert!(all.lines().count() > 100, "{all}");
+    assert!(all.contains("\ncache.hits "), "{all}");
+    assert!(all.contains("\nviews.train.opens "), "{all}");
 }
 
 #[test]
@@ -223,7 +272,9 @@ fn the_fuse_mount_helper_form_takes_options_from_o_and_a_config_file() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stats = t.stats();
+    let fstype = common::mount_type(&t.mnt).map(|(fstype, _)| fstype);
     let _ = common::run(&["umount".as_ref(), t.mnt.as_os_str()]);
+    assert_eq!(fstype.as_deref(), Some("fuse.prepfs"));
     // -o overrides the file; the file's other options hold; the mount is read-only regardless.
     // (--cache-mem is the whole memory budget; the RAM tier gets a slice of it.)
     assert_eq!(stats["memory"]["budget_bytes"], 48 * MIB, "{stats}");

@@ -12,7 +12,7 @@ use std::process::Command;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
-use crate::sandbox::{self, SlowDisk};
+use prepfs::sandbox::{self, SlowDisk};
 
 /// Classes (folders) of the image variant, as ImageFolder sees them.
 const CLASSES: usize = 100;

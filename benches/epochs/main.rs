@@ -10,7 +10,7 @@
 //! is M plus the reader's own measured footprint (a tenth more in `--quick`, so a smoke run never
 //! thrashes on a footprint measured low), and prepfs gets `--cache-mem` = M minus the daemon's
 //! measured footprint. Results: JSON files, SVG plots and Markdown tables (appended to
-//! BENCHMARKS.md), and the targets of issue 3 checked side by side. The views comparison
+//! docs/BENCHMARKS-HISTORY.md), and the targets of issue 3 checked side by side. The views comparison
 //! (`views`: tensor views against stock PyTorch, torchvision.io and DALI on the CPU, issues 4 and
 //! 25) runs on a dataset of its own (`--view-files`, 2,000 by default) and asks
 //! `python/ensure-env --bench` for DALI when a DALI pipeline is selected. `--quick` is the CI
@@ -21,7 +21,6 @@
 mod dataset;
 mod prefetch;
 mod report;
-mod sandbox;
 mod slowfs;
 mod target;
 mod views;
@@ -37,7 +36,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use prepfs::memory::limits::HEADROOM;
-use sandbox::{Cgroup, Guard, Limits, SlowDisk};
+use prepfs::sandbox::{self, Cgroup, Guard, Limits, SlowDisk};
 
 /// The binary under test, built by cargo for this bench; `PREPFS_BENCH_BIN` names another (an
 /// earlier build, to compare before and after in one session), as in the core bench.
@@ -49,7 +48,8 @@ fn prepfs() -> PathBuf {
 }
 const READERS_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/epochs/readers.py");
 const ENSURE_ENV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/ensure-env");
-const BENCHMARKS_MD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/BENCHMARKS.md");
+const BENCHMARKS_HISTORY_MD: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/docs/BENCHMARKS-HISTORY.md");
 const RESULTS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/results");
 /// Memory the prepfs side keeps free beyond the measured footprints, taken out of its cache:
 /// the page cache and buffers of source reads in flight (a couple of concurrent 1 MiB fetches,
@@ -162,7 +162,7 @@ const USAGE: &str = "usage: cargo bench --bench epochs -- [--quick] [--files N] 
 [--scenarios sorted,shuffled,fixed,torch,shards] [--staging-mib N] [--prefetch-threads N] \
 [--view-files N] [--rounds N] [--workers N] [--step-ms F] \
 [--pipelines stock,tvio,dali,dali-roi,f32-off,u8-off,f32,u8,u8-ahead] \
-[--seed N] [--workdir DIR] [--out DIR]";
+[--seed N] [--workdir DIR] [--out DIR]\n       cargo bench --bench epochs -- --replot-views   (benches/results/views.json again as a plot)";
 
 impl Options {
     fn parse() -> Result<Options, String> {
@@ -354,15 +354,37 @@ fn main() {
         }
         return;
     }
+    if args.first().map(String::as_str) == Some("--replot-views") {
+        if let Err(e) = replot_views() {
+            eprintln!("epochs: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Err(e) = run() {
         eprintln!("epochs: {e}");
         sandbox::exit(1);
     }
 }
 
+/// `--replot-views`: draws benches/results' images/s plot again from its views.json, without
+/// running anything (for a plot added after the run).
+fn replot_views() -> Result<(), String> {
+    let dir = Path::new(RESULTS_DIR);
+    let json = dir.join("views.json");
+    let text = std::fs::read_to_string(&json).map_err(|e| format!("{}: {e}", json.display()))?;
+    let doc: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", json.display()))?;
+    let bars = views_report::bars_from_json(&doc)?;
+    views_report::plot(
+        &bars,
+        &dir.join(views_report::PLOT),
+        views_report::PLOT_TITLE,
+    )
+}
+
 fn run() -> Result<(), String> {
     let opts = Options::parse()?;
-    preflight()?;
+    sandbox::preflight()?;
     sandbox::install_signal_teardown()?;
     std::fs::create_dir_all(&opts.workdir)
         .map_err(|e| format!("{}: {e}", opts.workdir.display()))?;
@@ -438,31 +460,6 @@ fn run() -> Result<(), String> {
 
 fn mb(bytes: u64) -> f64 {
     bytes as f64 / 1e6
-}
-
-fn preflight() -> Result<(), String> {
-    if !rustix::process::geteuid().is_root() {
-        return Err("must run as root (loop devices, cgroups, drop_caches)".into());
-    }
-    for path in [
-        "/dev/fuse",
-        "/sys/fs/cgroup/memory/cgroup.procs",
-        "/sys/fs/cgroup/blkio/cgroup.procs",
-        "/sys/fs/cgroup/cpuacct/cgroup.procs",
-        "/proc/sys/vm/drop_caches",
-    ] {
-        if !Path::new(path).exists() {
-            return Err(format!(
-                "{path} is missing: this needs FUSE and cgroup v1 memory, blkio and cpuacct"
-            ));
-        }
-    }
-    for tool in ["losetup", "mkfs.ext4", "mount", "umount"] {
-        if sandbox::must(Command::new("sh").args(["-c", &format!("command -v {tool}")])).is_err() {
-            return Err(format!("{tool} not found (util-linux / e2fsprogs)"));
-        }
-    }
-    Ok(())
 }
 
 /// The Python of the readers, from `python/ensure-env`; `bench`: with the benchmarks' peers

@@ -29,9 +29,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::dataset::Manifest;
-use crate::sandbox::{self, Cgroup, Guard, Limits, SlowDisk};
 use crate::target::{Target, median};
 use crate::{Options, PrepfsMount, Reader, ReaderSession, Setup};
+use prepfs::sandbox::{self, Cgroup, Guard, Limits, SlowDisk};
 
 /// Latency of every open and every read of the slow source, ms (a nearby NFS server or a fast
 /// object store answers in 1-10 ms).

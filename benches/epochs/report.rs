@@ -1,6 +1,6 @@
 //! What the epochs benchmark tells: the JSON results files, the SVG plots, the Markdown tables
-//! appended to BENCHMARKS.md, and the targets of issue 3 evaluated from the side-by-side runs
-//! (with those of the views comparison and of prefetch, which their own modules evaluate).
+//! appended to docs/BENCHMARKS-HISTORY.md, and the targets of issue 3 evaluated from the
+//! side-by-side runs (with those of the views comparison and of prefetch, which their own modules evaluate).
 //!
 //! Owns presentation only: every number comes from the runs it is given. Must never assert:
 //! a missed target is reported as missed, and the run still succeeds.
@@ -137,7 +137,8 @@ pub fn machine() -> String {
     )
 }
 
-/// Writes results, plots and (full runs) the BENCHMARKS.md section; returns a summary to print.
+/// Writes results, plots and (full runs) the docs/BENCHMARKS-HISTORY.md section; returns a
+/// summary to print.
 /// `main`: the dataset of the readers and prefetch runs, when they ran; `views`: the views
 /// comparison's dataset and runs, when it ran.
 pub fn write(
@@ -225,6 +226,11 @@ pub fn write(
                 "targets": view_targets,
             }),
         )?);
+        crate::views_report::plot(
+            &crate::views_report::bars(&summaries),
+            &opts.out.join(crate::views_report::PLOT),
+            crate::views_report::PLOT_TITLE,
+        )?;
         md.push_str(&crate::views_report::markdown(
             manifest,
             view_runs,
@@ -236,9 +242,10 @@ pub fn write(
     }
     md.push_str(&targets_markdown(&targets));
     if !opts.quick {
-        let mut text = std::fs::read_to_string(crate::BENCHMARKS_MD).unwrap_or_default();
+        let mut text = std::fs::read_to_string(crate::BENCHMARKS_HISTORY_MD).unwrap_or_default();
         text.push_str(&md);
-        std::fs::write(crate::BENCHMARKS_MD, text).map_err(|e| format!("BENCHMARKS.md: {e}"))?;
+        std::fs::write(crate::BENCHMARKS_HISTORY_MD, text)
+            .map_err(|e| format!("docs/BENCHMARKS-HISTORY.md: {e}"))?;
     }
     let written: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
     Ok(format!(

@@ -34,8 +34,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::dataset::Manifest;
-use crate::sandbox::{self, Cgroup, Limits, SlowDisk};
 use crate::{Options, PrepfsMount, ReaderSession};
+use prepfs::sandbox::{self, Cgroup, Limits, SlowDisk};
 
 /// The drop-in view: what the stock transforms produce, as float32 CHW.
 pub const FLOAT32_VIEW: &str = "train=decode,random_resized_crop(224),hflip,normalize(imagenet)";

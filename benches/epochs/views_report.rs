@@ -1,9 +1,11 @@
 //! What the views comparison tells: each pipeline's medians over its rounds, the Markdown table
 //! with ratios against stock PyTorch and against DALI's crop-decoding pipeline measured in the same
-//! run, and the targets of issues 4 and 25.
+//! run, the images/s plot, and the targets of issues 4 and 25.
 //!
 //! Presentation only: every number comes from the runs it is given. Must never assert: a missed
 //! target is reported as missed, and the run still succeeds.
+
+use std::path::Path;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -270,4 +272,82 @@ pub fn markdown(
         ));
     }
     md
+}
+
+/// The images/s plot's file name, beside views.json.
+pub const PLOT: &str = "views_images_per_s.svg";
+/// Its title.
+pub const PLOT_TITLE: &str =
+    "Images/s per pipeline, same images and cores (RandomResizedCrop(224) + flip)";
+
+/// Images per second of each pipeline that ran, from the summaries.
+pub fn bars(summaries: &[Summary]) -> Vec<(Pipeline, f64)> {
+    summaries
+        .iter()
+        .map(|s| (s.pipeline, s.images_per_s))
+        .collect()
+}
+
+/// The same bars from a views.json this harness wrote (`--replot-views`).
+pub fn bars_from_json(doc: &Value) -> Result<Vec<(Pipeline, f64)>, String> {
+    let summaries = doc["summaries"].as_array().ok_or("no summaries")?;
+    summaries
+        .iter()
+        .map(|s| {
+            let pipeline = Pipeline::ALL
+                .into_iter()
+                .find(|p| serde_json::to_value(p).ok().as_ref() == Some(&s["pipeline"]))
+                .ok_or_else(|| format!("unknown pipeline {}", s["pipeline"]))?;
+            let rate = s["images_per_s"].as_f64().ok_or("no images_per_s")?;
+            Ok((pipeline, rate))
+        })
+        .collect()
+}
+
+/// Draws images/s per pipeline as horizontal bars (prepfs's views in one colour, their peers in
+/// another), each labelled with its name and value, into the SVG file `path`.
+pub fn plot(bars: &[(Pipeline, f64)], path: &Path, title: &str) -> Result<(), String> {
+    use plotters::prelude::*;
+    let draw = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let top = bars.iter().map(|b| b.1).fold(0.0, f64::max).max(1.0) * 1.05;
+    let rows = bars.len() as f64;
+    let root = SVGBackend::new(path, (900, 60 + 44 * bars.len() as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| draw(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(30)
+        .build_cartesian_2d(0.0..top, 0.0..rows)
+        .map_err(|e| draw(&e))?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .disable_y_axis()
+        .x_desc("images/s")
+        .draw()
+        .map_err(|e| draw(&e))?;
+    for (i, (pipeline, rate)) in bars.iter().enumerate() {
+        // The first bar at the top, as in the tables.
+        let y = rows - 1.0 - i as f64;
+        let colour = if pipeline.name().starts_with("prepfs") {
+            RGBColor(120, 170, 220)
+        } else {
+            RGBColor(205, 205, 205)
+        };
+        chart
+            .draw_series([Rectangle::new(
+                [(0.0, y + 0.12), (*rate, y + 0.88)],
+                colour.filled(),
+            )])
+            .map_err(|e| draw(&e))?;
+        chart
+            .draw_series([Text::new(
+                format!("{}: {rate:.0}", pipeline.name()),
+                (top * 0.01, y + 0.62),
+                ("sans-serif", 15).into_font().color(&BLACK),
+            )])
+            .map_err(|e| draw(&e))?;
+    }
+    root.present().map_err(|e| draw(&e))?;
+    Ok(())
 }

@@ -35,8 +35,11 @@ use crate::requests::{self, Expiry, Once, Place, RequestPool};
 use crate::source::Kind;
 use iomode::{IoModes, Mode, Why};
 
+mod mount;
+
 pub use forget::Forgetter;
-pub use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
+pub use fuser::{Config, MountOption, Session, SessionACL};
+pub use mount::{Unmount, mount};
 
 /// Requests that may wait on the source run on this many threads by default: enough parallel
 /// source reads to keep network or slow storage busy.

@@ -14,6 +14,7 @@ use std::time::Duration;
 use indicatif::HumanBytes;
 use serde_json::Value;
 
+use super::summary::{diagnoses, epochs};
 use super::table::{self, number};
 use crate::cache::metrics as cache;
 use crate::fs::metrics as fs;
@@ -53,17 +54,12 @@ pub fn top(mountpoint: &Path, watch: Watch) -> Result<(), String> {
     })
 }
 
-/// `prepfs stats --watch`: the flat table, redrawn each interval.
-pub fn watch_table(mountpoint: &Path, watch: Watch) -> Result<(), String> {
+/// `prepfs stats --watch`: the summary (every field with `all`), redrawn each interval.
+pub fn watch_table(mountpoint: &Path, watch: Watch, all: bool) -> Result<(), String> {
     let terminal = std::io::stdout().is_terminal();
     each(watch, || {
-        let mut rows = Vec::new();
-        table::flatten("", &table::read(mountpoint)?, &mut rows);
-        let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         let mut text = String::from(if terminal { CLEAR } else { "" });
-        for (key, value) in rows {
-            let _ = writeln!(text, "{key:<width$}  {value}");
-        }
+        text.push_str(&super::render(&table::read(mountpoint)?, all));
         if !terminal {
             text.push('\n');
         }
@@ -132,25 +128,6 @@ fn percent(part: f64, whole: f64) -> String {
 
 fn bytes(b: f64) -> HumanBytes {
     HumanBytes(b.max(0.0) as u64)
-}
-
-/// Each file set's epoch, progress and predictor: `files: epoch 3, 45% (replay)`.
-fn epochs(stats: &Value) -> Vec<String> {
-    let Some(sets) = stats.get("epochs").and_then(Value::as_object) else {
-        return Vec::new();
-    };
-    sets.iter()
-        .map(|(name, set)| {
-            let progress = set["progress"]
-                .as_f64()
-                .map_or(String::new(), |p| format!(", {:.0}%", 100.0 * p.min(1.0)));
-            format!(
-                "{name}: epoch {}{progress} ({})",
-                set["epoch"],
-                set["predictor"].as_str().unwrap_or("-")
-            )
-        })
-        .collect()
 }
 
 /// The dashboard drawn on a terminal.
@@ -228,17 +205,8 @@ fn dashboard(now: &Value, before: Option<&Value>) -> String {
         bytes(n(&cache::STAGED_BUDGET_BYTES))
     );
     let _ = writeln!(out, "epochs      {}", epochs(now).join("; "));
-    if let Some(sets) = now.get("epochs").and_then(Value::as_object) {
-        for (name, set) in sets {
-            let d = &set["diagnosis"];
-            if let (Some(verdict), Some(advice)) = (d["verdict"].as_str(), d["advice"].as_str()) {
-                let _ = writeln!(
-                    out,
-                    "diagnosis   {name}, epoch {}: {verdict}: {advice}",
-                    d["epoch"]
-                );
-            }
-        }
+    for diagnosis in diagnoses(now) {
+        let _ = writeln!(out, "diagnosis   {diagnosis}");
     }
     out
 }
@@ -286,17 +254,5 @@ mod tests {
         assert_eq!(r.hit_rate, Some(0.9));
         let since_mount = Rates::between(&now, None);
         assert_eq!(since_mount.served, 5000.0 / 12.0);
-    }
-
-    #[test]
-    fn epochs_show_each_set_with_its_progress_and_predictor() {
-        let stats = serde_json::json!({"epochs": {
-            "files": {"epoch": 3, "progress": 0.456, "predictor": "replay"},
-            "view:train": {"epoch": 1, "progress": null, "predictor": "none"},
-        }});
-        assert_eq!(
-            epochs(&stats),
-            ["files: epoch 3, 46% (replay)", "view:train: epoch 1 (none)"]
-        );
     }
 }

@@ -1,9 +1,9 @@
 //! `prepfs stats`: a mount's stats.json as an aligned, readable table.
 //!
-//! Owns: reading the stats file of a mount and flattening it for people. Must never talk to the
+//! Owns: reading the stats file of a mount and flattening it for people (`--all`). Must never talk to the
 //! daemon any other way than through the file, so it works for any user who can read the mount.
 
-use std::io::Write;
+use std::fmt::Write as _;
 use std::path::Path;
 
 use serde_json::Value;
@@ -40,24 +40,16 @@ pub fn number(stats: &Value, path: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Prints the stats of the mount at `mountpoint` (raw JSON if `json`).
-pub fn print(mountpoint: &Path, json: bool) -> Result<(), String> {
-    // Write errors (a closed pipe, as with `| head`) end the output quietly instead of panicking.
-    let mut out = std::io::stdout().lock();
-    if json {
-        let _ = out.write_all(read_text(mountpoint)?.as_bytes());
-        return Ok(());
-    }
-    let value = read(mountpoint)?;
+/// Every field of a stats document, one `dotted.key  value` line each, in document order.
+pub fn render_all(stats: &Value) -> String {
     let mut rows = Vec::new();
-    flatten("", &value, &mut rows);
+    flatten("", stats, &mut rows);
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut text = String::new();
     for (key, value) in rows {
-        if writeln!(out, "{key:<width$}  {value}").is_err() {
-            break;
-        }
+        let _ = writeln!(text, "{key:<width$}  {value}");
     }
-    Ok(())
+    text
 }
 
 /// Dotted key/value rows of a JSON document, in document order.

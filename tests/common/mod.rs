@@ -32,6 +32,21 @@ pub fn is_mounted(path: &Path) -> bool {
         .any(|m| m == wanted)
 }
 
+/// The filesystem type and source of the mount at `path` (`fuse.prepfs`, `prepfs:/data`), as
+/// /proc/self/mountinfo shows them.
+pub fn mount_type(path: &Path) -> Option<(String, String)> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let wanted = path.to_string_lossy().replace(' ', "\\040");
+    mounts.lines().rev().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        if left.split(' ').nth(4)? != wanted {
+            return None;
+        }
+        let mut fields = right.split(' ');
+        Some((fields.next()?.to_owned(), fields.next()?.to_owned()))
+    })
+}
+
 /// A foreground prepfs mount over `src`, unmounted on drop.
 pub struct TestMount {
     pub dir: tempfile::TempDir,

@@ -1,7 +1,8 @@
-//! The benchmark's slow storage and fair memory: a loop-mounted ext4 image, cgroup v1 memory and
-//! blkio groups, page-cache dropping, device counters, and the teardown of all of it.
+//! Slow storage and fair memory, for the epochs benchmark and `prepfs demo`: a loop-mounted ext4
+//! image, cgroup v1 memory and blkio groups, page-cache dropping, device counters, and the
+//! teardown of all of it.
 //!
-//! Owns every piece of system state the harness creates. Each piece is registered for teardown
+//! Owns every piece of system state its user creates. Each piece is registered for teardown
 //! the moment it exists and torn down when its guard drops, on panic, or on SIGINT/SIGTERM/SIGHUP
 //! (a signal thread runs every pending teardown, then exits 130); `clear_leftovers` removes what a
 //! killed run left behind. Must never touch anything it did not create (cgroup names carry
@@ -18,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Prefix of every cgroup this harness creates.
-pub const PREFIX: &str = "prepfs-epochs";
+pub const PREFIX: &str = "prepfs-sandbox";
 /// `PREFIX` and the working directory's tag: the start of this run's cgroup names.
 static GROUP_PREFIX: OnceLock<String> = OnceLock::new();
 const MEMORY_ROOT: &str = "/sys/fs/cgroup/memory";
@@ -86,7 +87,9 @@ pub fn install_signal_teardown() -> Result<(), String> {
         .spawn(move || {
             if let Some(signal) = signals.forever().next() {
                 TEARING_DOWN.store(true, Ordering::SeqCst);
-                eprintln!("\nepochs: signal {signal}; cleaning up mounts, loop devices, cgroups");
+                eprintln!(
+                    "\nprepfs sandbox: signal {signal}; cleaning up mounts, loop devices, cgroups"
+                );
                 let pending: Vec<Teardown> =
                     lock_pending().drain(..).rev().map(|(_, t)| t).collect();
                 for teardown in &pending {
@@ -217,7 +220,7 @@ pub fn clear_leftovers(workdir: &Path) {
         .collect();
     mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
     for m in mounts {
-        eprintln!("epochs: unmounting leftover {}", m.display());
+        eprintln!("prepfs sandbox: unmounting leftover {}", m.display());
         run(&Teardown::Unmount(m));
     }
     if let Ok(listing) =
@@ -228,7 +231,7 @@ pub fn clear_leftovers(workdir: &Path) {
             if let (Some(dev), Some(back)) = (cols.next(), cols.next())
                 && Path::new(back).starts_with(workdir)
             {
-                eprintln!("epochs: detaching leftover {dev}");
+                eprintln!("prepfs sandbox: detaching leftover {dev}");
                 run(&Teardown::Detach(dev.into()));
             }
         }
@@ -244,6 +247,33 @@ pub fn clear_leftovers(workdir: &Path) {
             }
         }
     }
+}
+
+/// Whether this process can build a sandbox: root, FUSE, cgroup v1 memory, blkio and cpuacct,
+/// drop_caches, and the loop-device and ext4 tools; the first thing missing, in one line.
+pub fn preflight() -> Result<(), String> {
+    if !rustix::process::geteuid().is_root() {
+        return Err("must run as root (loop devices, cgroups, drop_caches)".into());
+    }
+    for path in [
+        "/dev/fuse",
+        "/sys/fs/cgroup/memory/cgroup.procs",
+        "/sys/fs/cgroup/blkio/cgroup.procs",
+        "/sys/fs/cgroup/cpuacct/cgroup.procs",
+        "/proc/sys/vm/drop_caches",
+    ] {
+        if !Path::new(path).exists() {
+            return Err(format!(
+                "{path} is missing: this needs FUSE and cgroup v1 memory, blkio and cpuacct"
+            ));
+        }
+    }
+    for tool in ["losetup", "mkfs.ext4", "mount", "umount"] {
+        if must(Command::new("sh").args(["-c", &format!("command -v {tool}")])).is_err() {
+            return Err(format!("{tool} not found (util-linux / e2fsprogs)"));
+        }
+    }
+    Ok(())
 }
 
 /// CPU time process `pid` and all its threads used so far, user and system, in seconds
@@ -542,7 +572,7 @@ fn remove_cgroup(dir: &Path) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    eprintln!("epochs: could not remove cgroup {}", dir.display());
+    eprintln!("prepfs sandbox: could not remove cgroup {}", dir.display());
 }
 
 /// Starts `prepfs` with `args` inside `group`, its stderr to `log`, and waits (20 s at most) until
