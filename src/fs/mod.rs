@@ -94,6 +94,9 @@ pub enum Serve {
 /// `Fs::xattr`); the only one the mount has.
 pub const CACHED_XATTR: &str = "user.prepfs.cached";
 
+/// The one extended-attribute namespace the mount supports (it holds `CACHED_XATTR`).
+const USER_XATTR_NAMESPACE: &[u8] = b"user.";
+
 /// What an open is for, as its flags say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Intent {
@@ -400,16 +403,22 @@ impl Fs {
     }
 
     /// Whether the answer for extended attribute `name` may need the source: only
-    /// `CACHED_XATTR`'s does; every other name is `ENODATA` (what `ls -l` asks of each file,
-    /// `security.selinux` and `system.posix_acl_access`, is answered without a round trip).
+    /// `CACHED_XATTR`'s does. Every other name is answered at once: `user.` names with
+    /// `ENODATA`, names of any other namespace with `EOPNOTSUPP`.
     pub fn xattr_needs_source(&self, name: &OsStr) -> bool {
         name == CACHED_XATTR
     }
 
     /// The value of extended attribute `name` of `ino`. Only `CACHED_XATTR` exists, on dataset
     /// files: `ram=R disk=D blocks=N`, the 1 MiB blocks of the source file's current version
-    /// that the RAM tier and the disk tier hold, out of its `N`.
+    /// that the RAM tier and the disk tier hold, out of its `N`. Only the `user.` namespace is
+    /// supported: a name outside it (`security.selinux` and `system.posix_acl_access`, which
+    /// `ls -l` asks of every file) is `EOPNOTSUPP`, which coreutils remembers per file system
+    /// and stops asking, where `ENODATA` would leave it asking again for each file.
     pub fn xattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>, FsError> {
+        if !name.as_encoded_bytes().starts_with(USER_XATTR_NAMESPACE) {
+            return Err(FsError::NoAttributeNamespace);
+        }
         let node = match self.inodes.get(ino) {
             Some(node)
                 if name == CACHED_XATTR && node.kind == Kind::File && node.view.is_none() =>
