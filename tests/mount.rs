@@ -1082,3 +1082,30 @@ fn attributes_outside_the_user_namespace_are_unsupported_and_ls_stops_asking() {
         "ls -l of {FILES} files asked {asked} xattrs: it should stop after the first"
     );
 }
+
+#[test]
+fn a_change_to_a_local_source_file_is_seen_by_the_next_open_checked_on_the_kernels_thread() {
+    let mut t = TestMount::new();
+    let mut current = pattern(100_000, 1);
+    fs::write(t.s("f"), &current).expect("write");
+    t.mount(&["--cache-mem", "64M"]);
+    assert!(fs::read(t.m("f")).expect("read") == current, "first read");
+    for round in 1..=5 {
+        assert!(
+            fs::read(t.m("f")).expect("read") == current,
+            "round {round}: the cached version"
+        );
+        // Rewritten in place (same inode), each time to a new size.
+        current = pattern(100_000 + round * 1000, round as u64 + 1);
+        fs::write(t.s("f"), &current).expect("rewrite");
+        assert!(
+            fs::read(t.m("f")).expect("read") == current,
+            "round {round}: the open right after the change sees it"
+        );
+    }
+    let stats = t.stats();
+    assert!(
+        stats["source"]["opens_at_once"].as_u64() >= Some(5),
+        "each cached version's open was checked against the local source on the kernel's thread: {stats:#}"
+    );
+}
