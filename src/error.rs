@@ -36,6 +36,10 @@ pub enum FsError {
     /// The extended attribute does not exist (prepfs exposes none).
     #[error("no such attribute")]
     NoAttribute,
+    /// The extended attribute's namespace is not supported (every namespace but `user.`):
+    /// `EOPNOTSUPP`, which tools such as `ls -l` remember per file system, so they stop asking.
+    #[error("attribute namespace not supported")]
+    NoAttributeNamespace,
     /// A read could not be answered with bytes of one consistent file version, or the source
     /// failed mid-read: the caller gets EIO for this call only.
     #[error("input/output error")]
@@ -58,6 +62,7 @@ impl FsError {
             FsError::InvalidName => libc::EINVAL,
             FsError::Unsupported => libc::ENOSYS,
             FsError::NoAttribute => libc::ENODATA,
+            FsError::NoAttributeNamespace => libc::EOPNOTSUPP,
             FsError::Io => libc::EIO,
             FsError::AccessDenied => libc::EACCES,
         }

@@ -1122,3 +1122,95 @@ fn filesystems_mounted_inside_the_source_are_served_and_keep_their_own_identity(
     assert_eq!(fs::read(t.m("a/x")).expect("read a/x again"), original);
     assert_eq!(t.unmount().map(|s| s.success()), Some(true));
 }
+
+/// The value of `name` of `path` through the mount, or the errno it was answered with.
+fn xattr(path: &Path, name: &str) -> Result<String, rustix::io::Errno> {
+    let mut value = [0u8; 96];
+    rustix::fs::getxattr(path, name, &mut value[..])
+        .map(|len| String::from_utf8_lossy(&value[..len]).into_owned())
+}
+
+#[test]
+fn attributes_outside_the_user_namespace_are_unsupported_and_ls_stops_asking() {
+    const FILES: usize = 200;
+    let mut t = TestMount::new();
+    fs::create_dir(t.s("flat")).expect("mkdir");
+    for i in 0..FILES {
+        fs::write(t.s(&format!("flat/{i:04}")), b"x").expect("write");
+    }
+    t.mount(&["--cache-mem", "16M"]);
+    let file = t.m("flat/0000");
+    for name in ["security.selinux", "system.posix_acl_access", "trusted.x"] {
+        assert_eq!(xattr(&file, name), Err(rustix::io::Errno::NOTSUP), "{name}");
+        assert_eq!(xattr(&t.m("flat"), name), Err(rustix::io::Errno::NOTSUP));
+    }
+    assert_eq!(xattr(&file, "user.other"), Err(rustix::io::Errno::NODATA));
+    fs::read(&file).expect("read");
+    assert_eq!(
+        xattr(&file, "user.prepfs.cached").as_deref(),
+        Ok("ram=1 disk=0 blocks=1"),
+        "prepfs's own attribute still answers"
+    );
+
+    // Python's view of the same answers.
+    let probe = "import errno, os, sys\n\
+        try:\n    os.getxattr(sys.argv[1], 'security.selinux')\n    print('value')\n\
+        except OSError as e:\n    print(e.errno == errno.EOPNOTSUPP and 'EOPNOTSUPP' or errno.errorcode[e.errno])\n\
+        print(os.getxattr(sys.argv[1], 'user.prepfs.cached').decode())\n";
+    let out = common::run_checked(
+        std::process::Command::new(common::python())
+            .args(["-c", probe])
+            .arg(&file),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "EOPNOTSUPP\nram=1 disk=0 blocks=1\n"
+    );
+
+    // `ls -l` asks each file for its SELinux label and ACL; told the file system supports
+    // neither, it stops asking: a handful of xattr requests for the whole directory.
+    let xattrs = |t: &TestMount| {
+        t.stats()["ops"]["xattr"]["requests"]
+            .as_u64()
+            .expect("xattr")
+    };
+    let before = xattrs(&t);
+    let out = common::run_checked(std::process::Command::new("ls").arg("-l").arg(t.m("flat")));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        FILES + 1,
+        "ls -l lists every file"
+    );
+    let asked = xattrs(&t) - before;
+    assert!(
+        asked < 10,
+        "ls -l of {FILES} files asked {asked} xattrs: it should stop after the first"
+    );
+}
+
+#[test]
+fn a_change_to_a_local_source_file_is_seen_by_the_next_open_checked_on_the_kernels_thread() {
+    let mut t = TestMount::new();
+    let mut current = pattern(100_000, 1);
+    fs::write(t.s("f"), &current).expect("write");
+    t.mount(&["--cache-mem", "64M"]);
+    assert!(fs::read(t.m("f")).expect("read") == current, "first read");
+    for round in 1..=5 {
+        assert!(
+            fs::read(t.m("f")).expect("read") == current,
+            "round {round}: the cached version"
+        );
+        // Rewritten in place (same inode), each time to a new size.
+        current = pattern(100_000 + round * 1000, round as u64 + 1);
+        fs::write(t.s("f"), &current).expect("rewrite");
+        assert!(
+            fs::read(t.m("f")).expect("read") == current,
+            "round {round}: the open right after the change sees it"
+        );
+    }
+    let stats = t.stats();
+    assert!(
+        stats["source"]["opens_at_once"].as_u64() >= Some(5),
+        "each cached version's open was checked against the local source on the kernel's thread: {stats:#}"
+    );
+}

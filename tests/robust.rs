@@ -252,6 +252,77 @@ fn a_hung_source_holds_up_only_the_requests_that_touch_it() {
     assert_eq!(lower.unmount().map(|s| s.success()), Some(true));
 }
 
+/// A FUSE mount (a second prepfs) inside a local source: opens of the files beneath it are
+/// checked on the request pool, as a network source's are, never on the kernel's threads where
+/// the local source's files are; so its stopped daemon holds up only the opens of its own files.
+#[test]
+fn a_stopped_fuse_mount_inside_a_local_source_holds_up_only_the_opens_beneath_it() {
+    let mut inner = TestMount::new();
+    std::fs::write(inner.s("a"), pattern(100_000, 4)).expect("write");
+    let mut outer = TestMount::new();
+    std::fs::write(outer.s("healthy"), pattern(100_000, 5)).expect("write");
+    std::fs::create_dir(outer.s("inner")).expect("mkdir");
+    inner.mnt = outer.s("inner");
+    inner.mount(&[]);
+    outer.mount(&["--source-timeout", "3s"]);
+    for _ in 0..2 {
+        assert_eq!(
+            std::fs::read(outer.m("inner/a")).expect("read"),
+            pattern(100_000, 4)
+        );
+        assert_eq!(
+            std::fs::read(outer.m("healthy")).expect("read"),
+            pattern(100_000, 5)
+        );
+    }
+    assert_eq!(
+        stat(&outer.stats(), "source.opens_at_once"),
+        1.0,
+        "only the local file's cached open was checked on the kernel's thread"
+    );
+
+    let inner_pid = inner.child.as_ref().expect("inner daemon").id() as libc::pid_t;
+    struct Continue(libc::pid_t);
+    impl Drop for Continue {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) has no memory effects.
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
+    // SAFETY: kill(2) has no memory effects.
+    assert_eq!(unsafe { libc::kill(inner_pid, libc::SIGSTOP) }, 0);
+    let _resume = Continue(inner_pid);
+    // More readers of the stopped mount's file than the outer mount has kernel threads...
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let path = outer.m("inner/a");
+            std::thread::spawn(move || std::fs::read(path).map_err(|e| e.raw_os_error()))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    // ... while the local file beside it still opens.
+    let healthy = within(Duration::from_secs(20), {
+        let path = outer.m("healthy");
+        move || std::fs::read(path)
+    })
+    .expect("a local file opens while a FUSE mount inside the source hangs")
+    .expect("read the local file");
+    assert_eq!(healthy, pattern(100_000, 5));
+    for reader in readers {
+        let read = within(Duration::from_secs(30), move || reader.join())
+            .expect("the reader was answered")
+            .expect("reader thread");
+        assert_eq!(
+            read.ok(),
+            Some(pattern(100_000, 4)),
+            "served from the cache once the source did not answer"
+        );
+    }
+    drop(_resume);
+    assert_eq!(outer.unmount().map(|s| s.success()), Some(true));
+    assert_eq!(inner.unmount().map(|s| s.success()), Some(true));
+}
+
 #[test]
 fn names_the_kernel_forgets_leave_the_inode_table() {
     let mut t = TestMount::new();

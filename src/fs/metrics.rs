@@ -121,6 +121,12 @@ pub const UNANSWERED_OPENS: Metric = Metric::counter(
     "source_unanswered_opens_total",
     "Opens of fully cached files served from the cache because the source did not answer.",
 );
+/// Opens checked against a local source on the kernel's thread.
+pub const OPENS_AT_ONCE: Metric = Metric::counter(
+    "source.opens_at_once",
+    "source_opens_at_once_total",
+    "Opens of fully cached files whose source check ran on the kernel's thread: a local filesystem, no mount crossed.",
+);
 /// Requests answered EIO after their deadline.
 pub const REQUESTS_EXPIRED: Metric = Metric::counter(
     "requests.expired",
@@ -200,6 +206,8 @@ pub struct FsMetrics {
     pub forget_asks: Counter,
     /// See `UNANSWERED_OPENS`.
     pub unanswered_opens: Counter,
+    /// See `OPENS_AT_ONCE`.
+    pub opens_at_once: Counter,
     /// See `REQUESTS_EXPIRED`.
     pub requests_expired: Counter,
     /// See `REQUESTS_REFUSED`.
@@ -222,6 +230,7 @@ impl Default for FsMetrics {
             passthrough_declined: Counter::default(),
             forget_asks: Counter::default(),
             unanswered_opens: Counter::default(),
+            opens_at_once: Counter::default(),
             requests_expired: Counter::default(),
             requests_refused: Counter::default(),
             fetch_stall_ns: Counter::default(),
@@ -263,6 +272,7 @@ impl FsMetrics {
         out.count(&PASSTHROUGH_DECLINED, &self.passthrough_declined);
         out.count(&FORGET_ASKS, &self.forget_asks);
         out.count(&UNANSWERED_OPENS, &self.unanswered_opens);
+        out.count(&OPENS_AT_ONCE, &self.opens_at_once);
         out.count(&REQUESTS_EXPIRED, &self.requests_expired);
         out.count(&REQUESTS_REFUSED, &self.requests_refused);
         out.seconds(&FETCH_STALL, &self.fetch_stall_ns);

@@ -95,6 +95,9 @@ pub enum Serve {
 /// `Fs::xattr`); the only one the mount has.
 pub const CACHED_XATTR: &str = "user.prepfs.cached";
 
+/// The one extended-attribute namespace the mount supports (it holds `CACHED_XATTR`).
+const USER_XATTR_NAMESPACE: &[u8] = b"user.";
+
 /// What an open is for, as its flags say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Intent {
@@ -421,16 +424,22 @@ impl Fs {
     }
 
     /// Whether the answer for extended attribute `name` may need the source: only
-    /// `CACHED_XATTR`'s does; every other name is `ENODATA` (what `ls -l` asks of each file,
-    /// `security.selinux` and `system.posix_acl_access`, is answered without a round trip).
+    /// `CACHED_XATTR`'s does. Every other name is answered at once: `user.` names with
+    /// `ENODATA`, names of any other namespace with `EOPNOTSUPP`.
     pub fn xattr_needs_source(&self, name: &OsStr) -> bool {
         name == CACHED_XATTR
     }
 
     /// The value of extended attribute `name` of `ino`. Only `CACHED_XATTR` exists, on dataset
     /// files: `ram=R disk=D blocks=N`, the 1 MiB blocks of the source file's current version
-    /// that the RAM tier and the disk tier hold, out of its `N`.
+    /// that the RAM tier and the disk tier hold, out of its `N`. Only the `user.` namespace is
+    /// supported: a name outside it (`security.selinux` and `system.posix_acl_access`, which
+    /// `ls -l` asks of every file) is `EOPNOTSUPP`, which coreutils remembers per file system
+    /// and stops asking, where `ENODATA` would leave it asking again for each file.
     pub fn xattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>, FsError> {
+        if !name.as_encoded_bytes().starts_with(USER_XATTR_NAMESPACE) {
+            return Err(FsError::NoAttributeNamespace);
+        }
         let node = match self.inodes.get(ino) {
             Some(node)
                 if name == CACHED_XATTR && node.kind == Kind::File && node.view.is_none() =>
@@ -485,6 +494,37 @@ impl Fs {
             });
         }
         let source = self.open_source(&node)?;
+        Ok(self.open_file(&node, source, intent))
+    }
+
+    /// Opens `ino` without waiting on the source, when that needs no more than a stat of a
+    /// local filesystem (`Source::stat_at_once`): a dataset file whose version seen by the last
+    /// open the cache holds whole, and the stat shows that version still. `None` when any of that
+    /// does not hold: ask `open`, where waiting is allowed. Counted in `source.opens_at_once`.
+    pub fn open_at_once(&self, ino: u64, intent: Intent) -> Option<Opened> {
+        if intent == Intent::Write {
+            return None;
+        }
+        let (node, cached) = self.cached_version(ino)?;
+        let meta = self.source.stat_at_once(&node.path)?.ok()?;
+        if meta.kind != Kind::File
+            || meta.identity != cached.identity()
+            || !self.fetcher.is_available(&cached)
+        {
+            return None;
+        }
+        self.metrics.opens_at_once.inc();
+        let source = Arc::new(Deferred::new(
+            self.source.clone(),
+            &node.path,
+            meta.identity,
+        ));
+        Some(self.open_file(&node, source, intent))
+    }
+
+    /// A handle reading `source` (the version of `node` an open just saw), remembered as the
+    /// node's last version; an older cached version is dropped.
+    fn open_file(&self, node: &Node, source: Arc<dyn SourceFile>, intent: Intent) -> Opened {
         let identity = source.identity();
         {
             let mut last = node.last_identity.lock();
@@ -506,7 +546,7 @@ impl Fs {
             Serve::Daemon
         };
         let fh = self.add_handle(Handle::File(FileReader::new(source, cached)));
-        Ok(Opened { fh, serve })
+        Opened { fh, serve }
     }
 
     /// Whether `open_cached` can answer for `ino`: a dataset file whose version seen by the last

@@ -5,12 +5,14 @@
 //! passthrough backing ids and each inode's I/O mode (`iomode`), counting requests per op, and where each request runs. What cannot
 //! wait on the source is answered on the FUSE thread: the virtual files and directories (stats
 //! always answer), cache hits, listings of an opened directory, releases and forgets, and every
-//! xattr but prepfs's own. Everything else (lookups and attributes of dataset entries, opens,
+//! xattr but prepfs's own, and the open of a file the cache holds whole when its source is a
+//! local filesystem (`Fs::open_at_once`: its stat waits on nothing remote). Everything else (lookups and attributes of dataset entries, opens,
 //! directory opens, reads that miss, statfs, `user.prepfs.cached`) runs on the `RequestPool` with a deadline (`--source-timeout`): a hung source
 //! holds up only the requests that touch it, and each is answered EIO at its deadline at the
 //! latest. An open of a file the cache holds whole is answered from the cache if the source does
 //! not answer within `CACHED_OPEN_PATIENCE`. Must never hold file-system semantics of its own
-//! (every decision is the core's) and never call the source from a FUSE thread.
+//! (every decision is the core's) and never call the source from a FUSE thread, but for
+//! `Fs::open_at_once`'s stat of a local filesystem.
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -403,6 +405,11 @@ impl Filesystem for Adapter {
                 Ok(opened) => send_opened(&self.shared, reply, ino.0, opened),
                 Err(e) => reply.error(e),
             };
+        }
+        // A local source is checked on this thread: a stat there waits on nothing remote.
+        if let Some(opened) = self.fs().open_at_once(ino.0, intent) {
+            self.fs().metrics().record(Op::Open, false);
+            return send_opened(&self.shared, reply, ino.0, opened);
         }
         let send = move |shared: &Shared, reply: Option<ReplyOpen>, opened: Opened| match reply {
             Some(reply) => send_opened(shared, reply, ino.0, opened),

@@ -8,7 +8,9 @@
 //! there, bind mounts included, is placed by someone allowed to mount, who could as well mount
 //! over the root itself; the tree served is the one the source path shows. A file's identity
 //! carries its device, so equal inode numbers on two filesystems never share cached bytes, and
-//! `config` refuses a mountpoint the root reaches through such a mount. Must never use `std::fs`
+//! `config` refuses a mountpoint the root reaches through such a mount. `stat_at_once` answers
+//! only when the root's filesystem is local (by its statfs type) and the walk crosses no mount
+//! (RESOLVE_NO_XDEV), so it never waits on a network or a FUSE daemon. Must never use `std::fs`
 //! on a user-influenced path and never follow a symlink.
 
 use std::ffi::{OsStr, OsString};
@@ -31,12 +33,36 @@ const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
 
+/// The same rules, also refusing (`EXDEV`) to cross any mount: a walk that stays on the root's
+/// filesystem never reaches another one, such as a FUSE or network mount inside the tree.
+const RESOLVE_ON_ROOT_FS: ResolveFlags = RESOLVE.union(ResolveFlags::NO_XDEV);
+
+/// Filesystem types (statfs `f_type`) whose metadata lives in memory or on a local disk: a stat
+/// there cannot wait on a network, a server or a daemon. ext2/3/4, XFS, Btrfs, tmpfs, ramfs,
+/// overlayfs, F2FS, ZFS, bcachefs, EROFS, SquashFS. Any other type (NFS, CIFS/SMB, FUSE, Ceph,
+/// Lustre, 9p, ...) is treated as one that can hang.
+const LOCAL_FILESYSTEMS: [u32; 11] = [
+    0xEF53,      // ext2, ext3, ext4
+    0x5846_5342, // xfs
+    0x9123_683E, // btrfs
+    0x0102_1994, // tmpfs
+    0x8584_58F6, // ramfs
+    0x794C_7630, // overlayfs
+    0xF2F5_2010, // f2fs
+    0x2FC1_2FC1, // zfs
+    0xCA45_1A4E, // bcachefs
+    0xE0F5_E1E2, // erofs
+    0x7371_7368, // squashfs
+];
+
 /// A dataset directory on a local (or network, or slow) filesystem.
 #[derive(Debug)]
 pub struct LocalSource {
     root: OwnedFd,
     /// How long after a modification a version may still be being written (`super::SETTLE`).
     settle: Duration,
+    /// Whether the root's filesystem is one of `LOCAL_FILESYSTEMS`.
+    local: bool,
 }
 
 impl LocalSource {
@@ -48,15 +74,18 @@ impl LocalSource {
             Mode::empty(),
         )?;
         // Probe openat2 once so an old kernel fails at mount time with a clear error.
-        openat2_beneath(&fd, Path::new("."), OFlags::PATH).map_err(|e| {
+        openat2_beneath(&fd, Path::new("."), OFlags::PATH, RESOLVE).map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!("openat2 beneath the source root failed: {e}"),
             )
         })?;
+        let local = rustix::fs::fstatfs(&fd)
+            .is_ok_and(|st| LOCAL_FILESYSTEMS.contains(&(st.f_type as u32)));
         Ok(LocalSource {
             root: fd,
             settle: super::SETTLE,
+            local,
         })
     }
 
@@ -71,11 +100,16 @@ impl LocalSource {
     }
 
     fn open_path(&self, path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
-        openat2_beneath(&self.root, path, flags)
+        openat2_beneath(&self.root, path, flags, RESOLVE)
     }
 }
 
-fn openat2_beneath(root: &OwnedFd, path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+fn openat2_beneath(
+    root: &OwnedFd,
+    path: &Path,
+    flags: OFlags,
+    resolve: ResolveFlags,
+) -> io::Result<OwnedFd> {
     let path = if path.as_os_str().is_empty() {
         Path::new(".")
     } else {
@@ -83,7 +117,7 @@ fn openat2_beneath(root: &OwnedFd, path: &Path, flags: OFlags) -> io::Result<Own
     };
     let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     loop {
-        match rustix::fs::openat2(root, path, flags, Mode::empty(), RESOLVE) {
+        match rustix::fs::openat2(root, path, flags, Mode::empty(), resolve) {
             // openat2 returns EAGAIN when a concurrent rename raced the resolution: retry.
             Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => continue,
             other => return other.map_err(io::Error::from),
@@ -132,6 +166,22 @@ impl Source for LocalSource {
     fn stat(&self, path: &Path) -> io::Result<Meta> {
         let fd = self.open_path(path, OFlags::PATH)?;
         Ok(meta_of(&rustix::fs::fstat(&fd)?))
+    }
+
+    fn stat_at_once(&self, path: &Path) -> Option<io::Result<Meta>> {
+        if !self.local {
+            return None;
+        }
+        match openat2_beneath(&self.root, path, OFlags::PATH, RESOLVE_ON_ROOT_FS) {
+            Ok(fd) => Some(
+                rustix::fs::fstat(&fd)
+                    .map(|st| meta_of(&st))
+                    .map_err(Into::into),
+            ),
+            // The path crosses a mount: what lies beyond may be remote.
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => None,
+            Err(e) => Some(Err(e)),
+        }
     }
 
     fn list(&self, path: &Path) -> io::Result<Vec<DirEntry>> {

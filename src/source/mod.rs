@@ -127,6 +127,12 @@ pub struct SpaceStats {
 pub trait Source: Send + Sync + 'static {
     /// Metadata of `path`, without following a final symlink.
     fn stat(&self, path: &Path) -> io::Result<Meta>;
+    /// Like `stat`, when the answer cannot wait on anything slower than memory or a local disk
+    /// (so a FUSE thread may ask): `None` when it could (a network or FUSE filesystem, or a path
+    /// that crosses into another mount), and the caller must ask `stat` where waiting is allowed.
+    fn stat_at_once(&self, _path: &Path) -> Option<io::Result<Meta>> {
+        None
+    }
     /// The entries of directory `path`, without `.` and `..`.
     fn list(&self, path: &Path) -> io::Result<Vec<DirEntry>>;
     /// The target of symlink `path`, as stored (never resolved).
