@@ -1203,6 +1203,8 @@ fn a_change_to_a_local_source_file_is_seen_by_the_next_open_checked_on_the_kerne
         // Rewritten in place (same inode), each time to a new size.
         current = pattern(100_000 + round * 1000, round as u64 + 1);
         fs::write(t.s("f"), &current).expect("rewrite");
+        // Written before the open, not during it: a version of the last 2 s is never cached.
+        common::date_back(&t.src);
         assert!(
             fs::read(t.m("f")).expect("read") == current,
             "round {round}: the open right after the change sees it"
