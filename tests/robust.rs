@@ -8,13 +8,26 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard, mpsc};
 use std::time::{Duration, Instant};
 
 use common::{MemoryCgroup, TestMount, pattern, prepfs};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
+
+/// The kernel's dentry and inode caches are one per machine: a test that drops them
+/// (`drop_caches`) holds this for writing, and one that needs the kernel to keep the names it
+/// looked up while a source hangs holds it for reading, so the two never run at once.
+static KERNEL_CACHES: RwLock<()> = RwLock::new(());
+
+fn dropping_kernel_caches() -> RwLockWriteGuard<'static, ()> {
+    KERNEL_CACHES.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn keeping_kernel_caches() -> RwLockReadGuard<'static, ()> {
+    KERNEL_CACHES.read().unwrap_or_else(|e| e.into_inner())
+}
 
 fn stat(stats: &Value, path: &str) -> f64 {
     path.split('.')
@@ -177,6 +190,7 @@ fn huge_sparse_files_cost_memory_for_what_is_read_not_for_their_size() {
 /// server does.
 #[test]
 fn a_hung_source_holds_up_only_the_requests_that_touch_it() {
+    let _caches = dropping_kernel_caches();
     let mut lower = TestMount::new();
     std::fs::write(lower.s("cached"), pattern(300_000, 2)).expect("write");
     std::fs::write(lower.s("uncached"), pattern(300_000, 3)).expect("write");
@@ -193,17 +207,7 @@ fn a_hung_source_holds_up_only_the_requests_that_touch_it() {
     // makes the upper's next check of it a lookup the stopped lower daemon never answers.
     let pinned = std::fs::File::open(upper.m("cached")).expect("open");
     std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop the kernel's caches");
-    let lower_pid = lower.child.as_ref().expect("lower daemon").id() as libc::pid_t;
-    struct Continue(libc::pid_t);
-    impl Drop for Continue {
-        fn drop(&mut self) {
-            // SAFETY: kill(2) has no memory effects.
-            unsafe { libc::kill(self.0, libc::SIGCONT) };
-        }
-    }
-    // SAFETY: kill(2) has no memory effects.
-    assert_eq!(unsafe { libc::kill(lower_pid, libc::SIGSTOP) }, 0);
-    let _resume = Continue(lower_pid);
+    let _resume = Stopped::process(lower.child.as_ref().expect("lower daemon").id());
 
     // Two readers of a file the source must answer for: each gets EIO by the deadline...
     let (mnt, stats_path) = (upper.mnt.clone(), upper.m(".prepfs/stats.json"));
@@ -257,6 +261,7 @@ fn a_hung_source_holds_up_only_the_requests_that_touch_it() {
 /// the local source's files are; so its stopped daemon holds up only the opens of its own files.
 #[test]
 fn a_stopped_fuse_mount_inside_a_local_source_holds_up_only_the_opens_beneath_it() {
+    let _caches = keeping_kernel_caches();
     let mut inner = TestMount::new();
     std::fs::write(inner.s("a"), pattern(100_000, 4)).expect("write");
     let mut outer = TestMount::new();
@@ -281,17 +286,7 @@ fn a_stopped_fuse_mount_inside_a_local_source_holds_up_only_the_opens_beneath_it
         "only the local file's cached open was checked on the kernel's thread"
     );
 
-    let inner_pid = inner.child.as_ref().expect("inner daemon").id() as libc::pid_t;
-    struct Continue(libc::pid_t);
-    impl Drop for Continue {
-        fn drop(&mut self) {
-            // SAFETY: kill(2) has no memory effects.
-            unsafe { libc::kill(self.0, libc::SIGCONT) };
-        }
-    }
-    // SAFETY: kill(2) has no memory effects.
-    assert_eq!(unsafe { libc::kill(inner_pid, libc::SIGSTOP) }, 0);
-    let _resume = Continue(inner_pid);
+    let _resume = Stopped::process(inner.child.as_ref().expect("inner daemon").id());
     // More readers of the stopped mount's file than the outer mount has kernel threads...
     let readers: Vec<_> = (0..4)
         .map(|_| {
@@ -325,6 +320,7 @@ fn a_stopped_fuse_mount_inside_a_local_source_holds_up_only_the_opens_beneath_it
 
 #[test]
 fn names_the_kernel_forgets_leave_the_inode_table() {
+    let _caches = dropping_kernel_caches();
     let mut t = TestMount::new();
     let files = 2000;
     for i in 0..files {
@@ -617,11 +613,39 @@ fn view_reads_queued_behind_renders_are_not_answered_eio_as_if_the_source_hung()
 struct Stopped(libc::pid_t);
 
 impl Stopped {
+    /// Returns once every thread of `pid` is stopped: kill(2) only starts a group stop, and a
+    /// thread that has not taken it yet may still answer a request.
     fn process(pid: u32) -> Stopped {
         let pid = pid as libc::pid_t;
         // SAFETY: kill(2) has no memory effects.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-        Stopped(pid)
+        let stopped = Stopped(pid);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !stopped.states().chars().all(|s| s == 'T' || s == 't') {
+            assert!(
+                Instant::now() < deadline,
+                "threads of {pid} not stopped: {}",
+                stopped.states()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        stopped
+    }
+
+    /// The state letter of each thread of the process (empty once it is gone).
+    fn states(&self) -> String {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.0));
+        tasks
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+            // The state follows the command name, which is in parentheses and may hold spaces.
+            .filter_map(|stat| {
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.chars().next())
+            })
+            .collect()
     }
 }
 
@@ -634,6 +658,7 @@ impl Drop for Stopped {
 
 #[test]
 fn a_hung_filesystem_inside_the_source_leaves_the_rest_of_the_source_served() {
+    let _caches = keeping_kernel_caches();
     let mut upper = TestMount::new();
     for i in 0..40 {
         std::fs::write(upper.s(&format!("healthy-{i}")), pattern(1000, i)).expect("write");
@@ -667,7 +692,13 @@ fn a_hung_filesystem_inside_the_source_leaves_the_rest_of_the_source_served() {
             let result = within(Duration::from_secs(30), move || s.join())
                 .expect("answered by the deadline")
                 .expect("stat thread");
-            assert_eq!(result.err(), Some(Some(libc::EIO)), "wave {wave}");
+            assert_eq!(
+                result.err(),
+                Some(Some(libc::EIO)),
+                "wave {wave}: lower daemon's threads {:?}, lower still mounted: {}",
+                stopped.states(),
+                common::is_mounted(&upper.s("sub"))
+            );
         }
     }
     // After the waves: stat, ls and reads of healthy files all answer.
