@@ -545,8 +545,8 @@ fn an_image_whose_resize_would_pass_the_pixel_limits_fails_alone_in_bounded_memo
     use image::codecs::png::{CompressionType, FilterType, PngEncoder};
     let mut t = TestMount::new();
     dataset(&t);
-    // A black 1x16384 PNG of a few hundred bytes: the README's val pipeline resizes it to
-    // 256 x 4194304 (3 GiB of pixels) before its center crop.
+    // A black 1x16384 PNG of a few hundred bytes: the guide's val pipeline (docs/GUIDE.md)
+    // resizes it to 256 x 4194304 (3 GiB of pixels) before its center crop.
     let mut png = Vec::new();
     image::RgbImage::new(1, 16384)
         .write_with_encoder(PngEncoder::new_with_quality(
@@ -556,9 +556,9 @@ fn an_image_whose_resize_would_pass_the_pixel_limits_fails_alone_in_bounded_memo
         ))
         .expect("encode");
     fs::write(t.s("cat/tall.png"), &png).expect("write");
-    const README_VAL: &str = "val=decode,resize(256),center_crop(224),normalize(imagenet)";
+    const GUIDE_VAL: &str = "val=decode,resize(256),center_crop(224),normalize(imagenet)";
     let group = common::MemoryCgroup::new(512 << 20);
-    t.mount_confined(&["--view", README_VAL, "--cache-mem", "64M"], &group);
+    t.mount_confined(&["--view", GUIDE_VAL, "--cache-mem", "64M"], &group);
     let tall = t.m(".prepfs/views/val/cat/tall.png.npy");
     let err = fs::read(&tall).expect_err("over the pixel limits");
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");

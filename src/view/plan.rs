@@ -307,7 +307,8 @@ mod tests {
 
     #[test]
     fn a_step_over_the_pixel_limits_is_refused_before_any_pixel() {
-        // The README's val pipeline over a 1x16384 image: resize(256) would make 256 x 4194304.
+        // The guide's val pipeline (docs/GUIDE.md) over a 1x16384 image: resize(256) would make
+        // 256 x 4194304.
         let val = ViewSpec::parse("v=decode,resize(256),center_crop(224),normalize(imagenet)")
             .expect("parses");
         for (w, h) in [(1, 16384), (16384, 1)] {
