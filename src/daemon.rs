@@ -356,8 +356,9 @@ impl Report for Board {
             .samples(&self.fetcher.figures(), &mut out);
         self.prefetcher.samples(&mut out);
         self.fetcher.ram().budget().gauges().samples(&mut out);
-        for view in self.views.iter() {
-            view.metrics.samples(&view.spec.name, &mut out);
+        for (index, view) in self.views.iter().enumerate() {
+            let jobs = self.views.jobs_reading(index as u16);
+            view.metrics.samples(&view.spec.name, jobs, &mut out);
         }
         out
     }

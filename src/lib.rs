@@ -14,6 +14,7 @@ pub mod error;
 pub mod fs;
 pub mod fuse;
 pub mod inode;
+pub mod jobs;
 pub mod memory;
 pub mod metrics;
 pub mod mountinfo;

@@ -219,3 +219,52 @@ fn a_memmapped_shard_never_makes_other_processes_opens_of_it_fail() {
         stats["cache"]
     );
 }
+
+/// Three training jobs started at once over one view (two from one shell script with `&`, sharing
+/// its process group and session, one with `setsid`), each a DataLoader with 2 worker processes
+/// shuffling in its own order: in each epoch, every file gives every job the same tensor, and
+/// each job a fresh one in each epoch (docs/SEMANTICS.md, "Jobs").
+#[test]
+fn pytorch_jobs_reading_one_view_at_once_get_the_same_tensors_in_the_same_epoch() {
+    let mut t = TestMount::new();
+    class_folders(&t, 2, 6);
+    t.mount(&["--view", "train=decode,random_resized_crop(64),hflip"]);
+    let out = tempfile::tempdir().expect("tempdir");
+    let script = format!(
+        "P='{py}'; S='{clients}/torch_jobs.py'; V='{view}'; O='{out}'\n\
+         \"$P\" \"$S\" \"$V\" 2 1 > \"$O/1\" & A=$!\n\
+         \"$P\" \"$S\" \"$V\" 2 2 > \"$O/2\" & B=$!\n\
+         setsid -w \"$P\" \"$S\" \"$V\" 2 3 > \"$O/3\" & C=$!\n\
+         wait $A && wait $B && wait $C",
+        py = python().display(),
+        clients = CLIENTS,
+        view = t.m(".prepfs/views/train").display(),
+        out = out.path().display(),
+    );
+    run_checked(Command::new("bash").arg("-c").arg(&script));
+    let jobs: Vec<serde_json::Value> = (1..=3)
+        .map(|j| {
+            let text = std::fs::read_to_string(out.path().join(j.to_string())).expect("output");
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("job {j}: {e}: {text}"))
+        })
+        .collect();
+    for epoch in 0..2 {
+        let files = jobs[0][epoch].as_object().expect("an epoch's files");
+        assert_eq!(files.len(), 12);
+        for job in &jobs[1..] {
+            assert_eq!(
+                &job[epoch], &jobs[0][epoch],
+                "epoch {epoch}: the same tensors"
+            );
+        }
+    }
+    for (name, tensor) in jobs[0][0].as_object().expect("epoch 0") {
+        assert_ne!(
+            &jobs[0][1][name], tensor,
+            "{name}: a fresh tensor in epoch 1"
+        );
+    }
+    let view = &t.stats()["views"]["train"];
+    assert_eq!(view["jobs_seen"], 3, "{view}");
+    assert_eq!(view["errors"], 0, "{view}");
+}

@@ -576,3 +576,61 @@ fn an_image_whose_resize_would_pass_the_pixel_limits_fails_alone_in_bounded_memo
         "{val}"
     );
 }
+
+/// Jobs (docs/SEMANTICS.md, "Jobs"): each job counts its own opens of a file, so the kth open of
+/// a file by any job gets the same tensor (and each job a fresh one every epoch); a process of
+/// another program is a job of its own, and processes naming one `PREPFS_JOB` are one job; while
+/// several jobs read the view, a render one job makes is taken by another instead of rendered
+/// again.
+#[test]
+fn each_job_counts_its_own_epochs_and_jobs_reading_together_share_renders() {
+    let mut t = TestMount::new();
+    dataset(&t);
+    t.mount(&["--view", TRAIN]);
+    let file = t.m(".prepfs/views/train/cat/img0.jpg.npy");
+    let other = t.m(".prepfs/views/train/dog/img1.jpg.npy");
+    // `cat` in a process of its own: a job of its own, or of `name`.
+    let cat = |name: Option<&str>, path: &std::path::Path| {
+        let mut cat = std::process::Command::new("cat");
+        cat.arg(path);
+        match name {
+            Some(name) => cat.env("PREPFS_JOB", name),
+            None => cat.env_remove("PREPFS_JOB"),
+        };
+        common::run_checked(&mut cat).stdout
+    };
+    let first = cat(None, &file);
+    assert_eq!(
+        cat(None, &file),
+        first,
+        "a new job's first open is its epoch 0"
+    );
+    let named = [cat(Some("search-1"), &file), cat(Some("search-1"), &file)];
+    assert_eq!(
+        named[0], first,
+        "a named job across processes: its epoch 0..."
+    );
+    assert_ne!(
+        named[1], first,
+        "... then its epoch 1, a fresh augmentation"
+    );
+    // This test's process is one more job, with the same epochs.
+    assert_eq!(fs::read(&file).expect("read"), first);
+    assert_eq!(fs::read(&file).expect("read"), named[1]);
+    let stats = |key: &str| t.stats()["views"]["train"][key].as_u64().expect(key);
+    // Job "a" reads the view; job "b" opens the file and renders it; "a", in the same epoch of
+    // the file, takes b's render.
+    cat(Some("a"), &other);
+    let b = cat(Some("b"), &file);
+    let (renders, hits) = (stats("renders"), stats("shared_hits"));
+    assert_eq!(cat(Some("a"), &file), b);
+    assert_eq!(b, first);
+    assert_eq!(
+        stats("renders"),
+        renders,
+        "a took b's render instead of rendering"
+    );
+    assert_eq!(stats("shared_hits"), hits + 1);
+    assert_eq!((stats("jobs_seen"), stats("jobs")), (6, 6));
+    assert_eq!(stats("errors"), 0);
+}

@@ -10,6 +10,7 @@
 mod listing;
 pub mod metrics;
 mod reader;
+mod sharing;
 #[cfg(test)]
 mod tests;
 mod views;
@@ -467,6 +468,12 @@ impl Fs {
 
     /// Opens `ino` for reading; `Intent::Write` is refused.
     pub fn open(&self, ino: u64, intent: Intent) -> Result<Opened, FsError> {
+        self.open_by(ino, intent, 0)
+    }
+
+    /// Like `open`, for the process (or thread) `pid` the kernel names in the request (0: none):
+    /// an open of a view file counts in that process's job (`crate::jobs`).
+    pub fn open_by(&self, ino: u64, intent: Intent, pid: u32) -> Result<Opened, FsError> {
         if intent == Intent::Write {
             return Err(FsError::ReadOnly);
         }
@@ -487,7 +494,7 @@ impl Fs {
             Kind::Symlink | Kind::Other => return Err(FsError::AccessDenied),
         }
         if node.view.is_some() {
-            let fh = self.add_handle(self.open_view_file(node, intent)?);
+            let fh = self.add_handle(self.open_view_file(node, intent, pid)?);
             return Ok(Opened {
                 fh,
                 serve: Serve::Daemon,

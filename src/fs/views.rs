@@ -3,7 +3,7 @@
 //!
 //! Owns view lookups, listings, attributes (sizes known without decoding: from the spec when it
 //! fixes the shape, else from the image header in a bounded prefix of the file), the per-open
-//! seed, and scheduling renders: each open queues its render on the render pool (sized to the
+//! seed (from the opening job's own open count, `sharing`), and scheduling renders: each open queues its render on the render pool (sized to the
 //! cores) at once, so decoding overlaps the loader's open-to-read gap, and reads wait for it off
 //! the FUSE threads. Raw image bytes come through the never-evict cache like any source read;
 //! a JPEG's restart-marked copy (which later renders decode only their crop's MCUs of) and the
@@ -29,11 +29,12 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::listing::Listing;
+use super::sharing::{Share, Sharing};
 use super::{Attr, DirSnapshot, Fs, Handle, Intent, SOURCE_TTL};
 use crate::cache::{BLOCK_SIZE, BlockFetcher, ReadBytes, Unpacked};
 use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
-use crate::memory::Work;
+use crate::memory::{Shed, Work};
 use crate::prefetch::Ahead;
 use crate::source::{Identity, Kind, Meta, Source, SourceFile};
 use crate::view::limits::MAX_ENCODED_BYTES;
@@ -115,6 +116,8 @@ pub struct Views {
     /// Whether users other than the mount's owner may read the mount (`--allow-other`): the
     /// failed files a stats file names are then only those anybody could list.
     read_by_others: bool,
+    /// The jobs reading the views: their open counts and the renders held between them.
+    sharing: Arc<Sharing<Rendered>>,
 }
 
 /// A render made (or being made) for the open that will be view file `ino`'s `count`th (from 0).
@@ -133,6 +136,11 @@ pub struct ViewOpen {
     rendered: OnceLock<Result<Rendered, FsError>>,
     /// The render made ahead for this open, finished or still running, when one was.
     ahead: Option<AheadSlot>,
+    /// Another job's render of this file for the same epoch, finished or still running.
+    shared: Option<AheadSlot>,
+    /// Where this open's render goes for the other jobs reading the view (filled with `None`
+    /// if the open goes away unrendered).
+    publish: Option<FillOnDrop>,
 }
 
 /// Where a render made ahead lands: `None` when it failed (the open then renders for itself).
@@ -235,6 +243,10 @@ impl Views {
         let waiting = pool
             .as_ref()
             .map_or_else(|| Arc::new(AtomicUsize::new(0)), WorkerPool::queued);
+        let budget = fetcher.ram().budget();
+        let sharing = Arc::new(Sharing::new(budget.clone()));
+        let shed: Arc<dyn Shed> = sharing.clone();
+        budget.add_shed(Arc::downgrade(&shed));
         Views {
             list,
             seed,
@@ -248,6 +260,7 @@ impl Views {
             copies: true,
             running: Permits::new(active),
             read_by_others: false,
+            sharing,
         }
     }
 
@@ -555,8 +568,19 @@ impl Views {
                 })
     }
 
-    /// Renders `open` for a reader waiting on it: a failure is counted, logged and answered EIO.
+    /// Renders `open` for a reader waiting on it, and hands the render to the other jobs when
+    /// the open publishes it.
     fn render(&self, open: &ViewOpen) -> Result<Rendered, FsError> {
+        let rendered = self.render_unshared(open);
+        if let Some(publish) = &open.publish {
+            let _ = publish.0.set(rendered.as_ref().ok().cloned());
+        }
+        rendered
+    }
+
+    /// Renders `open` (or takes the render made ahead for it, or another job's for the same
+    /// file and epoch): a failure is counted, logged and answered EIO.
+    fn render_unshared(&self, open: &ViewOpen) -> Result<Rendered, FsError> {
         let view = self.get(open.view)?;
         if let Some(rendered) = open.ahead.as_ref().and_then(|slot| slot.wait().clone()) {
             if self.is_current(&open.node.path, rendered.source) {
@@ -564,6 +588,12 @@ impl Views {
                 return Ok(rendered);
             }
             tracing::debug!(view = %view.spec.name, path = %open.node.path.display(), "the image changed since its render ahead; rendering it again");
+        }
+        if let Some(rendered) = open.shared.as_ref().and_then(|slot| slot.wait().clone())
+            && self.is_current(&open.node.path, rendered.source)
+        {
+            view.metrics.shared_hits.inc();
+            return Ok(rendered);
         }
         self.render_for(view, open, Need::Open).map_err(|unrendered| {
             let why = unrendered.why();
@@ -719,7 +749,9 @@ impl Views {
             if ahead.len() >= AHEAD_RENDERS {
                 return Ahead::NotNow;
             }
-            let count = node.opens.load(Ordering::Acquire);
+            let count = self
+                .sharing
+                .next_count(node.view.unwrap_or_default(), node.ino);
             ahead.push_back(HeldRender {
                 ino: node.ino,
                 count,
@@ -737,6 +769,8 @@ impl Views {
             seed: self.seed_of(view, &node.path, count),
             rendered: OnceLock::new(),
             ahead: None,
+            shared: None,
+            publish: None,
         };
         let rendered = self.render_for(view, &open, Need::Ahead);
         // No room is a passing reason; a render that failed would fail its open too.
@@ -755,6 +789,11 @@ impl Views {
             self.held.store(ahead.len(), Ordering::Release);
         }
         answer
+    }
+
+    /// Jobs that opened a file of view `view` in the last `sharing::JOB_ACTIVE`.
+    pub fn jobs_reading(&self, view: u16) -> usize {
+        self.sharing.jobs_reading(view)
     }
 
     /// The render made (or being made) ahead for the `count`th open of view file `ino`, if
@@ -920,11 +959,13 @@ impl Fs {
         Ok(self.listing_of(node, dots, names))
     }
 
-    /// Opens a view file: this open's seed is fixed now and its render queued on the pool.
+    /// Opens a view file for the process (or thread) `pid`: this open's seed is fixed now, from
+    /// its job's own open count, and its render queued on the pool, or taken from another job's.
     pub(super) fn open_view_file(
         &self,
         node: Arc<Node>,
         intent: Intent,
+        pid: u32,
     ) -> Result<Handle, FsError> {
         let index = node.view.ok_or(FsError::NotFound)?;
         let view = self.views.get(index)?;
@@ -933,23 +974,46 @@ impl Fs {
             self.prefetcher
                 .opened(1 + usize::from(index), &node.path, None);
         }
-        let count = node.opens.fetch_add(1, Ordering::AcqRel);
+        let opened = self.views.sharing.open(index, node.ino, pid);
+        if opened.new_job {
+            view.metrics.jobs_seen.inc();
+        }
+        let count = opened.count;
+        let (shared, publish) = match opened.share {
+            Share::Alone => (None, None),
+            Share::Take(slot) => (Some(slot), None),
+            Share::Publish(slot) => (None, Some(FillOnDrop(slot))),
+        };
+        let ahead = match shared {
+            Some(_) => None,
+            None => self.views.take_ahead(node.ino, count),
+        };
         let open = Arc::new(ViewOpen {
             view: index,
             seed: self.views.seed_of(view, &node.path, count),
             rendered: OnceLock::new(),
-            ahead: self.views.take_ahead(node.ino, count),
+            ahead,
+            shared,
+            publish,
             node,
         });
-        if open.ahead.is_some() {
+        if open.ahead.is_some() || open.shared.is_some() {
             // Its render is made or being made: the first read takes (or waits for) it.
             return Ok(Handle::View(open));
         }
         // Queued at once, so decoding overlaps the loader's open-to-read gap; with the queue full
         // (or no pool) the first read renders it, on its own thread.
-        if let Some(pool) = &self.views.pool {
+        let queued = self.views.pool.as_ref().is_some_and(|pool| {
             let (views, job) = (self.views.clone(), open.clone());
-            pool.try_submit(move || views.render_once(&job));
+            pool.try_submit(move || views.render_once(&job))
+        });
+        if let Some(publish) = &open.publish {
+            if queued {
+                view.metrics.shared_renders.inc();
+            } else {
+                // Rendered only when this open is read, if ever: no other job waits on that.
+                let _ = publish.0.set(None);
+            }
         }
         Ok(Handle::View(open))
     }

@@ -392,7 +392,7 @@ impl Filesystem for Adapter {
         );
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let intent = if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
             Intent::Write
         } else if flags.0 & libc::O_NOATIME != 0 {
@@ -401,7 +401,7 @@ impl Filesystem for Adapter {
             Intent::Read
         };
         if intent == Intent::Write || self.fs().opens_without_the_source(ino.0) {
-            return match self.done(Op::Open, self.fs().open(ino.0, intent)) {
+            return match self.done(Op::Open, self.fs().open_by(ino.0, intent, req.pid())) {
                 Ok(opened) => send_opened(&self.shared, reply, ino.0, opened),
                 Err(e) => reply.error(e),
             };

@@ -114,8 +114,6 @@ pub struct Node {
     /// The view this node belongs to (`None`: the source tree itself). A view's file node names
     /// its source image: `path` is the image's, the name in the view adds `.npy`.
     pub view: Option<u16>,
-    /// Opens so far (view files: the open count seeds each open's augmentation).
-    pub opens: AtomicU64,
     /// Lookups the kernel holds (answered and not yet forgotten).
     lookups: AtomicU64,
     /// The device the source entry was last seen on (0: not yet): where requests about it
@@ -178,7 +176,6 @@ fn new_node(ino: u64, parent: u64, path: PathBuf, kind: Kind, view: Option<u16>)
         kind,
         last_identity: Mutex::new(None),
         view,
-        opens: AtomicU64::new(0),
         lookups: AtomicU64::new(0),
         device: AtomicU64::new(0),
     })
@@ -354,8 +351,8 @@ impl InodeTable {
 
     /// Up to half of the dataset files' nodes, the oldest first, as (parent, name in parent):
     /// what the mount may ask the kernel to forget under memory pressure (a lookup makes them
-    /// again). Directories stay (their children name them), and so do views' files, whose open
-    /// counts seed their augmentation.
+    /// again). Directories stay (their children name them), and so do views' files, whose jobs'
+    /// open counts (which seed their augmentation) are kept by inode number.
     pub fn forgettable(&self) -> Vec<(u64, OsString)> {
         let tables = self.tables.read();
         let mut files: Vec<&Arc<Node>> = tables

@@ -71,6 +71,12 @@ pub struct ViewMetrics {
     pub ahead_used: Counter,
     /// Images left out of listings because their view name would be too long to open.
     pub unlisted_names: Counter,
+    /// Jobs that opened a file of the view, in all (`crate::jobs`).
+    pub jobs_seen: Counter,
+    /// Renders made for an open and held for the other jobs reading the view.
+    pub shared_renders: Counter,
+    /// Opens served by another job's render of the same file and epoch: renders saved.
+    pub shared_hits: Counter,
 }
 
 /// Opens of a view's files.
@@ -152,10 +158,39 @@ pub const UNLISTED_NAMES: Metric = Metric::counter(
 )
 .by("view");
 
+/// Jobs reading the view now.
+pub const JOBS: Metric = Metric::gauge(
+    "views.*.jobs",
+    "view_jobs",
+    "Jobs that opened a file of the view in the last 30 s (each counts its own epochs; see SEMANTICS.md, Jobs).",
+)
+.by("view");
+/// Jobs seen.
+pub const JOBS_SEEN: Metric = Metric::counter(
+    "views.*.jobs_seen",
+    "view_jobs_seen_total",
+    "Jobs that opened a file of the view since the mount started.",
+)
+.by("view");
+/// Renders held for other jobs.
+pub const SHARED_RENDERS: Metric = Metric::counter(
+    "views.*.shared_renders",
+    "view_shared_renders_total",
+    "Renders made for an open while other jobs read the view, held for them to take.",
+)
+.by("view");
+/// Opens served by another job's render.
+pub const SHARED_HITS: Metric = Metric::counter(
+    "views.*.shared_hits",
+    "view_shared_hits_total",
+    "Opens served by the render another job made of the same file for the same epoch: renders saved.",
+)
+.by("view");
+
 impl ViewMetrics {
-    /// The samples of view `name`: under `views.<name>.` in stats.json, labelled `view` in
-    /// metrics.
-    pub fn samples(&self, name: &str, out: &mut Samples) {
+    /// The samples of view `name`, which `jobs` jobs read now: under `views.<name>.` in
+    /// stats.json, labelled `view` in metrics.
+    pub fn samples(&self, name: &str, jobs: usize, out: &mut Samples) {
         out.put_for(&OPENS, name, self.opens.get() as f64);
         out.put_for(&RENDERS, name, self.renders.get() as f64);
         out.put_for(&IMAGES_PER_S, name, self.render_rate.per_second());
@@ -167,6 +202,10 @@ impl ViewMetrics {
         out.put_for(&RENDERED_AHEAD, name, self.rendered_ahead.get() as f64);
         out.put_for(&AHEAD_USED, name, self.ahead_used.get() as f64);
         out.put_for(&UNLISTED_NAMES, name, self.unlisted_names.get() as f64);
+        out.put_for(&JOBS, name, jobs as f64);
+        out.put_for(&JOBS_SEEN, name, self.jobs_seen.get() as f64);
+        out.put_for(&SHARED_RENDERS, name, self.shared_renders.get() as f64);
+        out.put_for(&SHARED_HITS, name, self.shared_hits.get() as f64);
     }
 }
 

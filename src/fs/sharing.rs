@@ -1,0 +1,306 @@
+//! Coordinated prep: the training jobs reading one view at once share its renders.
+//!
+//! Owns each job's open counts of view files, which fix every open's seed (the `k`th open of a
+//! file by a job is rendered with the seed of (view, path, k), so jobs in the same epoch ask for
+//! the same tensor, and each job still gets a fresh one every epoch), and the renders held for
+//! other jobs: when more than one job reads a view, an open's render is published under (file, k)
+//! until the other jobs reading the view have taken it, `HOLD_PATIENCE` passes, `MAX_HELD` newer
+//! ones push it out, or the memory budget sheds it. Must never make a job wait for another (an
+//! open that finds no render held makes its own; one that finds a render still running waits for
+//! it, which is the work it would do anyway), never hold a render the budget needs, and never
+//! count a job's opens by another's.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::jobs::{Job, JobId, Jobs};
+use crate::memory::{MemoryBudget, Shed, Work};
+
+/// A job that opened no file of a view for this long no longer counts as reading it: renders are
+/// no longer held for it.
+const JOB_ACTIVE: Duration = Duration::from_secs(30);
+/// Renders held for other jobs at most (each a whole .npy file, charged to the budget).
+const MAX_HELD: usize = 64;
+/// How long a render waits for the other jobs to take it; jobs further apart lose the sharing,
+/// never correctness (a render is a pure function of its seed, so a job that comes later renders
+/// the same bytes again).
+const HOLD_PATIENCE: Duration = Duration::from_secs(20);
+/// How often jobs whose processes ended are forgotten with their counts.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// A job named by `PREPFS_JOB` (whose end prepfs cannot see) is forgotten after this long idle.
+const NAMED_JOB_IDLE: Duration = Duration::from_secs(3600);
+/// What one open count costs in memory, charged to the budget: key, value and the hash table's
+/// overhead.
+const COUNT_BYTES: u64 = 32;
+
+/// A place a render lands in for the opens that share it: `None` when it failed (each open then
+/// renders for itself).
+pub type Slot<T> = Arc<std::sync::OnceLock<Option<T>>>;
+
+/// What an open of a view file does about sharing.
+pub enum Share<T> {
+    /// One job reads the view: render as always.
+    Alone,
+    /// Another job's render of this (file, k) is held (finished or running): take it.
+    Take(Slot<T>),
+    /// Other jobs read the view: render, and fill this slot for them.
+    Publish(Slot<T>),
+}
+
+/// An open of view `view`'s file `ino`: its `k` and what to do about sharing.
+pub struct Opened<T> {
+    /// Opens of this file by this job before this one.
+    pub count: u64,
+    /// Whether and how its render is shared.
+    pub share: Share<T>,
+    /// Whether this job had not opened a file of this view before.
+    pub new_job: bool,
+}
+
+/// The jobs reading the mount's views, their open counts and the renders held between them.
+pub struct Sharing<T> {
+    jobs: Jobs,
+    state: Mutex<State<T>>,
+    budget: Arc<MemoryBudget>,
+}
+
+struct State<T> {
+    per_job: HashMap<JobId, JobState>,
+    held: VecDeque<Held<T>>,
+    swept: Instant,
+}
+
+struct JobState {
+    job: Job,
+    /// Opens so far of each view file (by inode) by this job.
+    counts: HashMap<u64, u32>,
+    /// When it last opened a file of each view it reads.
+    views: HashMap<u16, Instant>,
+    last_open: Instant,
+    /// The budget's charge for `counts`.
+    charge: Work,
+}
+
+struct Held<T> {
+    view: u16,
+    ino: u64,
+    count: u64,
+    slot: Slot<T>,
+    started: Instant,
+    /// Jobs that may still take it.
+    takers: usize,
+}
+
+impl<T> Sharing<T> {
+    /// No jobs yet; counts are charged to `budget`.
+    pub fn new(budget: Arc<MemoryBudget>) -> Sharing<T> {
+        Sharing {
+            jobs: Jobs::default(),
+            state: Mutex::new(State {
+                per_job: HashMap::new(),
+                held: VecDeque::new(),
+                swept: Instant::now(),
+            }),
+            budget,
+        }
+    }
+
+    /// An open of view `view`'s file `ino` by the process (or thread) `pid`.
+    pub fn open(&self, view: u16, ino: u64, pid: u32) -> Opened<T> {
+        let job = self.jobs.of(pid);
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        state.sweep(now);
+        let jobs_here = state.jobs_reading(view, now, Some(job.id));
+        let entry = state.per_job.entry(job.id).or_insert_with(|| JobState {
+            job,
+            counts: HashMap::new(),
+            views: HashMap::new(),
+            last_open: now,
+            charge: self.budget.in_flight(0),
+        });
+        entry.last_open = now;
+        let new_job = entry.views.insert(view, now).is_none();
+        let count = match entry.counts.get_mut(&ino) {
+            Some(c) => {
+                let k = *c;
+                *c = c.saturating_add(1);
+                k
+            }
+            None => {
+                entry.counts.insert(ino, 1);
+                entry.charge.absorb(self.budget.in_flight(COUNT_BYTES));
+                0
+            }
+        };
+        let count = u64::from(count);
+        // Jobs reading this view besides this one.
+        let others = jobs_here;
+        if others == 0 {
+            return Opened {
+                count,
+                share: Share::Alone,
+                new_job,
+            };
+        }
+        let found = state
+            .held
+            .iter()
+            .position(|h| h.view == view && h.ino == ino && h.count == count);
+        let share = match found {
+            Some(at) => {
+                let held = &mut state.held[at];
+                held.takers = held.takers.saturating_sub(1);
+                let slot = held.slot.clone();
+                if held.takers == 0 {
+                    state.held.remove(at);
+                }
+                Share::Take(slot)
+            }
+            None => {
+                let slot = Slot::default();
+                if state.held.len() >= MAX_HELD {
+                    state.held.pop_front();
+                }
+                state.held.push_back(Held {
+                    view,
+                    ino,
+                    count,
+                    slot: slot.clone(),
+                    started: now,
+                    takers: others,
+                });
+                Share::Publish(slot)
+            }
+        };
+        Opened {
+            count,
+            share,
+            new_job,
+        }
+    }
+
+    /// The opens so far of view file `ino` by the job that opened a file of view `view` last:
+    /// the `k` a render made ahead of that job's next open of it uses.
+    pub fn next_count(&self, view: u16, ino: u64) -> u64 {
+        let state = self.state.lock();
+        state
+            .per_job
+            .values()
+            .filter_map(|j| j.views.get(&view).map(|at| (at, j)))
+            .max_by_key(|(at, _)| **at)
+            .and_then(|(_, j)| j.counts.get(&ino))
+            .map_or(0, |&c| u64::from(c))
+    }
+
+    /// Jobs that opened a file of view `view` within `JOB_ACTIVE`.
+    pub fn jobs_reading(&self, view: u16) -> usize {
+        self.state.lock().jobs_reading(view, Instant::now(), None)
+    }
+}
+
+impl<T> State<T> {
+    /// Jobs other than `except` that opened a file of `view` within `JOB_ACTIVE` of `now`.
+    fn jobs_reading(&self, view: u16, now: Instant, except: Option<JobId>) -> usize {
+        self.per_job
+            .iter()
+            .filter(|(id, j)| {
+                Some(**id) != except
+                    && j.views
+                        .get(&view)
+                        .is_some_and(|at| now.duration_since(*at) < JOB_ACTIVE)
+            })
+            .count()
+    }
+
+    /// Drops held renders past their patience and, every `SWEEP_EVERY`, the jobs that ended
+    /// (their counts and their charge with them).
+    fn sweep(&mut self, now: Instant) {
+        self.held
+            .retain(|h| now.duration_since(h.started) < HOLD_PATIENCE);
+        if now.duration_since(self.swept) < SWEEP_EVERY {
+            return;
+        }
+        self.swept = now;
+        self.per_job.retain(|_, j| {
+            let idle = now.duration_since(j.last_open);
+            idle < JOB_ACTIVE || (j.job.alive() && idle < NAMED_JOB_IDLE)
+        });
+    }
+}
+
+impl<T: Send + Sync> Shed for Sharing<T> {
+    /// Lets go of every held render: each is computed again, identically, by a job that comes
+    /// for it later.
+    fn shed(&self) -> u64 {
+        let held: Vec<Held<T>> = self.state.lock().held.drain(..).collect();
+        drop(held);
+        // The memory comes back as the renders' last holders (open files) let go of them.
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryPlan;
+    use std::process::{Command, Stdio};
+
+    fn sharing() -> (Sharing<u32>, Arc<MemoryBudget>) {
+        let budget = MemoryBudget::new(MemoryPlan {
+            cache: 1 << 30,
+            staging: 0,
+            work: 1 << 27,
+        });
+        (Sharing::new(budget.clone()), budget)
+    }
+
+    #[test]
+    fn one_job_counts_its_opens_of_each_file_and_shares_nothing() {
+        let (sharing, budget) = sharing();
+        let me = std::process::id();
+        let counts: Vec<u64> = (0..3).map(|_| sharing.open(0, 7, me).count).collect();
+        assert_eq!(counts, [0, 1, 2]);
+        assert_eq!(sharing.open(0, 8, me).count, 0);
+        assert!(matches!(sharing.open(0, 9, me).share, Share::Alone));
+        assert_eq!(sharing.jobs_reading(0), 1);
+        assert_eq!(sharing.jobs_reading(1), 0);
+        assert_eq!(budget.used(crate::memory::Use::Work), 3 * COUNT_BYTES);
+        // The ahead render for this job's next open of file 7 is its fourth.
+        assert_eq!(sharing.next_count(0, 7), 3);
+    }
+
+    #[test]
+    fn a_second_job_takes_the_render_the_first_published_for_the_same_file_and_epoch() {
+        let (sharing, _budget) = sharing();
+        let mut other = Command::new("sleep")
+            .arg("30")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("sleep");
+        let (a, b) = (std::process::id(), other.id());
+        // Job b reads the view; then a opens file 5 first and publishes its render...
+        assert!(matches!(sharing.open(0, 9, b).share, Share::Alone));
+        let Share::Publish(published) = sharing.open(0, 5, a).share else {
+            panic!("a render for the other job to take");
+        };
+        // ... which b's open of file 5 in the same epoch takes, once.
+        let opened = sharing.open(0, 5, b);
+        assert_eq!(opened.count, 0);
+        let Share::Take(taken) = opened.share else {
+            panic!("b takes a's render");
+        };
+        assert!(Arc::ptr_eq(&published, &taken));
+        // The next epoch of file 5 is another render: b publishes it this time.
+        assert!(matches!(sharing.open(0, 5, b).share, Share::Publish(_)));
+        // Shed, nothing stays held: a's second open renders its own.
+        let _ = sharing.shed();
+        assert!(matches!(sharing.open(0, 5, a).share, Share::Publish(_)));
+        assert_eq!(sharing.jobs_reading(0), 2);
+        let _ = other.kill();
+        let _ = other.wait();
+    }
+}
