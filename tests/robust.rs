@@ -517,6 +517,7 @@ fn renders_of_deep_pngs_stay_within_their_charge_in_a_memory_cgroup() {
 /// dataset files' names, which later lookups make again.
 #[test]
 fn stats_of_many_long_paths_after_the_cache_filled_never_oom_kill_the_daemon() {
+    let _caches = keeping_kernel_caches();
     const LIMIT: u64 = 256 * MIB;
     const FILES: usize = 40_000;
     let mut t = TestMount::new();
@@ -566,6 +567,7 @@ fn stats_of_many_long_paths_after_the_cache_filled_never_oom_kill_the_daemon() {
 /// render thread. A view read's deadline now covers only its wait on the source.
 #[test]
 fn view_reads_queued_behind_renders_are_not_answered_eio_as_if_the_source_hung() {
+    let _caches = keeping_kernel_caches();
     let mut t = TestMount::new();
     let mut img = image::RgbImage::new(1600, 1200);
     for (x, y, p) in img.enumerate_pixels_mut() {

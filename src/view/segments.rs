@@ -339,7 +339,10 @@ impl<'a> Segments<'a> {
     /// markers numbered in turn, ended by EOI; `None` when anything else appears (a marker out
     /// of turn too) or the count differs.
     fn split(encoded: &[u8], start: usize, expected: usize) -> Option<Vec<Range<usize>>> {
-        let mut segments = Vec::with_capacity(expected);
+        // `expected` comes from header fields; each segment ends in a 2-byte marker, so the data
+        // itself bounds how many there can be.
+        let possible = encoded.len().saturating_sub(start) / 2 + 1;
+        let mut segments = Vec::with_capacity(expected.min(possible));
         let (mut begin, mut at) = (start, start);
         loop {
             at += memchr::memchr(0xFF, encoded.get(at..)?)?;
