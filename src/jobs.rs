@@ -1,12 +1,13 @@
 //! Training jobs as the mount tells them apart: which job the process behind a request belongs to.
 //!
 //! Owns the rule (docs/SEMANTICS.md, "Jobs"): a process whose environment names
-//! `PREPFS_JOB=<name>` belongs to the job of that name; any other process belongs to the job of
-//! its oldest ancestor that runs the same program, walking up through parents that run it (a
-//! DataLoader's workers, forked or spawned through a forkserver, run the interpreter their loader
-//! runs, so they are its job; two trainings started by one shell script are two jobs, since the
-//! shell runs another program). A job is that ancestor's pid and start time, so a restarted job is
-//! a new job. Reads only /proc (in memory, never the source), so it may run on a FUSE thread; its
+//! `PREPFS_JOB=<name>` belongs to the job of that name, and one that torchrun started (its
+//! `TORCHELASTIC_RUN_ID` and `MASTER_PORT`) to that run's job, all ranks together; any other
+//! process belongs to the job of the oldest ancestor it was forked from: walking up while the
+//! parent runs the same program and the process did not start a command line of its own (a
+//! DataLoader's workers are forks of their loader, or Python's multiprocessing bootstraps, so
+//! they are its job; trainings a script or a Python driver starts as new commands are jobs of
+//! their own). A job is that ancestor's pid and start time, so a restarted job is a new job. Reads only /proc (in memory, never the source), so it may run on a FUSE thread; its
 //! cache of processes is bounded (`MAX_PROCESSES`). Must never be asked about requests that are
 //! not opens of view files: the lookups cost a few /proc reads.
 
@@ -28,6 +29,12 @@ impl JobId {
 
 /// The environment variable that names a job explicitly.
 pub const JOB_VARIABLE: &str = "PREPFS_JOB";
+/// What torchrun sets in every rank of one run (with `MASTER_PORT`, distinct between runs on one
+/// node): a run is one job.
+const TORCHRUN_VARIABLES: [&str; 2] = ["TORCHELASTIC_RUN_ID", "MASTER_PORT"];
+/// Command lines of Python's own process bootstraps (multiprocessing's spawn and forkserver,
+/// joblib's loky): such a process, though started as a new command, works for its parent.
+const BOOTSTRAPS: [&[u8]; 2] = [b"multiprocessing", b"loky"];
 /// Processes whose job is remembered; past it the memory starts over (each process is then
 /// looked up again once).
 const MAX_PROCESSES: usize = 4096;
@@ -130,15 +137,47 @@ impl Process {
         std::fs::read_link(format!("/proc/{}/exe", self.tgid)).ok()
     }
 
-    /// The value of `PREPFS_JOB` in its environment, if set and not empty.
+    /// The job its environment names: `PREPFS_JOB`'s value, else torchrun's run (its id and
+    /// port), if set and not empty.
     fn named_job(&self) -> Option<Vec<u8>> {
         let environ = std::fs::read(format!("/proc/{}/environ", self.tgid)).ok()?;
-        let prefix = format!("{JOB_VARIABLE}=");
-        environ
-            .split(|&b| b == 0)
-            .find_map(|var| var.strip_prefix(prefix.as_bytes()))
-            .filter(|name| !name.is_empty())
-            .map(<[u8]>::to_vec)
+        let value = |name: &str| {
+            let prefix = format!("{name}=");
+            environ
+                .split(|&b| b == 0)
+                .find_map(|var| var.strip_prefix(prefix.as_bytes()))
+                .filter(|value| !value.is_empty())
+        };
+        if let Some(name) = value(JOB_VARIABLE) {
+            return Some(name.to_vec());
+        }
+        let mut run = b"torchrun\0".to_vec();
+        for name in TORCHRUN_VARIABLES {
+            run.extend_from_slice(value(name)?);
+            run.push(0);
+        }
+        Some(run)
+    }
+
+    fn command_line(&self) -> Option<Vec<u8>> {
+        std::fs::read(format!("/proc/{}/cmdline", self.tgid)).ok()
+    }
+
+    /// Whether it works for `parent` rather than being a job of its own: it runs the same
+    /// program, and either has its parent's command line (a fork) or is one of the
+    /// interpreter's own worker bootstraps.
+    fn works_for(&self, parent: &Process) -> bool {
+        let Some(program) = self.program() else {
+            return false;
+        };
+        if parent.program().as_ref() != Some(&program) {
+            return false;
+        }
+        let command = self.command_line().unwrap_or_default();
+        command == parent.command_line().unwrap_or_default()
+            || BOOTSTRAPS
+                .iter()
+                .any(|b| command.windows(b.len()).any(|w| w == *b))
     }
 }
 
@@ -152,22 +191,21 @@ fn job_of(process: &Process) -> Job {
             root: None,
         };
     }
-    let program = process.program();
-    let mut root = (process.tgid, process.started);
-    let mut ppid = process.ppid;
+    let mut root = Process {
+        tgid: process.tgid,
+        ppid: process.ppid,
+        started: process.started,
+    };
     for _ in 0..MAX_ANCESTORS {
-        if ppid <= 1 {
+        if root.ppid <= 1 {
             break;
         }
-        let Some(parent) = Process::read(ppid) else {
-            break;
-        };
-        if program.is_none() || parent.program() != program {
-            break;
+        match Process::read(root.ppid) {
+            Some(parent) if root.works_for(&parent) => root = parent,
+            _ => break,
         }
-        root = (parent.tgid, parent.started);
-        ppid = parent.ppid;
     }
+    let root = (root.tgid, root.started);
     let mut key = b"process\0".to_vec();
     key.extend_from_slice(&root.0.to_le_bytes());
     key.extend_from_slice(&root.1.to_le_bytes());
@@ -188,7 +226,16 @@ mod tests {
         if let Some(name) = env {
             command.env(JOB_VARIABLE, name);
         }
-        command.spawn().expect("sleep")
+        let child = command.spawn().expect("sleep");
+        // Asked before its exec is done (program, arguments and environment in place), the
+        // child would still be a fork of this test.
+        while !Process::read(child.id()).is_some_and(|p| {
+            p.program().is_some_and(|p| p.ends_with("sleep"))
+                && p.command_line().is_some_and(|c| c.starts_with(b"sleep"))
+        }) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child
     }
 
     #[test]
@@ -225,38 +272,45 @@ mod tests {
         assert_eq!(jobs.of(0).id, JobId::UNKNOWN);
     }
 
-    #[test]
-    fn children_running_the_same_program_are_their_parents_job() {
-        // A shell that forks a subshell (the same program) which sleeps: the subshell is the
-        // outer shell's job; `sleep` itself is another program, so its own job.
-        let jobs = Jobs::default();
-        let mut outer = Command::new("sh")
-            .args(["-c", "(sh -c 'sleep 5; true'; true) & wait"])
-            .spawn()
-            .expect("sh");
-        let outer_job = loop {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            let children =
-                std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", outer.id()))
-                    .unwrap_or_default();
-            if let Some(sub) = children.split_whitespace().next() {
-                let sub: u32 = sub.parse().expect("pid");
-                if Process::read(sub)
-                    .and_then(|p| p.program())
-                    .is_some_and(|p| {
-                        p.file_name()
-                            .is_some_and(|n| n.to_string_lossy().contains("sh"))
-                    })
-                {
-                    break (jobs.of(outer.id()).id, jobs.of(sub).id);
+    /// The first child of `pid` whose command line holds `command`, once it has one.
+    fn child_running(pid: u32, command: &str) -> u32 {
+        for _ in 0..500 {
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            for child in children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok())
+            {
+                let line = Process::read(child).and_then(|p| p.command_line());
+                if line.is_some_and(|l| l.windows(command.len()).any(|w| w == command.as_bytes())) {
+                    return child;
                 }
             }
-        };
-        assert_eq!(
-            outer_job.0, outer_job.1,
-            "a forked shell is its parent's job"
-        );
-        let _ = outer.kill();
-        let _ = outer.wait();
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("no child of {pid} runs {command}");
+    }
+
+    #[test]
+    fn forks_are_their_parents_job_and_new_commands_of_the_same_program_their_own() {
+        let jobs = Jobs::default();
+        // A forked subshell (same program, same command line): the outer shell's job.
+        let mut forks = Command::new("sh")
+            .args(["-c", "(sleep 5; true) & wait"])
+            .spawn()
+            .expect("sh");
+        let sub = child_running(forks.id(), "(sleep 5; true)");
+        assert_eq!(jobs.of(sub).id, jobs.of(forks.id()).id);
+        // A shell started as a new command by a shell (a driver starting a trial): its own job.
+        let mut driver = Command::new("sh")
+            .args(["-c", "sh -c 'sleep 5; true' & wait"])
+            .spawn()
+            .expect("sh");
+        let trial = child_running(driver.id(), "\0sleep 5; true");
+        assert_ne!(jobs.of(trial).id, jobs.of(driver.id()).id);
+        for child in [&mut forks, &mut driver] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }

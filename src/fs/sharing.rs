@@ -5,7 +5,8 @@
 //! the same tensor, and each job still gets a fresh one every epoch), and the renders held for
 //! other jobs: when more than one job reads a view, an open's render is published under (file, k)
 //! until the other jobs reading the view have taken it, `HOLD_PATIENCE` passes, `MAX_HELD` newer
-//! ones push it out, or the memory budget sheds it. Must never make a job wait for another (an
+//! ones push it out, or the memory budget sheds it (each held render stays charged to the budget,
+//! so holding never takes the daemon past it: a render that needs the room sheds them first). Must never make a job wait for another (an
 //! open that finds no render held makes its own; one that finds a render still running waits for
 //! it, which is the work it would do anyway), never hold a render the budget needs, and never
 //! count a job's opens by another's.
@@ -22,12 +23,13 @@ use crate::memory::{MemoryBudget, Shed, Work};
 /// A job that opened no file of a view for this long no longer counts as reading it: renders are
 /// no longer held for it.
 const JOB_ACTIVE: Duration = Duration::from_secs(30);
-/// Renders held for other jobs at most (each a whole .npy file, charged to the budget).
-const MAX_HELD: usize = 64;
-/// How long a render waits for the other jobs to take it; jobs further apart lose the sharing,
-/// never correctness (a render is a pure function of its seed, so a job that comes later renders
-/// the same bytes again).
-const HOLD_PATIENCE: Duration = Duration::from_secs(20);
+/// Renders held for other jobs at most (each a whole .npy file, charged to the budget, which
+/// binds first for large tensors).
+const MAX_HELD: usize = 4096;
+/// How long a render waits for the other jobs to take it: jobs that shuffle on their own reach a
+/// file up to an epoch apart. Jobs further apart lose the sharing, never correctness (a render is
+/// a pure function of its seed, so a job that comes later renders the same bytes again).
+const HOLD_PATIENCE: Duration = Duration::from_secs(60);
 /// How often jobs whose processes ended are forgotten with their counts.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// A job named by `PREPFS_JOB` (whose end prepfs cannot see) is forgotten after this long idle.
@@ -67,9 +69,14 @@ pub struct Sharing<T> {
     budget: Arc<MemoryBudget>,
 }
 
+/// A held render's key: view, file (inode) and the `k` of the opens it is for.
+type Key = (u16, u64, u64);
+
 struct State<T> {
     per_job: HashMap<JobId, JobState>,
-    held: VecDeque<Held<T>>,
+    held: HashMap<Key, Held<T>>,
+    /// Held renders' keys, oldest first (a key taken meanwhile may linger here; `started` tells).
+    order: VecDeque<(Key, Instant)>,
     swept: Instant,
 }
 
@@ -85,9 +92,6 @@ struct JobState {
 }
 
 struct Held<T> {
-    view: u16,
-    ino: u64,
-    count: u64,
     slot: Slot<T>,
     started: Instant,
     /// Jobs that may still take it.
@@ -101,7 +105,8 @@ impl<T> Sharing<T> {
             jobs: Jobs::default(),
             state: Mutex::new(State {
                 per_job: HashMap::new(),
-                held: VecDeque::new(),
+                held: HashMap::new(),
+                order: VecDeque::new(),
                 swept: Instant::now(),
             }),
             budget,
@@ -146,33 +151,37 @@ impl<T> Sharing<T> {
                 new_job,
             };
         }
-        let found = state
-            .held
-            .iter()
-            .position(|h| h.view == view && h.ino == ino && h.count == count);
-        let share = match found {
-            Some(at) => {
-                let held = &mut state.held[at];
+        let key = (view, ino, count);
+        let share = match state.held.get_mut(&key) {
+            Some(held) => {
                 held.takers = held.takers.saturating_sub(1);
                 let slot = held.slot.clone();
                 if held.takers == 0 {
-                    state.held.remove(at);
+                    state.held.remove(&key);
                 }
                 Share::Take(slot)
             }
             None => {
-                let slot = Slot::default();
-                if state.held.len() >= MAX_HELD {
-                    state.held.pop_front();
+                while state.held.len() >= MAX_HELD && !state.order.is_empty() {
+                    state.drop_oldest();
                 }
-                state.held.push_back(Held {
-                    view,
-                    ino,
-                    count,
-                    slot: slot.clone(),
-                    started: now,
-                    takers: others,
-                });
+                if state.order.len() >= 4 * MAX_HELD {
+                    // Keys of renders taken since: only those still held stay in line.
+                    let State { held, order, .. } = &mut *state;
+                    order.retain(|(key, started)| {
+                        held.get(key).is_some_and(|h| h.started == *started)
+                    });
+                }
+                let slot = Slot::default();
+                state.held.insert(
+                    key,
+                    Held {
+                        slot: slot.clone(),
+                        started: now,
+                        takers: others,
+                    },
+                );
+                state.order.push_back((key, now));
                 Share::Publish(slot)
             }
         };
@@ -219,8 +228,13 @@ impl<T> State<T> {
     /// Drops held renders past their patience and, every `SWEEP_EVERY`, the jobs that ended
     /// (their counts and their charge with them).
     fn sweep(&mut self, now: Instant) {
-        self.held
-            .retain(|h| now.duration_since(h.started) < HOLD_PATIENCE);
+        while self
+            .order
+            .front()
+            .is_some_and(|(_, started)| now.duration_since(*started) >= HOLD_PATIENCE)
+        {
+            self.drop_oldest();
+        }
         if now.duration_since(self.swept) < SWEEP_EVERY {
             return;
         }
@@ -232,11 +246,26 @@ impl<T> State<T> {
     }
 }
 
+impl<T> State<T> {
+    /// Drops the oldest held render (or a key of one already taken).
+    fn drop_oldest(&mut self) {
+        if let Some((key, started)) = self.order.pop_front()
+            && self.held.get(&key).is_some_and(|h| h.started == started)
+        {
+            self.held.remove(&key);
+        }
+    }
+}
+
 impl<T: Send + Sync> Shed for Sharing<T> {
     /// Lets go of every held render: each is computed again, identically, by a job that comes
     /// for it later.
     fn shed(&self) -> u64 {
-        let held: Vec<Held<T>> = self.state.lock().held.drain(..).collect();
+        let held = {
+            let mut state = self.state.lock();
+            state.order.clear();
+            std::mem::take(&mut state.held)
+        };
         drop(held);
         // The memory comes back as the renders' last holders (open files) let go of them.
         0
