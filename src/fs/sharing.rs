@@ -119,7 +119,8 @@ impl<T> Sharing<T> {
         let now = Instant::now();
         let mut state = self.state.lock();
         state.sweep(now);
-        let jobs_here = state.jobs_reading(view, now, Some(job.id));
+        // Jobs reading this view besides this one.
+        let others = state.jobs_reading(view, now, Some(job.id));
         let entry = state.per_job.entry(job.id).or_insert_with(|| JobState {
             job,
             counts: HashMap::new(),
@@ -142,8 +143,6 @@ impl<T> Sharing<T> {
             }
         };
         let count = u64::from(count);
-        // Jobs reading this view besides this one.
-        let others = jobs_here;
         if others == 0 {
             return Opened {
                 count,
