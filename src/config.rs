@@ -9,7 +9,7 @@ use crate::cache::policy::DecodedCaching;
 use crate::control::codec::{Codec, MAX_ZSTD_LEVEL};
 use crate::fuse::FuseConfig;
 use crate::memory::limits;
-use crate::memory::{MemoryPlan, Staging};
+use crate::memory::{MemoryPlan, Staging, WORK_PER_RENDER};
 use crate::mountinfo::Mount;
 use crate::prefetch::PrefetchConfig;
 use crate::scheduler::runtime::SchedulerOptions;
@@ -129,6 +129,19 @@ impl MountConfig {
             .map_err(ConfigError::Invalid)?
         {
             warnings.push(warning);
+        }
+        let plan = self.memory_plan();
+        let for_renders = plan.work + plan.staging;
+        if !self.views.specs.is_empty() && for_renders < WORK_PER_RENDER {
+            // The never-evict cache keeps its share: past it, renders get only these.
+            warnings.push(format!(
+                "--cache-mem {} MiB leaves {:.1} MiB for view renders once the cache is full, \
+                 and a render of a photo takes 2-8 MiB (more for larger images): renders that \
+                 find no room answer EIO; give a mount with views at least {} MiB",
+                self.cache.budget >> 20,
+                for_renders as f64 / (1u64 << 20) as f64,
+                4 * WORK_PER_RENDER >> 20
+            ));
         }
         Ok(warnings)
     }

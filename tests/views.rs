@@ -634,3 +634,32 @@ fn each_job_counts_its_own_epochs_and_jobs_reading_together_share_renders() {
     assert_eq!((stats("jobs_seen"), stats("jobs")), (6, 6));
     assert_eq!(stats("errors"), 0);
 }
+
+/// A budget whose work and staging shares cannot hold a typical render once the never-evict
+/// cache holds its own share: the mount says so when it starts.
+#[test]
+fn a_budget_too_small_for_renders_is_named_at_mount() {
+    let mut t = TestMount::new();
+    dataset(&t);
+    let log = t.dir.path().join("mount.log");
+    t.mount_logged(
+        &["--view", VAL, "--cache-mem", "6M"],
+        "warn,fuser=error",
+        &log,
+    );
+    let text = fs::read_to_string(&log).expect("log");
+    assert!(
+        text.contains("--cache-mem 6 MiB leaves") && text.contains("for view renders"),
+        "{text}"
+    );
+    let mut roomy = TestMount::new();
+    dataset(&roomy);
+    let log = roomy.dir.path().join("mount.log");
+    roomy.mount_logged(
+        &["--view", VAL, "--cache-mem", "64M"],
+        "warn,fuser=error",
+        &log,
+    );
+    let text = fs::read_to_string(&log).expect("log");
+    assert!(!text.contains("for view renders"), "{text}");
+}

@@ -61,7 +61,7 @@ const WORK_SHARE_MAX: f64 = 0.25;
 const WORK_PER_READER: u64 = 1 << 20;
 /// Work slice per render thread: a typical photo's decode, one resize and its output tensor
 /// (a 500x375 JPEG to a 224x224 float32 view is about 2.5 MB); larger images wait for room.
-const WORK_PER_RENDER: u64 = 8 << 20;
+pub const WORK_PER_RENDER: u64 = 8 << 20;
 
 /// The staging slice a mount asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
