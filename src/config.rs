@@ -140,7 +140,7 @@ impl MountConfig {
                  find no room answer EIO; give a mount with views at least {} MiB",
                 self.cache.budget >> 20,
                 for_renders as f64 / (1u64 << 20) as f64,
-                4 * WORK_PER_RENDER >> 20
+                (4 * WORK_PER_RENDER) >> 20
             ));
         }
         Ok(warnings)
