@@ -1,15 +1,15 @@
 //! Training jobs as the mount tells them apart: which job the process behind a request belongs to.
 //!
-//! Owns the rule (docs/SEMANTICS.md, "Jobs"): a process whose environment names
-//! `PREPFS_JOB=<name>` belongs to the job of that name, and one that torchrun started (its
-//! `TORCHELASTIC_RUN_ID` and `MASTER_PORT`) to that run's job, all ranks together; any other
-//! process belongs to the job of the oldest ancestor it was forked from: walking up while the
-//! parent runs the same program and the process did not start a command line of its own (a
-//! DataLoader's workers are forks of their loader, or Python's multiprocessing bootstraps, so
-//! they are its job; trainings a script or a Python driver starts as new commands are jobs of
-//! their own). A job is that ancestor's pid and start time, so a restarted job is a new job. Reads only /proc (in memory, never the source), so it may run on a FUSE thread; its
-//! cache of processes is bounded (`MAX_PROCESSES`). Must never be asked about requests that are
-//! not opens of view files: the lookups cost a few /proc reads.
+//! Owns the rule (docs/SEMANTICS.md, "Jobs"): a process whose environment names `PREPFS_JOB=<name>`
+//! belongs to the job of that name, and one that torchrun started (its `TORCHELASTIC_RUN_ID` and
+//! `MASTER_PORT`) to that run's job, all ranks together; any other process belongs to the job of
+//! the oldest ancestor it was forked from: walking up while the parent runs the same program and
+//! the process did not start a command line of its own (a DataLoader's workers are forks of their
+//! loader, or Python's multiprocessing bootstraps, so they are its job; trainings a script or a
+//! Python driver starts as new commands are jobs of their own). A job is that ancestor's pid and
+//! start time, so a restarted job is a new job. Reads only /proc (in memory, never the source), so
+//! it may run on a FUSE thread; its cache of processes is bounded (`MAX_PROCESSES`). Must never be
+//! asked about requests that are not opens of view files: the lookups cost a few /proc reads.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -1,15 +1,15 @@
 //! Coordinated prep: the training jobs reading one view at once share its renders.
 //!
-//! Owns each job's open counts of view files, which fix every open's seed (the `k`th open of a
-//! file by a job is rendered with the seed of (view, path, k), so jobs in the same epoch ask for
-//! the same tensor, and each job still gets a fresh one every epoch), and the renders held for
-//! other jobs: when more than one job reads a view, an open's render is published under (file, k)
-//! until the other jobs reading the view have taken it, `HOLD_PATIENCE` passes, `MAX_HELD` newer
-//! ones push it out, or the memory budget sheds it (each held render stays charged to the budget,
-//! so holding never takes the daemon past it: a render that needs the room sheds them first). Must never make a job wait for another (an
-//! open that finds no render held makes its own; one that finds a render still running waits for
-//! it, which is the work it would do anyway), never hold a render the budget needs, and never
-//! count a job's opens by another's.
+//! Owns each job's open counts of view files, which fix every open's seed (the `k`th open of a file
+//! by a job is rendered with the seed of (view, path, k), so jobs in the same epoch ask for the
+//! same tensor, and each job still gets a fresh one every epoch), and the renders held for other
+//! jobs: when more than one job reads a view, an open's render is published under (file, k) until
+//! the other jobs reading the view have taken it, `HOLD_PATIENCE` passes, `MAX_HELD` newer ones
+//! push it out, or the memory budget sheds it (each held render stays charged to the budget, so
+//! holding never takes the daemon past it: a render that needs the room sheds them first). Must
+//! never make a job wait for another (an open that finds no render held makes its own; one that
+//! finds a render still running waits for it, which is the work it would do anyway), never hold a
+//! render the budget needs, and never count a job's opens by another's.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;

@@ -2,21 +2,23 @@
 //! `x.jpg` as `x.jpg.npy`, rendered by the view's pipeline when an open is first read.
 //!
 //! Owns view lookups, listings, attributes (sizes known without decoding: from the spec when it
-//! fixes the shape, else from the image header in a bounded prefix of the file), the per-open
-//! seed (from the opening job's own open count, `sharing`), and scheduling renders: each open queues its render on the render pool (sized to the
+//! fixes the shape, else from the image header in a bounded prefix of the file), the per-open seed
+//! (from the opening job's own open count, kept by `sharing`, which also hands renders between
+//! jobs), and scheduling renders: each open queues its render on the render pool (sized to the
 //! cores) at once, so decoding overlaps the loader's open-to-read gap, and reads wait for it off
-//! the FUSE threads. Raw image bytes come through the never-evict cache like any source read;
-//! a JPEG's restart-marked copy (which later renders decode only their crop's MCUs of) and the
+//! the FUSE threads. Raw image bytes come through the never-evict cache like any source read; a
+//! JPEG's restart-marked copy (which later renders decode only their crop's MCUs of) and the
 //! decoded pixels are offered to it too, and a render that finds the pixels cached runs only the
 //! ops after the decode. For the files prefetch predicts, work is done ahead with spare memory
 //! while no render waits for a thread: their pixels decoded into the cache (with idle CPU), or
-//! (when it keeps none) the render of their next open made and held, at most `AHEAD_RENDERS` for `AHEAD_PATIENCE`; since an open's
-//! seed is a pure function of the view, the path and the open's count, the open that takes it
-//! gets the bytes it would have rendered, provided the image is still the source version the
-//! render was made from (checked by a stat when the open takes it; else the open renders anew). Must never serve part of a render: a render that fails
-//! answers EIO for that open, counted by path and logged. Must never read more of a source file
-//! than a decode can use: a file over `MAX_ENCODED_BYTES` is refused unread, and never let a
-//! render made ahead wait for memory or shed anything to get it.
+//! (when it keeps none) the render of their next open made and held, at most `AHEAD_RENDERS` for
+//! `AHEAD_PATIENCE`; since an open's seed is a pure function of the view, the path and the open's
+//! count, the open that takes it gets the bytes it would have rendered, provided the image is still
+//! the source version the render was made from (checked by a stat when the open takes it; else the
+//! open renders anew). Must never serve part of a render: a render that fails answers EIO for that
+//! open, counted by path and logged. Must never read more of a source file than a decode can use: a
+//! file over `MAX_ENCODED_BYTES` is refused unread, and never let a render made ahead wait for
+//! memory or shed anything to get it.
 
 use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
