@@ -618,20 +618,24 @@ fn each_job_counts_its_own_epochs_and_jobs_reading_together_share_renders() {
     assert_eq!(fs::read(&file).expect("read"), first);
     assert_eq!(fs::read(&file).expect("read"), named[1]);
     let stats = |key: &str| t.stats()["views"]["train"][key].as_u64().expect(key);
+    // Renders made for opens (prefetch may render ahead meanwhile; those are counted apart).
+    let for_opens = || stats("renders") - stats("rendered_ahead");
     // Job "a" reads the view; job "b" opens the file and renders it; "a", in the same epoch of
     // the file, takes b's render.
     cat(Some("a"), &other);
     let b = cat(Some("b"), &file);
-    let (renders, hits) = (stats("renders"), stats("shared_hits"));
+    let (renders, hits) = (for_opens(), stats("shared_hits"));
     assert_eq!(cat(Some("a"), &file), b);
     assert_eq!(b, first);
     assert_eq!(
-        stats("renders"),
+        for_opens(),
         renders,
         "a took b's render instead of rendering"
     );
     assert_eq!(stats("shared_hits"), hits + 1);
-    assert_eq!((stats("jobs_seen"), stats("jobs")), (6, 6));
+    assert_eq!(stats("jobs_seen"), 6);
+    // "a" and "b" at least read the view now (the others too, unless this test took 30 s).
+    assert!(stats("jobs") >= 2);
     assert_eq!(stats("errors"), 0);
 }
 
