@@ -10,16 +10,17 @@
 mod listing;
 pub mod metrics;
 mod reader;
+mod renders;
 mod sharing;
 #[cfg(test)]
 mod tests;
 mod views;
-pub use views::RENDER_WAIT;
+pub use renders::RENDER_WAIT;
 
 pub use reader::FileReader;
 
 pub use metrics::{Figures, FsMetrics};
-pub use views::{View, Views};
+pub use renders::{View, Views};
 
 use std::ffi::{OsStr, OsString};
 use std::sync::Arc;
@@ -133,7 +134,7 @@ pub struct DirItem {
 enum Handle {
     File(FileReader),
     Snapshot(Arc<Vec<u8>>),
-    View(Arc<views::ViewOpen>),
+    View(Arc<renders::ViewOpen>),
     Dir(DirSnapshot),
 }
 

@@ -1,0 +1,892 @@
+//! The render service of the views: every open of a view file gets one render of its image by
+//! the view's pipeline, made on the render pool, ahead of the open, or by another job.
+//!
+//! Owns the render pool, the per-open seed (from the opening job's own open count, kept by
+//! `sharing`, which also hands renders between jobs), the sizes of view files (from the spec when
+//! it fixes the shape, else from the image header in a bounded prefix of the file) and scheduling
+//! renders: each open queues its render on the render pool (sized to the cores) at once, so
+//! decoding overlaps the loader's open-to-read gap, and reads wait for it off the FUSE threads.
+//! Raw image bytes come through the never-evict cache like any source read; a JPEG's
+//! restart-marked copy (which later renders decode only their crop's MCUs of) and the decoded
+//! pixels are offered to it too, and a render that finds the pixels cached runs only the ops after
+//! the decode. For the files prefetch predicts, work is done ahead with spare memory while no
+//! render waits for a thread: their pixels decoded into the cache (with idle CPU), or (when it
+//! keeps none) the render of their next open made and held, at most `AHEAD_RENDERS` for
+//! `AHEAD_PATIENCE`; since an open's seed is a pure function of the view, the path and the open's
+//! count, the open that takes it gets the bytes it would have rendered, provided the image is still
+//! the source version the render was made from (checked by a stat when the open takes it; else the
+//! open renders anew). Must never serve part of a render: a render that fails answers EIO for that
+//! open, counted by path and logged. Must never read more of a source file than a decode can use: a
+//! file over `MAX_ENCODED_BYTES` is refused unread, and never let a render made ahead wait for
+//! memory or shed anything to get it. Knows nothing of the views' names and trees (`views`).
+
+use std::collections::VecDeque;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::sharing::{Share, Sharing};
+use crate::cache::{BLOCK_SIZE, BlockFetcher, ReadBytes, Unpacked};
+use crate::error::FsError;
+use crate::inode::{self, Node};
+use crate::memory::{Shed, Work};
+use crate::prefetch::Ahead;
+use crate::source::{Identity, Source, SourceFile};
+use crate::view::limits::MAX_ENCODED_BYTES;
+use crate::view::metrics::ViewMetrics;
+use crate::view::{Executor, RenderError, Rgb, ViewSpec, jpeg, plan, render};
+use crate::workers::{Active, Permits, WorkerPool};
+
+/// Extensions shown in views: what the decoder reads (case-insensitive).
+const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
+/// Bytes read first to find an image's dimensions (a JPEG's frame header after its EXIF
+/// segment, at most 64 KiB, usually fits).
+const HEADER_PROBE: u64 = 64 << 10;
+/// Bytes read at most to find them, when the header goes on past `HEADER_PROBE` (XMP, ICC
+/// profiles, Photoshop resources before a JPEG's frame header; text chunks before a PNG's
+/// pixels): beyond it, getattr answers EIO rather than read more of a file it cannot size.
+const HEADER_PROBE_MAX: u64 = 4 << 20;
+/// Renders waiting for a render thread at most; beyond it, a file's first read renders it.
+const RENDER_QUEUE_DEPTH: usize = 64;
+/// How long a render waits for room in the memory budget (other renders finishing, view files
+/// being closed) before it fails with EIO.
+const RENDER_PATIENCE: Duration = Duration::from_secs(10);
+/// How long a render for an open waits for its turn (renders run one per render thread): other
+/// renders end within their own patience, so this only bounds a machine far behind.
+const RENDER_TURN_PATIENCE: Duration = Duration::from_secs(60);
+/// Longest a read of a view file may wait for CPU and memory before its render touches the
+/// source: its turn and the render's memory. A read's `--source-timeout` comes on top, so
+/// readers queued behind other renders on a busy machine are not answered EIO as if the source
+/// had hung.
+pub const RENDER_WAIT: Duration = RENDER_TURN_PATIENCE.saturating_add(RENDER_PATIENCE);
+/// Renders made ahead of their opens that may wait to be taken at once: the planner's smallest
+/// queue of predicted files (`prefetch::DEPTH_MIN`) twice over, so a correct prediction keeps
+/// the next opens served while a wrong one holds little memory.
+const AHEAD_RENDERS: usize = 8;
+/// How long a render made ahead waits for its open; past it the prediction was wrong and the
+/// render (and its memory) is dropped. `AHEAD_RENDERS` renders ahead of a reader that opens a
+/// few files per second or more are taken well within it, and a wrong prediction (or a render
+/// for a file whose open came first, now for its next one) holds its place no longer.
+const AHEAD_PATIENCE: Duration = Duration::from_secs(2);
+/// One view of the mount.
+pub struct View {
+    /// Its definition.
+    pub spec: ViewSpec,
+    /// Its counters.
+    pub metrics: ViewMetrics,
+}
+
+/// The mount's views, their render pool and what renders need: the view service.
+pub struct Views {
+    list: Vec<View>,
+    /// Seed of every view's random augmentation.
+    seed: u64,
+    executor: Box<dyn Executor>,
+    source: Arc<dyn Source>,
+    fetcher: Arc<BlockFetcher>,
+    /// Runs renders queued at open; started only when there are views.
+    pool: Option<WorkerPool>,
+    /// Renders queued and not started (the pool's own gauge).
+    waiting: Arc<AtomicUsize>,
+    /// Renders made ahead of the opens they are for, oldest first (at most `AHEAD_RENDERS`).
+    ahead: Mutex<VecDeque<HeldRender>>,
+    /// How many `ahead` holds, readable without its lock: an open takes the lock only when a
+    /// render is held (a stale zero only makes that open render for itself).
+    held: AtomicUsize,
+    /// Whether renders make restart-marked copies of the JPEGs they read (`--no-view-copies`).
+    copies: bool,
+    /// Renders running at once, whichever thread runs them: one per active render thread.
+    running: Permits,
+    /// Whether users other than the mount's owner may read the mount (`--allow-other`): the
+    /// failed files a stats file names are then only those anybody could list.
+    read_by_others: bool,
+    /// The jobs reading the views: their open counts and the renders held between them.
+    sharing: Arc<Sharing<Rendered>>,
+}
+
+/// A render made (or being made) for the open that will be view file `ino`'s `count`th (from 0).
+struct HeldRender {
+    ino: u64,
+    count: u64,
+    slot: AheadSlot,
+    started: Instant,
+}
+
+/// A view file opened for reading: rendered once, by the render pool or by its first read.
+pub struct ViewOpen {
+    view: u16,
+    node: Arc<Node>,
+    seed: u64,
+    rendered: OnceLock<Result<Rendered, FsError>>,
+    /// The render made ahead for this open, finished or still running, when one was.
+    ahead: Option<AheadSlot>,
+    /// Another job's render of this file for the same epoch, finished or still running.
+    shared: Option<AheadSlot>,
+    /// Where this open's render goes for the other jobs reading the view (filled with `None`
+    /// if the open goes away unrendered).
+    publish: Option<FillOnDrop>,
+}
+
+/// Where a render made ahead lands: `None` when it failed (the open then renders for itself).
+type AheadSlot = Arc<OnceLock<Option<Rendered>>>;
+
+/// Fills its slot with `None` when dropped unfilled, so no open waits on a render that ended
+/// without a result.
+struct FillOnDrop(AheadSlot);
+
+impl Drop for FillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.set(None);
+    }
+}
+
+/// What a render starts from.
+enum Image {
+    /// Decoded pixels, and the decode time when they were decoded for this render.
+    Decoded(Rgb, Option<Duration>),
+    /// The encoded file (or its restart-marked copy, borrowed from the cache), for the render
+    /// to decode only what it reads.
+    Encoded(ReadBytes),
+}
+
+/// A finished render, the source version it was made from, and its charge to the memory budget,
+/// held until the file is closed.
+#[derive(Clone)]
+struct Rendered {
+    npy: Arc<Vec<u8>>,
+    source: Identity,
+    _held: Arc<Work>,
+}
+
+impl ViewOpen {
+    /// The rendered bytes if the render already ran.
+    pub(super) fn ready(&self) -> Option<Result<Arc<Vec<u8>>, FsError>> {
+        self.rendered
+            .get()
+            .map(|r| r.as_ref().map(|r| r.npy.clone()).map_err(|e| *e))
+    }
+}
+
+/// The size of the encoded image `source`, refused when it is larger than any image a decode
+/// could use (`MAX_ENCODED_BYTES`).
+fn encoded_size(source: &dyn SourceFile) -> Result<u64, String> {
+    let size = source.identity().size;
+    if size > MAX_ENCODED_BYTES {
+        return Err(RenderError::TooLarge(format!(
+            "the file has {size} bytes, over the {MAX_ENCODED_BYTES} an encoded image may have"
+        ))
+        .to_string());
+    }
+    Ok(size)
+}
+
+pub(super) fn is_image(name: &OsStr) -> bool {
+    let name = name.as_bytes();
+    IMAGE_EXTENSIONS.iter().any(|ext| {
+        name.len() > ext.len() + 1
+            && name[name.len() - ext.len() - 1] == b'.'
+            && name[name.len() - ext.len()..].eq_ignore_ascii_case(ext.as_bytes())
+    })
+}
+
+impl Views {
+    /// Whether views show the source file `path`: an image, by its extension.
+    pub fn shows(path: &Path) -> bool {
+        path.file_name().is_some_and(is_image)
+    }
+
+    /// The views of `specs` (augmentation seeded by `seed`), rendering with `executor` on a pool
+    /// of `threads` render threads of which `active()` take work (started only when there are
+    /// views; without threads, the first read of a file renders it).
+    pub fn start(
+        specs: &[ViewSpec],
+        seed: u64,
+        threads: usize,
+        active: Active,
+        executor: Box<dyn Executor>,
+        source: Arc<dyn Source>,
+        fetcher: Arc<BlockFetcher>,
+    ) -> Views {
+        let list: Vec<View> = specs
+            .iter()
+            .take(inode::MAX_VIEWS)
+            .map(|spec| View {
+                spec: spec.clone(),
+                metrics: ViewMetrics::default(),
+            })
+            .collect();
+        let pool = if list.is_empty() {
+            None
+        } else {
+            WorkerPool::sized("prepfs-render", threads, RENDER_QUEUE_DEPTH, active.clone())
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "cannot start render threads; rendering on read");
+                })
+                .ok()
+        };
+        let waiting = pool
+            .as_ref()
+            .map_or_else(|| Arc::new(AtomicUsize::new(0)), WorkerPool::queued);
+        let budget = fetcher.ram().budget();
+        let sharing = Arc::new(Sharing::new(budget.clone()));
+        let shed: Arc<dyn Shed> = sharing.clone();
+        budget.add_shed(Arc::downgrade(&shed));
+        Views {
+            list,
+            seed,
+            executor,
+            source,
+            fetcher,
+            pool,
+            waiting,
+            ahead: Mutex::new(VecDeque::new()),
+            held: AtomicUsize::new(0),
+            copies: true,
+            running: Permits::new(active),
+            read_by_others: false,
+            sharing,
+        }
+    }
+
+    /// These views, making restart-marked copies of the JPEGs they render or not (`copies`).
+    pub fn with_copies(mut self, copies: bool) -> Views {
+        self.copies = copies;
+        self
+    }
+
+    /// These views, in a mount other users may read (`--allow-other`) or not (`read_by_others`).
+    pub fn read_by_others(mut self, read_by_others: bool) -> Views {
+        self.read_by_others = read_by_others;
+        self
+    }
+
+    /// The views, in mount order.
+    pub fn iter(&self) -> impl Iterator<Item = &View> {
+        self.list.iter()
+    }
+
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Whether the mount has none.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Renders queued and not started yet.
+    pub fn renders_waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// How full the render queue is, 0..=1 (telemetry).
+    pub fn render_queue_share(&self) -> f64 {
+        self.renders_waiting() as f64 / RENDER_QUEUE_DEPTH as f64
+    }
+
+    pub(super) fn get(&self, index: u16) -> Result<&View, FsError> {
+        self.list.get(usize::from(index)).ok_or(FsError::NotFound)
+    }
+
+    /// The .npy size of `node` under `spec`: from the spec alone when it fixes the shape, else
+    /// from the image header (`probe_size`).
+    pub(super) fn file_size(&self, spec: &ViewSpec, node: &Node) -> Result<u64, FsError> {
+        let (height, width) = match spec.fixed_size() {
+            Some(size) => size,
+            None => self.probe_size(spec, node)?,
+        };
+        Ok(spec.npy_size(height, width))
+    }
+
+    /// The output (height, width) of `spec` over `node`'s image, from its header: read from the
+    /// first `HEADER_PROBE` bytes, or the first `HEADER_PROBE_MAX` when the header goes on past
+    /// them. `EIO` (and a warning) when that prefix holds no usable header or a step of the
+    /// render would pass the pixel limits.
+    fn probe_size(&self, spec: &ViewSpec, node: &Node) -> Result<(u32, u32), FsError> {
+        let source = self
+            .source
+            .open(&node.path)
+            .map_err(|e| FsError::from_source(&e))?;
+        let mut header = Err(RenderError::NotAnImage("empty file".into()));
+        for probe in [HEADER_PROBE, HEADER_PROBE_MAX] {
+            let prefix = self.read_through(source.as_ref(), &node.path, probe)?;
+            header = render::dimensions(&prefix);
+            // Only a known format whose header the probe cut short is worth a longer one.
+            if !matches!(header, Err(RenderError::Corrupt(_))) || (prefix.len() as u64) < probe {
+                break;
+            }
+        }
+        header
+            .and_then(|(w, h)| plan::output_size(spec, w, h))
+            .map_err(|e| {
+                tracing::warn!(path = %node.path.display(), error = %e, "view: cannot size the image from its header; EIO");
+                FsError::Io
+            })
+    }
+
+    /// The whole encoded image `source` at `path`, through the cache; refused unread when it is
+    /// larger than any image a decode could use (`MAX_ENCODED_BYTES`).
+    fn read_image(&self, source: &dyn SourceFile, path: &Path) -> Result<Vec<u8>, String> {
+        encoded_size(source)?;
+        self.read_through(source, path, MAX_ENCODED_BYTES)
+            .map_err(|e| format!("cannot read the image: {e}"))
+    }
+
+    /// The first `limit` bytes of `source`, the open file at `path`, through the cache.
+    fn read_through(
+        &self,
+        source: &dyn SourceFile,
+        path: &Path,
+        limit: u64,
+    ) -> Result<Vec<u8>, FsError> {
+        let cached = self.fetcher.ram().file(source.identity(), path);
+        let unpacked = Unpacked::default();
+        let end = source.identity().size.min(limit);
+        let mut out = Vec::with_capacity(end as usize);
+        while (out.len() as u64) < end {
+            let want = (end - out.len() as u64).min(BLOCK_SIZE) as u32;
+            let bytes = self
+                .fetcher
+                .read(&cached, source, out.len() as u64, want, &unpacked)?;
+            if bytes.as_slice().is_empty() {
+                break;
+            }
+            out.extend_from_slice(bytes.as_slice());
+        }
+        self.fetcher.ram().settle(&cached);
+        Ok(out)
+    }
+
+    /// Renders `open` unless it already is, or nobody can read it any more (released).
+    fn render_once(&self, open: &Arc<ViewOpen>) {
+        if Arc::strong_count(open) > 1 {
+            open.rendered.get_or_init(|| self.render(open));
+        }
+    }
+
+    /// The rendered bytes of `open`: rendered now on this thread unless the render pool has
+    /// done it or is doing it (then this waits for it). May block: never on a FUSE thread.
+    pub(super) fn rendered(&self, open: &ViewOpen) -> Result<Arc<Vec<u8>>, FsError> {
+        match open.rendered.get_or_init(|| self.render(open)) {
+            Ok(r) => Ok(r.npy.clone()),
+            Err(e) => Err(*e),
+        }
+    }
+
+    /// Room in the memory budget for `bytes` of a render's data: for an open's render, waiting
+    /// for it within `RENDER_PATIENCE`; for a render made ahead, only memory free now.
+    fn room(&self, bytes: u64, need: Need) -> Result<Work, Unrendered> {
+        let budget = self.fetcher.ram().budget();
+        match need {
+            Need::Open => budget
+                .work(bytes, RENDER_PATIENCE)
+                .map_err(|e| Unrendered::NoRoom(format!("no memory for the render: {e}"))),
+            Need::Ahead => budget
+                .try_work(bytes)
+                .ok_or_else(|| Unrendered::NoRoom("no memory to spare for a render ahead".into())),
+        }
+    }
+
+    /// What a render of `node`'s image under `spec` with `seed` starts from, its charge to the
+    /// memory budget (everything `plan::render_memory` says it holds, and a decode's own
+    /// intermediates, `render::decode_overhead`, when it decodes) and the source version it is
+    /// of: the cache's decoded pixels; else the encoded file, fetched through the cache, decoded
+    /// whole and offered to the cache when it may keep the pixels (`decodes_whole`), or left for
+    /// the render to decode only what it reads.
+    fn image(
+        &self,
+        node: &Node,
+        spec: &ViewSpec,
+        seed: u64,
+        need: Need,
+    ) -> Result<(Image, Work, Identity), Unrendered> {
+        let source = self
+            .source
+            .open(&node.path)
+            .map_err(|e| format!("cannot read the image: {}", FsError::from_source(&e)))?;
+        let identity = source.identity();
+        let memory = |(w, h): (u32, u32), decoding: u64| {
+            plan::render_memory(spec, w, h)
+                .map_err(|e| Unrendered::Failed(e.to_string()))
+                .and_then(|bytes| self.room(bytes + decoding, need))
+        };
+        if let Some(bytes) = self.fetcher.ram().decoded(&identity, &Unpacked::default()) {
+            let size = Rgb::size_of_bytes(bytes.as_slice()).map_err(|e| e.to_string())?;
+            if !render::reads_scaled(spec, size, seed) {
+                let work = memory(size, 0)?;
+                match Rgb::from_bytes(bytes.as_slice()) {
+                    Ok(image) => return Ok((Image::Decoded(image, None), work, identity)),
+                    Err(e) => {
+                        tracing::warn!(path = %node.path.display(), error = %e, "cached decoded pixels unusable; decoding again")
+                    }
+                }
+            }
+        }
+        let _encoded_room = self.room(encoded_size(source.as_ref())?, need)?;
+        let encoded = self.encoded(source.as_ref(), &node.path)?;
+        let size = render::dimensions(encoded.as_slice()).map_err(|e| e.to_string())?;
+        let work = memory(size, render::decode_overhead(encoded.as_slice(), size))?;
+        if !self.decodes_whole(spec, size, seed) {
+            return Ok((Image::Encoded(encoded), work, identity));
+        }
+        let (image, decode, _) = self.decode_and_offer(encoded.as_slice(), identity, &node.path)?;
+        Ok((Image::Decoded(image, Some(decode)), work, identity))
+    }
+
+    /// The encoded image a render starts from: the cache's restart-marked copy of it when it
+    /// holds one (a part then decodes from a cut of it: `view::segments`); else the file, read
+    /// through the cache, and (unless `--no-view-copies`) a JPEG's restart-marked copy made from
+    /// it and offered to the cache when the cache has room for the copy and the budget has the
+    /// memory for making it free now (never waited for). Making it costs about a whole decode
+    /// more, once, like filling the cache; each later render of the image decodes about a
+    /// quarter less.
+    fn encoded(&self, source: &dyn SourceFile, path: &Path) -> Result<ReadBytes, String> {
+        let ram = self.fetcher.ram();
+        let identity = source.identity();
+        if let Some(copy) = ram.marked(&identity, &Unpacked::default()) {
+            return Ok(copy);
+        }
+        let encoded = self.read_image(source, path)?;
+        if !self.copies
+            || !render::is_complete_jpeg(&encoded)
+            || !ram.has_room(encoded.len() as u64)
+        {
+            return Ok(ReadBytes::Owned(encoded));
+        }
+        let Ok((w, h)) = render::dimensions(&encoded) else {
+            return Ok(ReadBytes::Owned(encoded));
+        };
+        // libjpeg-turbo holds the whole image's coefficients while it writes the copy (2 bytes
+        // a sample, at most 3 samples a pixel), then the copy.
+        let making = 6 * u64::from(w) * u64::from(h) + 2 * encoded.len() as u64;
+        let Some(_room) = ram.budget().try_work(making) else {
+            return Ok(ReadBytes::Owned(encoded));
+        };
+        match jpeg::restart_marked(&encoded) {
+            Ok(copy) => {
+                ram.offer_marked(identity, path, copy.clone());
+                Ok(ReadBytes::Owned(copy))
+            }
+            Err(refused) => {
+                tracing::debug!(path = %path.display(), error = %refused, "no restart-marked copy");
+                Ok(ReadBytes::Owned(encoded))
+            }
+        }
+    }
+
+    /// Whether a render decodes its whole `size` image and offers the pixels to the cache: when
+    /// the cache may keep them, and the render reads the image at full scale (one that reads it
+    /// DCT-scaled renders from the encoded file whatever the cache holds, so its bytes never
+    /// depend on it). Otherwise it decodes only the part it reads.
+    fn decodes_whole(&self, spec: &ViewSpec, size: (u32, u32), seed: u64) -> bool {
+        !render::reads_scaled(spec, size, seed)
+            && self.fetcher.ram().may_keep_decoded(Rgb::cached_len(size))
+    }
+
+    /// Decodes `encoded`, image `identity` at `path`, and offers the pixels to the cache; the
+    /// pixels, the decode time and whether the cache kept them.
+    fn decode_and_offer(
+        &self,
+        encoded: &[u8],
+        identity: Identity,
+        path: &Path,
+    ) -> Result<(Rgb, Duration, bool), String> {
+        let started = Instant::now();
+        let image = self.executor.decode(encoded).map_err(|e| e.to_string())?;
+        let decode = started.elapsed();
+        let kept = self.fetcher.ram().offer_decoded(
+            identity,
+            path,
+            (image.byte_len() as u64, image.row_len()),
+            decode,
+            || image.to_bytes(),
+        );
+        Ok((image, decode, kept))
+    }
+
+    /// Decodes the image at `path` (the open `source`) into the decoded-pixel cache ahead of its
+    /// open, unless the cache holds its pixels already or would not keep them now; true when it
+    /// decoded and the cache kept them.
+    fn decode_ahead(&self, path: &Path, source: &dyn SourceFile) -> bool {
+        let identity = source.identity();
+        if self.fetcher.ram().has_decoded(&identity)
+            || !self.fetcher.ram().decoded_choice().1.keeps()
+        {
+            return false;
+        }
+        // Only with memory nobody else wants now: the encoded file, the pixels and their copy.
+        let budget = self.fetcher.ram().budget();
+        let Some(_encoded_room) = encoded_size(source)
+            .ok()
+            .and_then(|size| budget.try_work(size))
+        else {
+            return false;
+        };
+        self.read_image(source, path)
+            .and_then(|encoded| {
+                let (w, h) = render::dimensions(&encoded).map_err(|e| e.to_string())?;
+                let overhead = render::decode_overhead(&encoded, (w, h));
+                let _room = budget
+                    .try_work(2 * u64::from(w) * u64::from(h) * 3 + overhead)
+                    .ok_or("no memory to spare")?;
+                self.decode_and_offer(&encoded, identity, path)
+            })
+            .is_ok_and(|(_, _, kept)| kept)
+    }
+
+    /// Whether the stats files may name the image at `path` (the world-readable stats.json is no
+    /// way to learn names one could not list): always when only the mount's owner reads the
+    /// mount; with `--allow-other`, when every directory from the source root down to it may be
+    /// read and searched by anybody. A stat of each, only when a render fails.
+    fn may_name(&self, path: &Path) -> bool {
+        !self.read_by_others
+            || path
+                .ancestors()
+                .skip(1)
+                .filter(|dir| !dir.as_os_str().is_empty())
+                .all(|dir| {
+                    self.source
+                        .stat(dir)
+                        .is_ok_and(|meta| meta.perm & 0o005 == 0o005)
+                })
+    }
+
+    /// Renders `open` for a reader waiting on it, and hands the render to the other jobs when
+    /// the open publishes it.
+    fn render(&self, open: &ViewOpen) -> Result<Rendered, FsError> {
+        let rendered = self.render_unshared(open);
+        if let Some(publish) = &open.publish {
+            let _ = publish.0.set(rendered.as_ref().ok().cloned());
+        }
+        rendered
+    }
+
+    /// Renders `open` (or takes the render made ahead for it, or another job's for the same
+    /// file and epoch): a failure is counted, logged and answered EIO.
+    fn render_unshared(&self, open: &ViewOpen) -> Result<Rendered, FsError> {
+        let view = self.get(open.view)?;
+        if let Some(rendered) = open.ahead.as_ref().and_then(|slot| slot.wait().clone()) {
+            if self.is_current(&open.node.path, rendered.source) {
+                view.metrics.ahead_used.inc();
+                return Ok(rendered);
+            }
+            tracing::debug!(view = %view.spec.name, path = %open.node.path.display(), "the image changed since its render ahead; rendering it again");
+        }
+        if let Some(rendered) = open.shared.as_ref().and_then(|slot| slot.wait().clone())
+            && self.is_current(&open.node.path, rendered.source)
+        {
+            view.metrics.shared_hits.inc();
+            return Ok(rendered);
+        }
+        self.render_for(view, open, Need::Open).map_err(|unrendered| {
+            let why = unrendered.why();
+            let m = &view.metrics;
+            m.errors.inc();
+            if self.may_name(&open.node.path) {
+                m.failed_files
+                    .record(&open.node.path.to_string_lossy(), &why);
+            }
+            tracing::warn!(view = %view.spec.name, path = %open.node.path.display(), error = %why, "view render failed; EIO");
+            FsError::Io
+        })
+    }
+
+    /// Whether the image at `path` is still the source version `identity` (a render made ahead
+    /// of an open is that open's only if the image has not changed since; a stat of the source,
+    /// once per open that takes one).
+    fn is_current(&self, path: &Path, identity: Identity) -> bool {
+        self.source
+            .stat(path)
+            .is_ok_and(|meta| meta.identity == identity)
+    }
+
+    /// Renders `open` of `view` with the memory `need` allows; counts what it rendered.
+    fn render_for(&self, view: &View, open: &ViewOpen, need: Need) -> Result<Rendered, Unrendered> {
+        let started = Instant::now();
+        // Renders start on the render pool, on reads and on prefetch's threads: however many
+        // ask, only as many run (and hold their memory) as there are render threads.
+        let _turn = match need {
+            Need::Open => self.running.take(RENDER_TURN_PATIENCE),
+            Need::Ahead => self.running.try_take(),
+        }
+        .ok_or_else(|| Unrendered::NoRoom("no render turn free".into()))?;
+        let result =
+            self.image(&open.node, &view.spec, open.seed, need)
+                .and_then(|(image, work, source)| {
+                    // The size getattr announced, from the image in hand (no second source read).
+                    let expected = match view.spec.fixed_size() {
+                        Some((h, w)) => view.spec.npy_size(h, w),
+                        None => {
+                            let (w, h) = match &image {
+                                Image::Decoded(pixels, _) => pixels.size(),
+                                Image::Encoded(encoded) => render::dimensions(encoded.as_slice())
+                                    .map_err(|e| e.to_string())?,
+                            };
+                            let (h, w) =
+                                plan::output_size(&view.spec, w, h).map_err(|e| e.to_string())?;
+                            view.spec.npy_size(h, w)
+                        }
+                    };
+                    let rendered = match image {
+                        Image::Decoded(pixels, decode) => self
+                            .executor
+                            .transform(&view.spec, &pixels, open.seed)
+                            .map(|mut r| {
+                                r.decode = decode.unwrap_or_default();
+                                r
+                            }),
+                        Image::Encoded(encoded) => {
+                            self.executor
+                                .render(&view.spec, encoded.as_slice(), open.seed)
+                        }
+                    };
+                    let rendered = rendered.map_err(|e| e.to_string())?;
+                    if rendered.npy.len() as u64 != expected {
+                        return Err(format!(
+                            "rendered {} bytes where {expected} were announced",
+                            rendered.npy.len()
+                        )
+                        .into());
+                    }
+                    Ok((rendered, work, source))
+                });
+        let m = &view.metrics;
+        m.render_latency.record(started.elapsed());
+        let (rendered, mut work, source) = result?;
+        tracing::debug!(view = %view.spec.name, path = %open.node.path.display(), seed = open.seed, crops = ?rendered.crops, flipped = rendered.flipped, "view rendered");
+        if rendered.decode > Duration::ZERO {
+            m.decode_latency.record(rendered.decode);
+        }
+        m.transform_latency.record(rendered.transform);
+        m.renders.inc();
+        m.render_rate.tick();
+        m.bytes_out.add(rendered.npy.len() as u64);
+        // The file stays charged until it is closed; the rest of the render's memory is free now.
+        work.shrink_to(rendered.npy.len() as u64);
+        Ok(Rendered {
+            npy: Arc::new(rendered.npy),
+            source,
+            _held: Arc::new(work),
+        })
+    }
+
+    /// The seed of the `count`th open (from 0) of view `view`'s file for the image at `path`: a
+    /// pure function of them and the mount's seed, so a render made ahead of an open is the one
+    /// the open would make.
+    pub(super) fn seed_of(&self, view: &View, path: &Path, count: u64) -> u64 {
+        let mut key = Vec::new();
+        key.extend_from_slice(&self.seed.to_le_bytes());
+        key.extend_from_slice(view.spec.name.as_bytes());
+        key.push(0);
+        key.extend_from_slice(path.as_os_str().as_bytes());
+        key.push(0);
+        key.extend_from_slice(&count.to_le_bytes());
+        xxhash_rust::xxh3::xxh3_64(&key)
+    }
+
+    /// Makes ready, while no render waits for a thread, what the next open of `path`'s image in
+    /// view `view` will need: its decoded pixels when the cache keeps them (every later open of
+    /// any view starts from them; only while the CPU is `idle`, since the pixels may never be
+    /// used, and a file passed over is not asked for again), else that open's render itself,
+    /// when the view file (`node()`) is known, with memory nobody else wants now (work that open
+    /// would do anyway when the prediction is right; a wrong one wastes at most `AHEAD_RENDERS`
+    /// renders per `AHEAD_PATIENCE`). Prefetch calls it for the files it predicts, and plans a
+    /// file answered `NotNow` again.
+    pub fn ahead(
+        &self,
+        view: u16,
+        node: impl FnOnce() -> Option<Arc<Node>>,
+        path: &Path,
+        source: &dyn SourceFile,
+        idle: bool,
+    ) -> Ahead {
+        if self.fetcher.ram().decoded_choice().1.keeps() {
+            let decoded = idle && self.renders_waiting() == 0 && self.decode_ahead(path, source);
+            return if decoded { Ahead::Done } else { Ahead::Nothing };
+        }
+        if self.renders_waiting() > 0 {
+            return Ahead::NotNow;
+        }
+        match node() {
+            Some(node) if node.view == Some(view) => self.render_ahead(&node),
+            _ => Ahead::Nothing,
+        }
+    }
+
+    /// Renders the next open of view file `node` now, unless one is made for it already or
+    /// `AHEAD_RENDERS` are; kept until that open takes it, for at most `AHEAD_PATIENCE`. The
+    /// slot is published before the render starts, so an open that comes meanwhile waits for
+    /// it instead of rendering the same tensor again.
+    fn render_ahead(&self, node: &Arc<Node>) -> Ahead {
+        let Some(Ok(view)) = node.view.map(|v| self.get(v)) else {
+            return Ahead::Nothing;
+        };
+        let slot = AheadSlot::default();
+        let count = {
+            let mut ahead = self.ahead.lock();
+            ahead.retain(|a| a.started.elapsed() < AHEAD_PATIENCE);
+            self.held.store(ahead.len(), Ordering::Release);
+            if ahead.iter().any(|a| a.ino == node.ino) {
+                return Ahead::Nothing;
+            }
+            if ahead.len() >= AHEAD_RENDERS {
+                return Ahead::NotNow;
+            }
+            let count = self
+                .sharing
+                .next_count(node.view.unwrap_or_default(), node.ino);
+            ahead.push_back(HeldRender {
+                ino: node.ino,
+                count,
+                slot: slot.clone(),
+                started: Instant::now(),
+            });
+            self.held.store(ahead.len(), Ordering::Release);
+            count
+        };
+        // An open may wait on the slot: it is filled whatever happens, a failure with `None`.
+        let filled = FillOnDrop(slot.clone());
+        let open = ViewOpen {
+            view: node.view.unwrap_or_default(),
+            node: node.clone(),
+            seed: self.seed_of(view, &node.path, count),
+            rendered: OnceLock::new(),
+            ahead: None,
+            shared: None,
+            publish: None,
+        };
+        let rendered = self.render_for(view, &open, Need::Ahead);
+        // No room is a passing reason; a render that failed would fail its open too.
+        let answer = match &rendered {
+            Ok(_) => Ahead::Done,
+            Err(Unrendered::NoRoom(_)) => Ahead::NotNow,
+            Err(Unrendered::Failed(_)) => Ahead::Nothing,
+        };
+        let _ = slot.set(rendered.ok());
+        drop(filled);
+        if answer == Ahead::Done {
+            view.metrics.rendered_ahead.inc();
+        } else {
+            let mut ahead = self.ahead.lock();
+            ahead.retain(|a| !Arc::ptr_eq(&a.slot, &slot));
+            self.held.store(ahead.len(), Ordering::Release);
+        }
+        answer
+    }
+
+    /// Jobs that opened a file of view `view` in the last `sharing::JOB_ACTIVE`.
+    pub fn jobs_reading(&self, view: u16) -> usize {
+        self.sharing.jobs_reading(view)
+    }
+
+    /// The render made (or being made) ahead for the `count`th open of view file `ino`, if
+    /// there is one; any other one for that file is for an open that went by, and is dropped.
+    fn take_ahead(&self, ino: u64, count: u64) -> Option<AheadSlot> {
+        if self.held.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut ahead = self.ahead.lock();
+        ahead.retain(|a| a.started.elapsed() < AHEAD_PATIENCE);
+        let taken = ahead
+            .iter()
+            .position(|a| a.ino == ino)
+            .and_then(|at| ahead.remove(at));
+        self.held.store(ahead.len(), Ordering::Release);
+        taken.filter(|a| a.count == count).map(|a| a.slot)
+    }
+}
+
+/// Why a render produced nothing.
+enum Unrendered {
+    /// The memory budget had no room for it (now, for a render made ahead).
+    NoRoom(String),
+    /// The image could not be read, decoded or rendered.
+    Failed(String),
+}
+
+impl From<String> for Unrendered {
+    fn from(why: String) -> Unrendered {
+        Unrendered::Failed(why)
+    }
+}
+
+impl Unrendered {
+    /// What to log and count.
+    fn why(self) -> String {
+        match self {
+            Unrendered::NoRoom(why) | Unrendered::Failed(why) => why,
+        }
+    }
+}
+
+/// Whose render asks for memory.
+#[derive(Clone, Copy)]
+enum Need {
+    /// An open's: it waits for room within `RENDER_PATIENCE`.
+    Open,
+    /// One made ahead of its open: only memory free now, never waiting or shedding.
+    Ahead,
+}
+
+impl Views {
+    /// Opens view `index`'s file `node` for the process (or thread) `pid`: the open's
+    /// seed is fixed now, from its job's own open count, and its render queued on the pool, or
+    /// found made ahead or made by another job.
+    pub(super) fn open(
+        self: &Arc<Self>,
+        index: u16,
+        node: Arc<Node>,
+        pid: u32,
+    ) -> Result<Arc<ViewOpen>, FsError> {
+        let view = self.get(index)?;
+        view.metrics.opens.inc();
+        let opened = self.sharing.open(index, node.ino, pid);
+        if opened.new_job {
+            view.metrics.jobs_seen.inc();
+        }
+        let count = opened.count;
+        let (shared, publish) = match opened.share {
+            Share::Alone => (None, None),
+            Share::Take(slot) => (Some(slot), None),
+            Share::Publish(slot) => (None, Some(FillOnDrop(slot))),
+        };
+        let ahead = match shared {
+            Some(_) => None,
+            None => self.take_ahead(node.ino, count),
+        };
+        let open = Arc::new(ViewOpen {
+            view: index,
+            seed: self.seed_of(view, &node.path, count),
+            rendered: OnceLock::new(),
+            ahead,
+            shared,
+            publish,
+            node,
+        });
+        if open.ahead.is_some() || open.shared.is_some() {
+            // Its render is made or being made: the first read takes (or waits for) it.
+            return Ok(open);
+        }
+        // Queued at once, so decoding overlaps the loader's open-to-read gap; with the queue full
+        // (or no pool) the first read renders it, on its own thread.
+        let queued = self.pool.as_ref().is_some_and(|pool| {
+            let (views, job) = (self.clone(), open.clone());
+            pool.try_submit(move || views.render_once(&job))
+        });
+        if let Some(publish) = &open.publish {
+            if queued {
+                view.metrics.shared_renders.inc();
+            } else {
+                // Rendered only when this open is read, if ever: no other job waits on that.
+                let _ = publish.0.set(None);
+            }
+        }
+        Ok(open)
+    }
+}
