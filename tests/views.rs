@@ -643,27 +643,23 @@ fn each_job_counts_its_own_epochs_and_jobs_reading_together_share_renders() {
 /// cache holds its own share: the mount says so when it starts.
 #[test]
 fn a_budget_too_small_for_renders_is_named_at_mount() {
-    let mut t = TestMount::new();
-    dataset(&t);
-    let log = t.dir.path().join("mount.log");
-    t.mount_logged(
-        &["--view", VAL, "--cache-mem", "6M"],
-        "warn,fuser=error",
-        &log,
-    );
-    let text = fs::read_to_string(&log).expect("log");
+    // What a mount of the dataset with `--cache-mem budget` says when it starts.
+    let said = |budget: &str| {
+        let mut t = TestMount::new();
+        dataset(&t);
+        let log = t.dir.path().join("mount.log");
+        t.mount_logged(
+            &["--view", VAL, "--cache-mem", budget],
+            "warn,fuser=error",
+            &log,
+        );
+        fs::read_to_string(&log).expect("log")
+    };
+    let text = said("6M");
     assert!(
         text.contains("--cache-mem 6 MiB leaves") && text.contains("for view renders"),
         "{text}"
     );
-    let mut roomy = TestMount::new();
-    dataset(&roomy);
-    let log = roomy.dir.path().join("mount.log");
-    roomy.mount_logged(
-        &["--view", VAL, "--cache-mem", "64M"],
-        "warn,fuser=error",
-        &log,
-    );
-    let text = fs::read_to_string(&log).expect("log");
+    let text = said("64M");
     assert!(!text.contains("for view renders"), "{text}");
 }
