@@ -208,6 +208,10 @@ struct MountArgs {
     /// decode in a file's first render and saves about a quarter of each later one's).
     #[arg(long)]
     no_view_copies: bool,
+    /// Share renders between training jobs reading a view at once (the k-th open of a file by
+    /// each job gets the same tensor, rendered once): on, off (every job renders its own).
+    #[arg(long, value_name = "MODE", default_value = "on")]
+    share_renders: String,
     /// Let other users read the mount (off by default; needs user_allow_other for non-root).
     #[arg(long)]
     allow_other: bool,
@@ -414,6 +418,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 source_timeout,
                 render_threads,
                 no_view_copies,
+                share_renders,
                 allow_other,
                 log_file,
                 views,
@@ -500,6 +505,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 seed,
                 render_threads: render_threads.map_or(cfg.views.render_threads, |n| n.max(1)),
                 copies: !no_view_copies,
+                share: config::parse_on_off("--share-renders", &share_renders)?,
                 gpu,
             };
             cfg.scheduler = Some(scheduler);

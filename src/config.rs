@@ -239,6 +239,17 @@ pub fn parse_decoded_caching(text: &str) -> Result<DecodedCaching, ConfigError> 
     })
 }
 
+/// Parses an `on|off` option such as `--share-renders`.
+pub fn parse_on_off(option: &str, text: &str) -> Result<bool, ConfigError> {
+    match text {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(ConfigError::Invalid(format!(
+            "invalid {option} {text:?}: use on or off"
+        ))),
+    }
+}
+
 /// Checks a percentage in 0..100 and returns it as a share (0..1).
 pub fn check_percent(pct: f64) -> Result<f64, ConfigError> {
     if (0.0..100.0).contains(&pct) {

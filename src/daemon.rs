@@ -138,6 +138,7 @@ pub(crate) fn build_observed(
             fetcher.clone(),
         )
         .with_copies(views_config.copies)
+        .sharing_renders(views_config.share)
         .read_by_others(config.fuse.allow_other),
     );
 

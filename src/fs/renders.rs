@@ -253,6 +253,12 @@ impl Views {
         }
     }
 
+    /// These views, sharing renders between the jobs reading one at once or not (`share`).
+    pub fn sharing_renders(self, share: bool) -> Views {
+        self.sharing.set_enabled(share);
+        self
+    }
+
     /// These views, making restart-marked copies of the JPEGs they render or not (`copies`).
     pub fn with_copies(mut self, copies: bool) -> Views {
         self.copies = copies;

@@ -13,6 +13,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -65,6 +66,9 @@ pub struct Opened<T> {
 /// The jobs reading the mount's views, their open counts and the renders held between them.
 pub struct Sharing<T> {
     jobs: Jobs,
+    /// Whether renders are held for other jobs (`--share-renders`); counts are kept per job
+    /// either way, so turning it off changes no tensor, only how often it is rendered.
+    enabled: AtomicBool,
     state: Mutex<State<T>>,
     budget: Arc<MemoryBudget>,
 }
@@ -103,6 +107,7 @@ impl<T> Sharing<T> {
     pub fn new(budget: Arc<MemoryBudget>) -> Sharing<T> {
         Sharing {
             jobs: Jobs::default(),
+            enabled: AtomicBool::new(true),
             state: Mutex::new(State {
                 per_job: HashMap::new(),
                 held: HashMap::new(),
@@ -111,6 +116,11 @@ impl<T> Sharing<T> {
             }),
             budget,
         }
+    }
+
+    /// Holds renders for other jobs (`true`, the default) or never does.
+    pub fn set_enabled(&self, enabled: bool) {
+        self.enabled.store(enabled, Ordering::Relaxed);
     }
 
     /// An open of view `view`'s file `ino` by the process (or thread) `pid`.
@@ -143,7 +153,7 @@ impl<T> Sharing<T> {
             }
         };
         let count = u64::from(count);
-        if others == 0 {
+        if others == 0 || !self.enabled.load(Ordering::Relaxed) {
             return Opened {
                 count,
                 share: Share::Alone,
@@ -327,6 +337,27 @@ mod tests {
         // Shed, nothing stays held: a's second open renders its own.
         let _ = sharing.shed();
         assert!(matches!(sharing.open(0, 5, a).share, Share::Publish(_)));
+        assert_eq!(sharing.jobs_reading(0), 2);
+        let _ = other.kill();
+        let _ = other.wait();
+    }
+
+    #[test]
+    fn with_sharing_off_two_jobs_keep_their_own_counts_and_hold_nothing() {
+        let (sharing, _budget) = sharing();
+        sharing.set_enabled(false);
+        let mut other = Command::new("sleep")
+            .arg("30")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("sleep");
+        let (a, b) = (std::process::id(), other.id());
+        for pid in [b, a, b, a] {
+            assert!(matches!(sharing.open(0, 5, pid).share, Share::Alone));
+        }
+        // Each job's own count: the same tensors as with sharing on, rendered by each.
+        assert_eq!(sharing.open(0, 5, a).count, 2);
+        assert_eq!(sharing.open(0, 5, b).count, 2);
         assert_eq!(sharing.jobs_reading(0), 2);
         let _ = other.kill();
         let _ = other.wait();

@@ -31,6 +31,8 @@ pub struct ViewsConfig {
     pub render_threads: usize,
     /// Whether renders keep restart-marked copies of JPEGs (off: `--no-view-copies`).
     pub copies: bool,
+    /// Whether jobs reading a view at once share its renders (off: `--share-renders off`).
+    pub share: bool,
     /// The GPU backend (`--gpu`, `--gpu-mem`, `--nvjpeg`, `--nvrtc`).
     pub gpu: gpu::GpuOptions,
 }
@@ -44,6 +46,7 @@ impl Default for ViewsConfig {
             // cores idle while loaders wait.
             render_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             copies: true,
+            share: true,
             gpu: gpu::GpuOptions::default(),
         }
     }
