@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod mountinfo;
 pub mod options;
 pub mod prefetch;
+pub mod renders;
 pub mod requests;
 pub mod run;
 pub mod sandbox;

@@ -10,17 +10,14 @@
 mod listing;
 pub mod metrics;
 mod reader;
-mod renders;
-mod sharing;
 #[cfg(test)]
 mod tests;
 mod views;
-pub use renders::RENDER_WAIT;
 
 pub use reader::FileReader;
 
+pub use crate::renders::{View, Views};
 pub use metrics::{Figures, FsMetrics};
-pub use renders::{View, Views};
 
 use std::ffi::{OsStr, OsString};
 use std::sync::Arc;
@@ -134,7 +131,7 @@ pub struct DirItem {
 enum Handle {
     File(FileReader),
     Snapshot(Arc<Vec<u8>>),
-    View(Arc<renders::ViewOpen>),
+    View(Arc<crate::renders::ViewOpen>),
     Dir(DirSnapshot),
 }
 

@@ -10,10 +10,10 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
 
 use super::listing::Listing;
-use super::renders::is_image;
 use super::{Attr, DirSnapshot, Fs, Handle, Intent, SOURCE_TTL};
 use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
+use crate::renders::is_image;
 use crate::source::{Kind, Meta};
 
 /// Suffix of view files.

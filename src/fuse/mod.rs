@@ -32,7 +32,8 @@ mod iomode;
 
 use crate::error::FsError;
 use crate::fs::metrics::Op;
-use crate::fs::{Attr, Fs, Intent, Opened, RENDER_WAIT, Serve};
+use crate::fs::{Attr, Fs, Intent, Opened, Serve};
+use crate::renders::RENDER_WAIT;
 use crate::requests::{self, Expiry, Once, Place, RequestPool};
 use crate::source::Kind;
 use iomode::{IoModes, Mode, Why};

@@ -18,7 +18,9 @@
 //! open renders anew). Must never serve part of a render: a render that fails answers EIO for that
 //! open, counted by path and logged. Must never read more of a source file than a decode can use: a
 //! file over `MAX_ENCODED_BYTES` is refused unread, and never let a render made ahead wait for
-//! memory or shed anything to get it. Knows nothing of the views' names and trees (`views`).
+//! memory or shed anything to get it. Knows nothing of the views' names and trees (`fs::views`).
+
+mod sharing;
 
 use std::collections::VecDeque;
 use std::ffi::OsStr;
@@ -30,7 +32,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::sharing::{Share, Sharing};
 use crate::cache::{BLOCK_SIZE, BlockFetcher, ReadBytes, Unpacked};
 use crate::error::FsError;
 use crate::inode::{self, Node};
@@ -41,6 +42,7 @@ use crate::view::limits::MAX_ENCODED_BYTES;
 use crate::view::metrics::ViewMetrics;
 use crate::view::{Executor, RenderError, Rgb, ViewSpec, jpeg, plan, render};
 use crate::workers::{Active, Permits, WorkerPool};
+use sharing::{Share, Sharing};
 
 /// Extensions shown in views: what the decoder reads (case-insensitive).
 const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
@@ -165,7 +167,7 @@ struct Rendered {
 
 impl ViewOpen {
     /// The rendered bytes if the render already ran.
-    pub(super) fn ready(&self) -> Option<Result<Arc<Vec<u8>>, FsError>> {
+    pub fn ready(&self) -> Option<Result<Arc<Vec<u8>>, FsError>> {
         self.rendered
             .get()
             .map(|r| r.as_ref().map(|r| r.npy.clone()).map_err(|e| *e))
@@ -185,7 +187,7 @@ fn encoded_size(source: &dyn SourceFile) -> Result<u64, String> {
     Ok(size)
 }
 
-pub(super) fn is_image(name: &OsStr) -> bool {
+pub fn is_image(name: &OsStr) -> bool {
     let name = name.as_bytes();
     IMAGE_EXTENSIONS.iter().any(|ext| {
         name.len() > ext.len() + 1
@@ -296,13 +298,13 @@ impl Views {
         self.renders_waiting() as f64 / RENDER_QUEUE_DEPTH as f64
     }
 
-    pub(super) fn get(&self, index: u16) -> Result<&View, FsError> {
+    pub fn get(&self, index: u16) -> Result<&View, FsError> {
         self.list.get(usize::from(index)).ok_or(FsError::NotFound)
     }
 
     /// The .npy size of `node` under `spec`: from the spec alone when it fixes the shape, else
     /// from the image header (`probe_size`).
-    pub(super) fn file_size(&self, spec: &ViewSpec, node: &Node) -> Result<u64, FsError> {
+    pub fn file_size(&self, spec: &ViewSpec, node: &Node) -> Result<u64, FsError> {
         let (height, width) = match spec.fixed_size() {
             Some(size) => size,
             None => self.probe_size(spec, node)?,
@@ -378,7 +380,7 @@ impl Views {
 
     /// The rendered bytes of `open`: rendered now on this thread unless the render pool has
     /// done it or is doing it (then this waits for it). May block: never on a FUSE thread.
-    pub(super) fn rendered(&self, open: &ViewOpen) -> Result<Arc<Vec<u8>>, FsError> {
+    pub fn rendered(&self, open: &ViewOpen) -> Result<Arc<Vec<u8>>, FsError> {
         match open.rendered.get_or_init(|| self.render(open)) {
             Ok(r) => Ok(r.npy.clone()),
             Err(e) => Err(*e),
@@ -685,7 +687,7 @@ impl Views {
     /// The seed of the `count`th open (from 0) of view `view`'s file for the image at `path`: a
     /// pure function of them and the mount's seed, so a render made ahead of an open is the one
     /// the open would make.
-    pub(super) fn seed_of(&self, view: &View, path: &Path, count: u64) -> u64 {
+    pub fn seed_of(&self, view: &View, path: &Path, count: u64) -> u64 {
         let mut key = Vec::new();
         key.extend_from_slice(&self.seed.to_le_bytes());
         key.extend_from_slice(view.spec.name.as_bytes());
@@ -844,7 +846,7 @@ impl Views {
     /// Opens view `index`'s file `node` for the process (or thread) `pid`: the open's
     /// seed is fixed now, from its job's own open count, and its render queued on the pool, or
     /// found made ahead or made by another job.
-    pub(super) fn open(
+    pub fn open(
         self: &Arc<Self>,
         index: u16,
         node: Arc<Node>,
