@@ -358,8 +358,8 @@ impl Report for Board {
         self.prefetcher.samples(&mut out);
         self.fetcher.ram().budget().gauges().samples(&mut out);
         for (index, view) in self.views.iter().enumerate() {
-            let jobs = self.views.jobs_reading(index as u16);
-            view.metrics.samples(&view.spec.name, jobs, &mut out);
+            let jobs = self.views.job_figures(index as u16);
+            view.metrics.samples(&view.spec.name, &jobs, &mut out);
         }
         out
     }

@@ -39,7 +39,7 @@ use crate::memory::{Shed, Work};
 use crate::prefetch::Ahead;
 use crate::source::{Identity, Source, SourceFile};
 use crate::view::limits::MAX_ENCODED_BYTES;
-use crate::view::metrics::ViewMetrics;
+use crate::view::metrics::{JobFigures, ViewMetrics};
 use crate::view::{Executor, RenderError, Rgb, ViewSpec, jpeg, plan, render};
 use crate::workers::{Active, Permits, WorkerPool};
 use sharing::{Share, Sharing};
@@ -788,9 +788,9 @@ impl Views {
         answer
     }
 
-    /// Jobs that opened a file of view `view` in the last `sharing::JOB_ACTIVE`.
-    pub fn jobs_reading(&self, view: u16) -> usize {
-        self.sharing.jobs_reading(view)
+    /// The jobs reading view `view` and the renders held between them, for the stats.
+    pub fn job_figures(&self, view: u16) -> JobFigures {
+        self.sharing.figures(view, |r| r.npy.len() as u64)
     }
 
     /// The render made (or being made) ahead for the `count`th open of view file `ino`, if

@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 
 use crate::jobs::{Job, JobId, Jobs};
 use crate::memory::{MemoryBudget, Shed, Work};
+use crate::view::metrics::JobFigures;
 
 /// A job that opened no file of a view for this long no longer counts as reading it: renders are
 /// no longer held for it.
@@ -78,9 +79,11 @@ type Key = (u16, u64, u64);
 
 struct State<T> {
     per_job: HashMap<JobId, JobState>,
-    held: HashMap<Key, Held<T>>,
+    held: HashMap<Key, Waiting<T>>,
     /// Held renders' keys, oldest first (a key taken meanwhile may linger here; `started` tells).
     order: VecDeque<(Key, Instant)>,
+    /// Held renders dropped before every job took them, by view.
+    evicted: HashMap<u16, u64>,
     swept: Instant,
 }
 
@@ -95,7 +98,7 @@ struct JobState {
     charge: Work,
 }
 
-struct Held<T> {
+struct Waiting<T> {
     slot: Slot<T>,
     started: Instant,
     /// Jobs that may still take it.
@@ -112,6 +115,7 @@ impl<T> Sharing<T> {
                 per_job: HashMap::new(),
                 held: HashMap::new(),
                 order: VecDeque::new(),
+                evicted: HashMap::new(),
                 swept: Instant::now(),
             }),
             budget,
@@ -184,7 +188,7 @@ impl<T> Sharing<T> {
                 let slot = Slot::default();
                 state.held.insert(
                     key,
-                    Held {
+                    Waiting {
                         slot: slot.clone(),
                         started: now,
                         takers: others,
@@ -214,9 +218,27 @@ impl<T> Sharing<T> {
             .map_or(0, |&c| u64::from(c))
     }
 
-    /// Jobs that opened a file of view `view` within `JOB_ACTIVE`.
-    pub fn jobs_reading(&self, view: u16) -> usize {
-        self.state.lock().jobs_reading(view, Instant::now(), None)
+    /// What view `view`'s jobs hold now, finished renders sized by `bytes` (at most `MAX_HELD`
+    /// looked at, under the lock: for the stats, a few times a second at most).
+    pub fn figures(&self, view: u16, bytes: impl Fn(&T) -> u64) -> JobFigures {
+        let state = self.state.lock();
+        let mut figures = JobFigures {
+            jobs: state.jobs_reading(view, Instant::now(), None),
+            evicted: state.evicted.get(&view).copied().unwrap_or(0),
+            ..JobFigures::default()
+        };
+        for waiting in state
+            .held
+            .iter()
+            .filter(|(k, _)| k.0 == view)
+            .map(|(_, w)| w)
+        {
+            figures.held_renders += 1;
+            if let Some(Some(render)) = waiting.slot.get() {
+                figures.held_bytes += bytes(render);
+            }
+        }
+        figures
     }
 }
 
@@ -262,6 +284,7 @@ impl<T> State<T> {
             && self.held.get(&key).is_some_and(|h| h.started == started)
         {
             self.held.remove(&key);
+            *self.evicted.entry(key.0).or_default() += 1;
         }
     }
 }
@@ -273,7 +296,11 @@ impl<T: Send + Sync> Shed for Sharing<T> {
         let held = {
             let mut state = self.state.lock();
             state.order.clear();
-            std::mem::take(&mut state.held)
+            let held = std::mem::take(&mut state.held);
+            for (view, _, _) in held.keys() {
+                *state.evicted.entry(*view).or_default() += 1;
+            }
+            held
         };
         drop(held);
         // The memory comes back as the renders' last holders (open files) let go of them.
@@ -304,8 +331,8 @@ mod tests {
         assert_eq!(counts, [0, 1, 2]);
         assert_eq!(sharing.open(0, 8, me).count, 0);
         assert!(matches!(sharing.open(0, 9, me).share, Share::Alone));
-        assert_eq!(sharing.jobs_reading(0), 1);
-        assert_eq!(sharing.jobs_reading(1), 0);
+        assert_eq!(sharing.figures(0, |_| 0).jobs, 1);
+        assert_eq!(sharing.figures(1, |_| 0).jobs, 0);
         assert_eq!(budget.used(crate::memory::Use::Work), 3 * COUNT_BYTES);
         // The ahead render for this job's next open of file 7 is its fourth.
         assert_eq!(sharing.next_count(0, 7), 3);
@@ -333,11 +360,24 @@ mod tests {
         };
         assert!(Arc::ptr_eq(&published, &taken));
         // The next epoch of file 5 is another render: b publishes it this time.
-        assert!(matches!(sharing.open(0, 5, b).share, Share::Publish(_)));
-        // Shed, nothing stays held: a's second open renders its own.
+        let Share::Publish(next) = sharing.open(0, 5, b).share else {
+            panic!("b publishes epoch 1");
+        };
+        // b's render of epoch 1 is held for a: its bytes once finished.
+        let held = |sharing: &Sharing<u32>| sharing.figures(0, |n| u64::from(*n));
+        assert_eq!(held(&sharing).held_renders, 1);
+        assert_eq!(held(&sharing).held_bytes, 0, "running");
+        let _ = next.set(Some(40));
+        assert_eq!(held(&sharing).held_bytes, 40, "finished");
+        assert_eq!(held(&sharing).evicted, 0);
+        // Shed, nothing stays held (counted as evicted): a's second open renders its own.
         let _ = sharing.shed();
+        assert_eq!(
+            (held(&sharing).held_renders, held(&sharing).evicted),
+            (0, 1)
+        );
         assert!(matches!(sharing.open(0, 5, a).share, Share::Publish(_)));
-        assert_eq!(sharing.jobs_reading(0), 2);
+        assert_eq!(sharing.figures(0, |_| 0).jobs, 2);
         let _ = other.kill();
         let _ = other.wait();
     }
@@ -358,7 +398,7 @@ mod tests {
         // Each job's own count: the same tensors as with sharing on, rendered by each.
         assert_eq!(sharing.open(0, 5, a).count, 2);
         assert_eq!(sharing.open(0, 5, b).count, 2);
-        assert_eq!(sharing.jobs_reading(0), 2);
+        assert_eq!(sharing.figures(0, |_| 0).jobs, 2);
         let _ = other.kill();
         let _ = other.wait();
     }

@@ -20,6 +20,7 @@ use crate::cache::metrics as cache;
 use crate::fs::metrics as fs;
 use crate::metrics::Metric;
 use crate::prefetch::metrics as prefetch;
+use crate::view::metrics as view;
 
 /// Moves the cursor home and clears the screen (VT100, understood by every terminal in use).
 const CLEAR: &str = "\x1b[H\x1b[2J";
@@ -205,10 +206,38 @@ fn dashboard(now: &Value, before: Option<&Value>) -> String {
         bytes(n(&cache::STAGED_BUDGET_BYTES))
     );
     let _ = writeln!(out, "epochs      {}", epochs(now).join("; "));
+    for line in views(now) {
+        let _ = writeln!(out, "{line}");
+    }
     for diagnosis in diagnoses(now) {
         let _ = writeln!(out, "diagnosis   {diagnosis}");
     }
     out
+}
+
+/// A line per view: its renders, the jobs reading it and what they share.
+fn views(now: &Value) -> Vec<String> {
+    let Some(views) = now.get("views").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    views
+        .keys()
+        .map(|name| {
+            let n = |metric: &Metric| number(now, &metric.path_for(name));
+            format!(
+                "view {name:<6} {:.0} images/s, {} renders, {} jobs now ({} seen), {} shared hits, \
+                 held {} ({}), {} evicted",
+                n(&view::IMAGES_PER_S),
+                n(&view::RENDERS),
+                n(&view::JOBS),
+                n(&view::JOBS_SEEN),
+                n(&view::SHARED_HITS),
+                n(&view::HELD_RENDERS),
+                bytes(n(&view::HELD_BYTES)),
+                n(&view::HELD_EVICTED)
+            )
+        })
+        .collect()
 }
 
 /// One plain line per interval, for logs and pipes: `key=value` fields with no spaces inside a
@@ -254,5 +283,26 @@ mod tests {
         assert_eq!(r.hit_rate, Some(0.9));
         let since_mount = Rates::between(&now, None);
         assert_eq!(since_mount.served, 5000.0 / 12.0);
+    }
+
+    #[test]
+    fn top_shows_each_views_jobs_and_what_they_share() {
+        let now = serde_json::json!({"views": {"train": {
+            "images_per_s": 310.0, "renders": 1200, "jobs": 3, "jobs_seen": 4,
+            "shared_hits": 2400, "held_renders": 12, "held_bytes": 1_806_336, "held_evicted": 2,
+        }}});
+        let lines = views(&now);
+        assert_eq!(lines.len(), 1);
+        for part in [
+            "view train",
+            "310 images/s",
+            "1200 renders",
+            "3 jobs now (4 seen)",
+            "2400 shared hits",
+            "held 12 (1.72 MiB)",
+            "2 evicted",
+        ] {
+            assert!(lines[0].contains(part), "{part}: {}", lines[0]);
+        }
     }
 }

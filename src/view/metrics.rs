@@ -79,6 +79,20 @@ pub struct ViewMetrics {
     pub shared_hits: Counter,
 }
 
+/// The jobs reading a view and the renders held between them (`renders::sharing`), at one
+/// moment.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct JobFigures {
+    /// Jobs that opened a file of the view in the last 30 s.
+    pub jobs: usize,
+    /// Renders held for other jobs to take (finished or running).
+    pub held_renders: usize,
+    /// Bytes of the finished ones.
+    pub held_bytes: u64,
+    /// Held renders dropped before every job took them: each costs a render again.
+    pub evicted: u64,
+}
+
 /// Opens of a view's files.
 pub const OPENS: Metric = Metric::counter(
     "views.*.opens",
@@ -179,6 +193,27 @@ pub const SHARED_RENDERS: Metric = Metric::counter(
     "Renders made for an open while other jobs read the view, held for them to take.",
 )
 .by("view");
+/// Renders held for other jobs now.
+pub const HELD_RENDERS: Metric = Metric::gauge(
+    "views.*.held_renders",
+    "view_held_renders",
+    "Renders held now for other jobs reading the view to take (finished or running).",
+)
+.by("view");
+/// Their bytes.
+pub const HELD_BYTES: Metric = Metric::gauge(
+    "views.*.held_bytes",
+    "view_held_bytes",
+    "Bytes of the finished renders held for other jobs (charged to the memory budget's work share).",
+)
+.by("view");
+/// Held renders dropped before all jobs took them.
+pub const HELD_EVICTED: Metric = Metric::counter(
+    "views.*.held_evicted",
+    "view_held_evicted_total",
+    "Held renders dropped before every job reading the view took them (held 60 s, 4096 held, or the memory budget needed the room): each costs a render again, never a different tensor.",
+)
+.by("view");
 /// Opens served by another job's render.
 pub const SHARED_HITS: Metric = Metric::counter(
     "views.*.shared_hits",
@@ -188,9 +223,9 @@ pub const SHARED_HITS: Metric = Metric::counter(
 .by("view");
 
 impl ViewMetrics {
-    /// The samples of view `name`, which `jobs` jobs read now: under `views.<name>.` in
+    /// The samples of view `name`, with its jobs and held renders now (`jobs`): under `views.<name>.` in
     /// stats.json, labelled `view` in metrics.
-    pub fn samples(&self, name: &str, jobs: usize, out: &mut Samples) {
+    pub fn samples(&self, name: &str, jobs: &JobFigures, out: &mut Samples) {
         out.put_for(&OPENS, name, self.opens.get() as f64);
         out.put_for(&RENDERS, name, self.renders.get() as f64);
         out.put_for(&IMAGES_PER_S, name, self.render_rate.per_second());
@@ -202,10 +237,13 @@ impl ViewMetrics {
         out.put_for(&RENDERED_AHEAD, name, self.rendered_ahead.get() as f64);
         out.put_for(&AHEAD_USED, name, self.ahead_used.get() as f64);
         out.put_for(&UNLISTED_NAMES, name, self.unlisted_names.get() as f64);
-        out.put_for(&JOBS, name, jobs as f64);
+        out.put_for(&JOBS, name, jobs.jobs as f64);
         out.put_for(&JOBS_SEEN, name, self.jobs_seen.get() as f64);
         out.put_for(&SHARED_RENDERS, name, self.shared_renders.get() as f64);
         out.put_for(&SHARED_HITS, name, self.shared_hits.get() as f64);
+        out.put_for(&HELD_RENDERS, name, jobs.held_renders as f64);
+        out.put_for(&HELD_BYTES, name, jobs.held_bytes as f64);
+        out.put_for(&HELD_EVICTED, name, jobs.evicted as f64);
     }
 }
 
