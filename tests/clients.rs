@@ -220,41 +220,58 @@ fn a_memmapped_shard_never_makes_other_processes_opens_of_it_fail() {
     );
 }
 
-/// Three training jobs started at once over one view (two from one shell script with `&`, sharing
-/// its process group and session, one with `setsid`), each a DataLoader with 2 worker processes
-/// shuffling in its own order: in each epoch, every file gives every job the same tensor, and
-/// each job a fresh one in each epoch (docs/SEMANTICS.md, "Jobs").
-#[test]
-fn pytorch_jobs_reading_one_view_at_once_get_the_same_tensors_in_the_same_epoch() {
-    let mut t = TestMount::new();
-    class_folders(&t, 2, 6);
-    t.mount(&["--view", "train=decode,random_resized_crop(64),hflip"]);
+/// Runs `script` under bash with `$P` the Python, `$S` tests/clients/torch_jobs.py, `$V` the
+/// view `train` of `t` and `$O` a fresh directory where job `j` prints to `$O/j`, calling `tick`
+/// every 100 ms while it runs; then each job's epochs (`torch_jobs.py`'s JSON), jobs `1..=jobs`.
+fn run_jobs(
+    t: &TestMount,
+    jobs: usize,
+    script: &str,
+    mut tick: impl FnMut(),
+) -> Vec<serde_json::Value> {
     let out = tempfile::tempdir().expect("tempdir");
-    let script = format!(
-        "P='{py}'; S='{clients}/torch_jobs.py'; V='{view}'; O='{out}'\n\
-         \"$P\" \"$S\" \"$V\" 2 1 > \"$O/1\" & A=$!\n\
-         \"$P\" \"$S\" \"$V\" 2 2 > \"$O/2\" & B=$!\n\
-         setsid -w \"$P\" \"$S\" \"$V\" 2 3 > \"$O/3\" & C=$!\n\
-         wait $A && wait $B && wait $C",
-        py = python().display(),
-        clients = CLIENTS,
-        view = t.m(".prepfs/views/train").display(),
-        out = out.path().display(),
-    );
-    run_checked(Command::new("bash").arg("-c").arg(&script));
-    let jobs: Vec<serde_json::Value> = (1..=3)
+    let mut command = Command::new("bash");
+    command
+        .arg("-c")
+        .arg(format!("set -e\n{script}"))
+        .env("P", python())
+        .env("S", format!("{CLIENTS}/torch_jobs.py"))
+        .env("V", t.m(".prepfs/views/train"))
+        .env("O", out.path());
+    let mut child = command.spawn().expect("bash");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(900);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the jobs did not finish within 900 s: {script}");
+        }
+        tick();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(status.success(), "the jobs failed ({status}): {script}");
+    (1..=jobs)
         .map(|j| {
             let text = std::fs::read_to_string(out.path().join(j.to_string())).expect("output");
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("job {j}: {e}: {text}"))
         })
-        .collect();
-    for epoch in 0..2 {
-        let files = jobs[0][epoch].as_object().expect("an epoch's files");
-        assert_eq!(files.len(), 12);
-        for job in &jobs[1..] {
+        .collect()
+}
+
+/// Every job got the same tensor of every one of `files` files in each of `epochs` epochs, and
+/// each file a fresh tensor in the second epoch.
+fn assert_same_tensors_each_epoch(jobs: &[serde_json::Value], epochs: usize, files: usize) {
+    for epoch in 0..epochs {
+        let seen = jobs[0][epoch].as_object().expect("an epoch's files");
+        assert_eq!(seen.len(), files);
+        for (j, job) in jobs.iter().enumerate().skip(1) {
             assert_eq!(
-                &job[epoch], &jobs[0][epoch],
-                "epoch {epoch}: the same tensors"
+                &job[epoch],
+                &jobs[0][epoch],
+                "epoch {epoch}: job {} got other tensors than job 1",
+                j + 1
             );
         }
     }
@@ -264,7 +281,114 @@ fn pytorch_jobs_reading_one_view_at_once_get_the_same_tensors_in_the_same_epoch(
             "{name}: a fresh tensor in epoch 1"
         );
     }
+}
+
+/// Three training jobs started at once over one view (two from one shell script with `&`, sharing
+/// its process group and session, one with `setsid`), each a DataLoader with 2 worker processes
+/// shuffling in its own order: in each epoch, every file gives every job the same tensor, and
+/// each job a fresh one in each epoch (docs/SEMANTICS.md, "Jobs").
+#[test]
+fn pytorch_jobs_reading_one_view_at_once_get_the_same_tensors_in_the_same_epoch() {
+    let mut t = TestMount::new();
+    class_folders(&t, 2, 6);
+    t.mount(&["--view", "train=decode,random_resized_crop(64),hflip"]);
+    let jobs = run_jobs(
+        &t,
+        3,
+        "\"$P\" \"$S\" \"$V\" 2 1 > \"$O/1\" & A=$!\n\
+         \"$P\" \"$S\" \"$V\" 2 2 > \"$O/2\" & B=$!\n\
+         setsid -w \"$P\" \"$S\" \"$V\" 2 3 > \"$O/3\" & C=$!\n\
+         wait $A && wait $B && wait $C",
+        || {},
+    );
+    assert_same_tensors_each_epoch(&jobs, 2, 12);
     let view = &t.stats()["views"]["train"];
     assert_eq!(view["jobs_seen"], 3, "{view}");
     assert_eq!(view["errors"], 0, "{view}");
+}
+
+/// Drift: job 2 stops after its first epoch until job 1 has read two. Job 1 never waits for it
+/// (were it held back, job 2 would wait forever and fail), and job 2's second epoch, read an
+/// epoch behind job 1, gives it the tensors job 1 got in that epoch: sharing is an optimisation,
+/// never a condition of correctness.
+#[test]
+fn a_job_an_epoch_behind_another_gets_the_same_tensors_and_never_holds_it_back() {
+    let mut t = TestMount::new();
+    class_folders(&t, 2, 6);
+    t.mount(&["--view", "train=decode,random_resized_crop(64),hflip"]);
+    let jobs = run_jobs(
+        &t,
+        2,
+        "\"$P\" \"$S\" \"$V\" 2 1 --done \"$O/fast\" > \"$O/1\" & A=$!\n\
+         \"$P\" \"$S\" \"$V\" 2 2 --wait-for \"$O/fast.1\" > \"$O/2\" & B=$!\n\
+         wait $A && wait $B",
+        || {},
+    );
+    assert_same_tensors_each_epoch(&jobs, 2, 12);
+    let view = &t.stats()["views"]["train"];
+    assert_eq!(view["jobs_seen"], 2, "{view}");
+    assert_eq!(view["errors"], 0, "{view}");
+}
+
+/// Four jobs reading one view at different speeds, the daemon in a memory cgroup with room for
+/// the 64 MiB headroom prepfs keeps beyond `--cache-mem`: the renders held between the jobs stay inside the memory
+/// budget (sampled every 100 ms), no render is refused memory, nothing is OOM-killed, and every
+/// job gets the same tensors in the same epoch.
+#[test]
+fn four_jobs_at_different_speeds_keep_the_daemon_inside_its_memory_budget() {
+    let mut t = TestMount::new();
+    class_folders(&t, 2, 8);
+    let group = common::MemoryCgroup::new((48 + 96) << 20);
+    // float32 224x224: 602 KB a render, held for the slower jobs.
+    t.mount_confined(
+        &[
+            "--view",
+            "train=decode,random_resized_crop(224),hflip",
+            "--cache-mem",
+            "48M",
+        ],
+        &group,
+    );
+    let budget = t.stats()["memory"]["budget_bytes"]
+        .as_u64()
+        .expect("budget");
+    let (mut most_used, mut most_held) = (0, 0);
+    let jobs = run_jobs(
+        &t,
+        4,
+        "for j in 1 2 3 4; do\n\
+           \"$P\" \"$S\" \"$V\" 2 $j --delay-ms $(( (j - 1) * 15 )) > \"$O/$j\" & pids+=($!)\n\
+         done\n\
+         for p in \"${pids[@]}\"; do wait $p; done",
+        || {
+            let stats = t.stats();
+            let used: u64 = ["cache", "staging", "work"]
+                .iter()
+                .filter_map(|u| stats["memory"][u]["used_bytes"].as_u64())
+                .sum();
+            most_used = most_used.max(used);
+            let held = stats["views"]["train"]["held_bytes"].as_u64().unwrap_or(0);
+            most_held = most_held.max(held);
+        },
+    );
+    assert_same_tensors_each_epoch(&jobs, 2, 16);
+    assert!(
+        most_used <= budget,
+        "the daemon held {most_used} bytes of a {budget}-byte budget"
+    );
+    assert!(t.daemon_alive(), "the daemon exited");
+    assert_eq!(group.oom_kills(), 0, "OOM kills in the daemon's cgroup");
+    let stats = t.stats();
+    let view = &stats["views"]["train"];
+    assert_eq!(view["errors"], 0, "{view}");
+    assert_eq!(view["jobs_seen"], 4, "{view}");
+    assert!(
+        view["shared_hits"].as_u64() > Some(0),
+        "the jobs shared: {view}"
+    );
+    assert!(
+        most_held > 0,
+        "renders were held for the slower jobs: {view}"
+    );
+    assert_eq!(stats["memory"]["render_refusals"], 0, "{}", stats["memory"]);
 }

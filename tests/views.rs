@@ -473,12 +473,6 @@ fn ls_sizes(dir: &std::path::Path) -> std::collections::BTreeMap<String, u64> {
 }
 
 /// Whether the daemon of `t` is still running.
-fn daemon_alive(t: &mut TestMount) -> bool {
-    t.child
-        .as_mut()
-        .is_some_and(|c| c.try_wait().expect("wait").is_none())
-}
-
 #[test]
 fn a_sparse_terabyte_image_fails_alone_and_is_never_read() {
     let mut t = TestMount::new();
@@ -524,7 +518,7 @@ fn a_sparse_terabyte_image_fails_alone_and_is_never_read() {
             );
         }
     }
-    assert!(daemon_alive(&mut t), "the daemon exited");
+    assert!(t.daemon_alive(), "the daemon exited");
     assert_eq!(group.oom_kills(), 0, "OOM kills in a 256 MiB cgroup");
     let stats = t.stats();
     let failed = &stats["views"]["train"]["failed_files"]["cat/x.jpg"];
@@ -562,7 +556,7 @@ fn an_image_whose_resize_would_pass_the_pixel_limits_fails_alone_in_bounded_memo
     let tall = t.m(".prepfs/views/val/cat/tall.png.npy");
     let err = fs::read(&tall).expect_err("over the pixel limits");
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
-    assert!(daemon_alive(&mut t), "the daemon exited");
+    assert!(t.daemon_alive(), "the daemon exited");
     assert_eq!(group.oom_kills(), 0, "OOM kills in a 512 MiB cgroup");
     let good = fs::read(t.m(".prepfs/views/val/dog/img0.jpg.npy")).expect("the mount answers");
     assert_eq!(good.len(), 128 + 3 * 224 * 224 * 4);

@@ -145,6 +145,13 @@ impl TestMount {
         self.src.join(rel)
     }
 
+    /// Whether the daemon this mount started is still running.
+    pub fn daemon_alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().expect("wait").is_none())
+    }
+
     /// The parsed stats.json of the mount.
     pub fn stats(&self) -> serde_json::Value {
         let text = std::fs::read_to_string(self.m(".prepfs/stats.json")).expect("read stats.json");
