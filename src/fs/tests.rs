@@ -624,7 +624,11 @@ fn renders_that_read_their_jpeg_scaled_never_render_from_cached_pixels() {
     // 300-480 rows to 64 shrinks by 4 or more: read at 1/4 or 1/8 scale.
     let spec = crate::view::ViewSpec::parse("v=decode,resize(64),uint8(hwc)").expect("spec");
     let size = crate::view::render::dimensions(&jpeg).expect("header");
-    assert!(crate::view::render::reads_scaled(&spec, size, 0));
+    assert!(
+        crate::view::Plan::new(&spec, size, 0)
+            .expect("plans")
+            .reads_scaled()
+    );
     let mut o = options(1 << 30);
     o.config.views.specs = vec![spec.clone()];
     o.config.cache.decoded = DecodedCaching::On;

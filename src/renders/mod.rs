@@ -9,7 +9,9 @@
 //! Raw image bytes come through the never-evict cache like any source read; a JPEG's
 //! restart-marked copy (which later renders decode only their crop's MCUs of) and the decoded
 //! pixels are offered to it too, and a render that finds the pixels cached runs only the ops after
-//! the decode. For the files prefetch predicts, work is done ahead with spare memory while no
+//! the decode. Each render draws its one plan (`view::Plan`: the image's size from its header or
+//! its cached pixels, and its seed's crops and flips) once, and every step uses it: the memory
+//! it charges, whether it decodes whole, what the decoder reads, the ops and the size check. For the files prefetch predicts, work is done ahead with spare memory while no
 //! render waits for a thread: their pixels decoded into the cache (with idle CPU), or (when it
 //! keeps none) the render of their next open made and held, at most `AHEAD_RENDERS` for
 //! `AHEAD_PATIENCE`; since an open's seed is a pure function of the view, the path and the open's
@@ -40,7 +42,7 @@ use crate::prefetch::Ahead;
 use crate::source::{Identity, Source, SourceFile};
 use crate::view::limits::MAX_ENCODED_BYTES;
 use crate::view::metrics::{JobFigures, ViewMetrics};
-use crate::view::{Executor, RenderError, Rgb, ViewSpec, jpeg, plan, render};
+use crate::view::{Executor, Plan, RenderError, Rgb, ViewSpec, jpeg, plan, render};
 use crate::workers::{Active, Permits, WorkerPool};
 use sharing::{Share, Sharing};
 
@@ -154,6 +156,14 @@ enum Image {
     /// The encoded file (or its restart-marked copy, borrowed from the cache), for the render
     /// to decode only what it reads.
     Encoded(ReadBytes),
+}
+
+/// What a render starts from: the image, the render's plan, its memory and the source version.
+struct Started {
+    image: Image,
+    plan: Plan,
+    work: Work,
+    source: Identity,
 }
 
 /// A finished render, the source version it was made from, and its charge to the memory budget,
@@ -401,8 +411,9 @@ impl Views {
         }
     }
 
-    /// What a render of `node`'s image under `spec` with `seed` starts from, its charge to the
-    /// memory budget (everything `plan::render_memory` says it holds, and a decode's own
+    /// What a render of `node`'s image under `spec` with `seed` starts from, the render's one
+    /// plan (drawn once, over the size of the pixels or of the header), its charge to the memory
+    /// budget (everything `plan::render_memory` says it holds, and a decode's own
     /// intermediates, `render::decode_overhead`, when it decodes) and the source version it is
     /// of: the cache's decoded pixels; else the encoded file, fetched through the cache, decoded
     /// whole and offered to the cache when it may keep the pixels (`decodes_whole`), or left for
@@ -413,38 +424,61 @@ impl Views {
         spec: &ViewSpec,
         seed: u64,
         need: Need,
-    ) -> Result<(Image, Work, Identity), Unrendered> {
+    ) -> Result<Started, Unrendered> {
         let source = self
             .source
             .open(&node.path)
             .map_err(|e| format!("cannot read the image: {}", FsError::from_source(&e)))?;
         let identity = source.identity();
-        let memory = |(w, h): (u32, u32), decoding: u64| {
-            plan::render_memory(spec, w, h)
+        let memory = |plan: &Plan, decoding: u64| {
+            plan::render_memory(spec, plan.size.0, plan.size.1)
                 .map_err(|e| Unrendered::Failed(e.to_string()))
                 .and_then(|bytes| self.room(bytes + decoding, need))
         };
+        let planned = |size| Plan::new(spec, size, seed).map_err(|e| e.to_string());
+        // A plan over the cached pixels serves the encoded file too (same size, same seed).
+        let mut drawn = None;
         if let Some(bytes) = self.fetcher.ram().decoded(&identity, &Unpacked::default()) {
-            let size = Rgb::size_of_bytes(bytes.as_slice()).map_err(|e| e.to_string())?;
-            if !render::reads_scaled(spec, size, seed) {
-                let work = memory(size, 0)?;
+            let plan = planned(Rgb::size_of_bytes(bytes.as_slice()).map_err(|e| e.to_string())?)?;
+            if !plan.reads_scaled() {
+                let work = memory(&plan, 0)?;
                 match Rgb::from_bytes(bytes.as_slice()) {
-                    Ok(image) => return Ok((Image::Decoded(image, None), work, identity)),
+                    Ok(image) => {
+                        return Ok(Started {
+                            image: Image::Decoded(image, None),
+                            plan,
+                            work,
+                            source: identity,
+                        });
+                    }
                     Err(e) => {
                         tracing::warn!(path = %node.path.display(), error = %e, "cached decoded pixels unusable; decoding again")
                     }
                 }
             }
+            drawn = Some(plan);
         }
         let _encoded_room = self.room(encoded_size(source.as_ref())?, need)?;
         let encoded = self.encoded(source.as_ref(), &node.path)?;
         let size = render::dimensions(encoded.as_slice()).map_err(|e| e.to_string())?;
-        let work = memory(size, render::decode_overhead(encoded.as_slice(), size))?;
-        if !self.decodes_whole(spec, size, seed) {
-            return Ok((Image::Encoded(encoded), work, identity));
-        }
-        let (image, decode, _) = self.decode_and_offer(encoded.as_slice(), identity, &node.path)?;
-        Ok((Image::Decoded(image, Some(decode)), work, identity))
+        let plan = match drawn {
+            Some(plan) if plan.size == size => plan,
+            _ => planned(size)?,
+        };
+        let work = memory(&plan, render::decode_overhead(encoded.as_slice(), size))?;
+        let image = if self.decodes_whole(&plan) {
+            let (image, decode, _) =
+                self.decode_and_offer(encoded.as_slice(), identity, &node.path)?;
+            Image::Decoded(image, Some(decode))
+        } else {
+            Image::Encoded(encoded)
+        };
+        Ok(Started {
+            image,
+            plan,
+            work,
+            source: identity,
+        })
     }
 
     /// The encoded image a render starts from: the cache's restart-marked copy of it when it
@@ -488,13 +522,16 @@ impl Views {
         }
     }
 
-    /// Whether a render decodes its whole `size` image and offers the pixels to the cache: when
-    /// the cache may keep them, and the render reads the image at full scale (one that reads it
-    /// DCT-scaled renders from the encoded file whatever the cache holds, so its bytes never
-    /// depend on it). Otherwise it decodes only the part it reads.
-    fn decodes_whole(&self, spec: &ViewSpec, size: (u32, u32), seed: u64) -> bool {
-        !render::reads_scaled(spec, size, seed)
-            && self.fetcher.ram().may_keep_decoded(Rgb::cached_len(size))
+    /// Whether a render as `plan` says decodes its whole image and offers the pixels to the
+    /// cache: when the cache may keep them, and the render reads the image at full scale (one
+    /// that reads it DCT-scaled renders from the encoded file whatever the cache holds, so its
+    /// bytes never depend on it). Otherwise it decodes only the part it reads.
+    fn decodes_whole(&self, plan: &Plan) -> bool {
+        !plan.reads_scaled()
+            && self
+                .fetcher
+                .ram()
+                .may_keep_decoded(Rgb::cached_len(plan.size))
     }
 
     /// Decodes `encoded`, image `identity` at `path`, and offers the pixels to the cache; the
@@ -624,34 +661,31 @@ impl Views {
             Need::Ahead => self.running.try_take(),
         }
         .ok_or_else(|| Unrendered::NoRoom("no render turn free".into()))?;
-        let result =
-            self.image(&open.node, &view.spec, open.seed, need)
-                .and_then(|(image, work, source)| {
-                    // The size getattr announced, from the image in hand (no second source read).
+        let result = self
+            .image(&open.node, &view.spec, open.seed, need)
+            .and_then(
+                |Started {
+                     image,
+                     plan,
+                     work,
+                     source,
+                 }| {
+                    // The size getattr announced, from the plan in hand (output sizes never
+                    // depend on the seed; no second source read).
                     let expected = match view.spec.fixed_size() {
                         Some((h, w)) => view.spec.npy_size(h, w),
-                        None => {
-                            let (w, h) = match &image {
-                                Image::Decoded(pixels, _) => pixels.size(),
-                                Image::Encoded(encoded) => render::dimensions(encoded.as_slice())
-                                    .map_err(|e| e.to_string())?,
-                            };
-                            let (h, w) =
-                                plan::output_size(&view.spec, w, h).map_err(|e| e.to_string())?;
-                            view.spec.npy_size(h, w)
-                        }
+                        None => view.spec.npy_size(plan.draws.size.1, plan.draws.size.0),
                     };
                     let rendered = match image {
                         Image::Decoded(pixels, decode) => self
                             .executor
-                            .transform(&view.spec, &pixels, open.seed)
+                            .transform(&view.spec, &pixels, &plan)
                             .map(|mut r| {
                                 r.decode = decode.unwrap_or_default();
                                 r
                             }),
                         Image::Encoded(encoded) => {
-                            self.executor
-                                .render(&view.spec, encoded.as_slice(), open.seed)
+                            self.executor.render(&view.spec, encoded.as_slice(), &plan)
                         }
                     };
                     let rendered = rendered.map_err(|e| e.to_string())?;
@@ -663,7 +697,8 @@ impl Views {
                         .into());
                     }
                     Ok((rendered, work, source))
-                });
+                },
+            );
         let m = &view.metrics;
         m.render_latency.record(started.elapsed());
         let (rendered, mut work, source) = result?;

@@ -17,6 +17,7 @@ pub mod segments;
 pub mod spec;
 
 pub use limits::RenderError;
+pub use plan::Plan;
 pub use render::{Rendered, Rgb};
 pub use spec::{Output, SpecError, ViewSpec};
 
@@ -69,13 +70,20 @@ pub trait Executor: Send + Sync {
     fn name(&self) -> &'static str;
     /// Decodes `encoded` into RGB pixels.
     fn decode(&self, encoded: &[u8]) -> Result<Rgb, RenderError>;
-    /// The complete .npy file of `spec` over the decoded `image`, random draws from `seed`.
-    fn transform(&self, spec: &ViewSpec, image: &Rgb, seed: u64) -> Result<Rendered, RenderError>;
-    /// The complete .npy file of `spec` over the encoded image, random draws from `seed`, when
-    /// its decoded pixels are not wanted beyond this render: an executor may decode only what
-    /// the render reads. By default, `decode` then `transform`.
-    fn render(&self, spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, RenderError> {
-        decoded_then_transformed(self, spec, encoded, seed)
+    /// The complete .npy file of `spec` over the decoded `image`, as `plan` (drawn over the
+    /// image's size) says.
+    fn transform(&self, spec: &ViewSpec, image: &Rgb, plan: &Plan)
+    -> Result<Rendered, RenderError>;
+    /// The complete .npy file of `spec` over the encoded image, as `plan` (drawn over its
+    /// header's size) says, when its decoded pixels are not wanted beyond this render: an
+    /// executor may decode only what the render reads. By default, `decode` then `transform`.
+    fn render(
+        &self,
+        spec: &ViewSpec,
+        encoded: &[u8],
+        plan: &Plan,
+    ) -> Result<Rendered, RenderError> {
+        decoded_then_transformed(self, spec, encoded, plan)
     }
 }
 
@@ -84,12 +92,12 @@ fn decoded_then_transformed<E: Executor + ?Sized>(
     executor: &E,
     spec: &ViewSpec,
     encoded: &[u8],
-    seed: u64,
+    plan: &Plan,
 ) -> Result<Rendered, RenderError> {
     let started = std::time::Instant::now();
     let image = executor.decode(encoded)?;
     let decode = started.elapsed();
-    let mut rendered = executor.transform(spec, &image, seed)?;
+    let mut rendered = executor.transform(spec, &image, plan)?;
     rendered.decode = decode;
     Ok(rendered)
 }
@@ -107,11 +115,21 @@ impl Executor for Cpu {
         render::decode(encoded)
     }
 
-    fn transform(&self, spec: &ViewSpec, image: &Rgb, seed: u64) -> Result<Rendered, RenderError> {
-        render::transform(spec, image, seed)
+    fn transform(
+        &self,
+        spec: &ViewSpec,
+        image: &Rgb,
+        plan: &Plan,
+    ) -> Result<Rendered, RenderError> {
+        render::transform_planned(spec, image, plan)
     }
 
-    fn render(&self, spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, RenderError> {
-        render::render(spec, encoded, seed)
+    fn render(
+        &self,
+        spec: &ViewSpec,
+        encoded: &[u8],
+        plan: &Plan,
+    ) -> Result<Rendered, RenderError> {
+        render::render_planned(spec, encoded, plan)
     }
 }

@@ -174,6 +174,43 @@ impl Draws {
     }
 }
 
+/// One render, decided once before any pixel is touched: the image's (width, height), from its
+/// header or its decoded pixels, and the draws of the render's seed over it. Every step of the
+/// render (whether to decode whole, what a JPEG decode reads, the ops) uses this one plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// (width, height) of the image the draws are over.
+    pub size: (u32, u32),
+    /// The draws of the render's seed.
+    pub draws: Draws,
+}
+
+impl Plan {
+    /// The plan of `spec` with `seed` over a `size` (width, height) image; `TooLarge` as `draw`.
+    pub fn new(
+        spec: &ViewSpec,
+        (width, height): (u32, u32),
+        seed: u64,
+    ) -> Result<Plan, RenderError> {
+        Ok(Plan {
+            size: (width, height),
+            draws: draw(spec, width, height, seed)?,
+        })
+    }
+
+    /// What the render reads of the image first (`Draws::first_read`).
+    pub fn first_read(&self) -> Read {
+        self.draws.first_read(self.size.0, self.size.1)
+    }
+
+    /// Whether the render reads a JPEG at a reduced scale (its first step shrinks by 2 or more):
+    /// its bytes then differ from a render of the same draws over the whole decoded pixels, so
+    /// it never renders from those.
+    pub fn reads_scaled(&self) -> bool {
+        self.first_read().shrink > 1
+    }
+}
+
 /// `region` (left, top, width, height) of an image, in the pixels of a part of it decoded at
 /// 1/`scale` whose top-left pixel is `origin` (in scaled pixels): a DCT-scaled pixel covers
 /// `scale` x `scale` pixels of the image, so the area is fractional unless `scale` is 1.

@@ -25,7 +25,7 @@ use image::ImageDecoder;
 use super::jpeg::{self, Jpeg};
 use super::limits::{MAX_DECODE_BYTES, MAX_SIDE, RenderError, too_large, within_limits};
 use super::npy::{self, Dtype};
-use super::plan::{self, Area, Draws, Step};
+use super::plan::{self, Area, Draws, Plan, Step};
 use super::spec::{Output, ViewSpec};
 
 /// A decoded RGB8 image, rows of `width * 3` bytes.
@@ -202,12 +202,7 @@ pub fn decode(encoded: &[u8]) -> Result<Rgb, RenderError> {
 /// an error when the image crate decodes another size, which the view already announced.
 fn decode_whole_of_size(encoded: &[u8], size: (u32, u32)) -> Result<Rgb, RenderError> {
     let image = decode_whole(encoded)?;
-    if image.size() != size {
-        return Err(RenderError::Corrupt(format!(
-            "decoders disagree on the size: {size:?} in the header, {:?} decoded",
-            image.size()
-        )));
-    }
+    same_size(&image, size)?;
     Ok(image)
 }
 
@@ -301,11 +296,9 @@ fn decode_jpeg_part(
     Ok(Some((Rgb::from_raw(width, height, pixels)?, area)))
 }
 
-/// Whether a render of `spec` with `seed` over a `size` (width, height) image reads a JPEG at a
-/// reduced scale (its first step shrinks by 2 or more): its bytes then differ from a render of
-/// the same draws over the whole decoded pixels, so it never renders from those.
-pub fn reads_scaled(spec: &ViewSpec, (width, height): (u32, u32), seed: u64) -> bool {
-    plan::draw(spec, width, height, seed).is_ok_and(|d| d.first_read(width, height).shrink > 1)
+/// The plan of a render of `spec` with `seed` over the encoded image, from its header.
+pub fn plan_for(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Plan, RenderError> {
+    Plan::new(spec, dimensions(encoded)?, seed)
 }
 
 /// Decodes the whole of `encoded` (JPEG, PNG) with the image crate, within the pixel limits
@@ -357,50 +350,84 @@ pub struct Rendered {
     pub flipped: bool,
 }
 
-/// The complete .npy file of `spec` applied to `encoded`, with random draws from `seed`. A JPEG
-/// decodes only the part the render's first step reads (at a smaller scale when that step
-/// shrinks by 2, 4 or 8), so keep `decode` for pixels that outlive the render.
+/// The complete .npy file of `spec` applied to `encoded`, with random draws from `seed`
+/// (`render_planned` with the plan of its header).
 pub fn render(spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, RenderError> {
+    render_planned(spec, encoded, &plan_for(spec, encoded, seed)?)
+}
+
+/// The complete .npy file of `spec` applied to `encoded` as `plan` (drawn over its header's
+/// size) says. A JPEG decodes only the part the render's first step reads (at a smaller scale
+/// when that step shrinks by 2, 4 or 8), so keep `decode` for pixels that outlive the render.
+pub fn render_planned(
+    spec: &ViewSpec,
+    encoded: &[u8],
+    plan: &Plan,
+) -> Result<Rendered, RenderError> {
     let started = Instant::now();
     if !is_jpeg(encoded) {
         let image = decode(encoded)?;
         let decoded = started.elapsed();
-        let mut rendered = transform(spec, &image, seed)?;
+        let mut rendered = transform_planned(spec, &image, plan)?;
         rendered.decode = decoded;
         return Ok(rendered);
     }
-    let (width, height) = dimensions(encoded)?;
-    let draws = plan::draw(spec, width, height, seed)?;
-    let read = draws.first_read(width, height);
-    let (image, first) = match decode_jpeg_part(encoded, (width, height), read)? {
+    let (image, first) = match decode_jpeg_part(encoded, plan.size, plan.first_read())? {
         Some((part, area)) => (part, Some(area)),
-        None => (decode_whole_of_size(encoded, (width, height))?, None),
+        None => (decode_whole_of_size(encoded, plan.size)?, None),
     };
     let decoded = started.elapsed();
-    let npy = apply(spec.output, &draws, &image, first)?;
+    let npy = apply(spec.output, &plan.draws, &image, first)?;
     Ok(Rendered {
         npy,
         decode: decoded,
         transform: started.elapsed() - decoded,
-        crops: draws.crops,
-        flipped: draws.flip,
+        crops: plan.draws.crops.clone(),
+        flipped: plan.draws.flip,
     })
 }
 
 /// The complete .npy file of `spec` applied to the decoded `image`, with random draws from
-/// `seed`: everything after the decode (`decode` is left zero). A step whose output would pass
-/// the pixel limits is refused (`TooLarge`) before any pixel is allocated.
+/// `seed` (`transform_planned` with the plan of its size). A step whose output would pass the
+/// pixel limits is refused (`TooLarge`) before any pixel is allocated.
 pub fn transform(spec: &ViewSpec, decoded: &Rgb, seed: u64) -> Result<Rendered, RenderError> {
+    transform_planned(spec, decoded, &Plan::new(spec, decoded.size(), seed)?)
+}
+
+/// The complete .npy file of `spec` applied to the decoded `image` as `plan` says: everything
+/// after the decode (`decode` is left zero). `Corrupt` when the image is not the size the plan is
+/// for (a decoder that disagrees with the header).
+pub fn transform_planned(
+    spec: &ViewSpec,
+    decoded: &Rgb,
+    plan: &Plan,
+) -> Result<Rendered, RenderError> {
     let started = Instant::now();
-    let draws = plan::draw(spec, decoded.width, decoded.height, seed)?;
-    let npy = apply(spec.output, &draws, decoded, None)?;
+    check_planned(decoded, plan)?;
+    let npy = apply(spec.output, &plan.draws, decoded, None)?;
     Ok(Rendered {
         npy,
         decode: Duration::ZERO,
         transform: started.elapsed(),
-        crops: draws.crops,
-        flipped: draws.flip,
+        crops: plan.draws.crops.clone(),
+        flipped: plan.draws.flip,
     })
+}
+
+/// `Corrupt` unless `image` is the size `plan` was drawn over (read from the image's header).
+pub fn check_planned(image: &Rgb, plan: &Plan) -> Result<(), RenderError> {
+    same_size(image, plan.size)
+}
+
+/// `Corrupt` unless the decoded `image` is `size`, the size its header gave.
+fn same_size(image: &Rgb, size: (u32, u32)) -> Result<(), RenderError> {
+    if image.size() == size {
+        return Ok(());
+    }
+    Err(RenderError::Corrupt(format!(
+        "decoders disagree on the size: {size:?} in the header, {:?} decoded",
+        image.size()
+    )))
 }
 
 /// Bytes of scratch a render thread's resizer keeps between renders: what resizing an
@@ -637,6 +664,11 @@ fn split_row(src: &[u8], [red, green, blue]: [&mut [u8]; 3], flip: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether a render of `spec` with `seed` over a `size` image reads it at a reduced scale.
+    fn reads_scaled(spec: &ViewSpec, size: (u32, u32), seed: u64) -> bool {
+        Plan::new(spec, size, seed).is_ok_and(|plan| plan.reads_scaled())
+    }
 
     fn spec(text: &str) -> ViewSpec {
         ViewSpec::parse(text).expect("valid spec")

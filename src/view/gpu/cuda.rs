@@ -29,7 +29,7 @@ use super::nvjpeg::{self, Nvjpeg};
 use super::{GpuCounters, GpuOptions, GpuReport};
 use crate::view::fused::{self, Fused, Item, Launch};
 use crate::view::render;
-use crate::view::{Executor, RenderError, Rendered, Rgb, ViewSpec, plan};
+use crate::view::{Executor, Plan, RenderError, Rendered, Rgb, ViewSpec};
 
 /// The fused kernel's CUDA source.
 pub const KERNEL_SOURCE: &str = include_str!("kernel.cu");
@@ -693,11 +693,17 @@ impl Executor for GpuExecutor {
         render::decode(encoded)
     }
 
-    fn transform(&self, spec: &ViewSpec, image: &Rgb, seed: u64) -> Result<Rendered, RenderError> {
+    fn transform(
+        &self,
+        spec: &ViewSpec,
+        image: &Rgb,
+        plan: &Plan,
+    ) -> Result<Rendered, RenderError> {
         let started = Instant::now();
+        render::check_planned(image, plan)?;
         let (w, h) = image.size();
-        let draws = plan::draw(spec, w, h, seed)?;
-        if let Some(fused) = Fused::new(&draws, w, h, spec.output) {
+        let draws = &plan.draws;
+        if let Some(fused) = Fused::new(draws, w, h, spec.output) {
             let mut region = Vec::with_capacity(fused::region_bytes(&fused) as usize);
             fused::copy_region(image, &fused, &mut region);
             match self.transforms.submit(TransformJob { fused, region }) {
@@ -707,7 +713,7 @@ impl Executor for GpuExecutor {
                         npy,
                         decode: Duration::ZERO,
                         transform: started.elapsed(),
-                        crops: draws.crops,
+                        crops: draws.crops.clone(),
                         flipped: draws.flip,
                     });
                 }
@@ -718,7 +724,7 @@ impl Executor for GpuExecutor {
         self.counters
             .transform_fallbacks
             .fetch_add(1, Ordering::Relaxed);
-        render::transform(spec, image, seed)
+        render::transform_planned(spec, image, plan)
     }
 }
 

@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use super::{Cpu, Executor, RenderError, Rendered, Rgb, ViewSpec};
+use super::{Cpu, Executor, Plan, RenderError, Rendered, Rgb, ViewSpec};
 use crate::control::action::Placement;
 use crate::control::knobs::Knobs;
 use crate::control::observation::Observation;
@@ -350,19 +350,29 @@ impl Executor for Placed {
         }
     }
 
-    fn transform(&self, spec: &ViewSpec, image: &Rgb, seed: u64) -> Result<Rendered, RenderError> {
+    fn transform(
+        &self,
+        spec: &ViewSpec,
+        image: &Rgb,
+        plan: &Plan,
+    ) -> Result<Rendered, RenderError> {
         match self.pick(Knobs::augment) {
-            Some(gpu) => gpu.transform(spec, image, seed),
-            None => Cpu.transform(spec, image, seed),
+            Some(gpu) => gpu.transform(spec, image, plan),
+            None => Cpu.transform(spec, image, plan),
         }
     }
 
-    fn render(&self, spec: &ViewSpec, encoded: &[u8], seed: u64) -> Result<Rendered, RenderError> {
+    fn render(
+        &self,
+        spec: &ViewSpec,
+        encoded: &[u8],
+        plan: &Plan,
+    ) -> Result<Rendered, RenderError> {
         if self.pick(Knobs::decode).is_none() && self.pick(Knobs::augment).is_none() {
             // All on the CPU: it decodes only what the render reads.
-            return Cpu.render(spec, encoded, seed);
+            return Cpu.render(spec, encoded, plan);
         }
-        super::decoded_then_transformed(self, spec, encoded, seed)
+        super::decoded_then_transformed(self, spec, encoded, plan)
     }
 }
 
@@ -382,7 +392,7 @@ mod tests {
         fn decode(&self, _: &[u8]) -> Result<Rgb, RenderError> {
             Rgb::from_raw(1, 1, vec![7, 7, 7])
         }
-        fn transform(&self, _: &ViewSpec, _: &Rgb, _: u64) -> Result<Rendered, RenderError> {
+        fn transform(&self, _: &ViewSpec, _: &Rgb, _: &Plan) -> Result<Rendered, RenderError> {
             Ok(Rendered {
                 npy: b"gpu".to_vec(),
                 decode: Duration::ZERO,
@@ -412,7 +422,8 @@ mod tests {
         let on_gpu = |p: &Placed| {
             let decoded = p.decode(&jpeg).expect("decodes").size() == (1, 1);
             let image = Rgb::from_raw(4, 4, vec![1; 48]).expect("image");
-            let transformed = p.transform(&spec, &image, 0).expect("renders").npy == b"gpu";
+            let plan = Plan::new(&spec, image.size(), 0).expect("plans");
+            let transformed = p.transform(&spec, &image, &plan).expect("renders").npy == b"gpu";
             (decoded, transformed)
         };
         assert_eq!(
