@@ -183,7 +183,7 @@ pub(crate) fn build_observed(
                 mask,
                 cores,
                 prefetch_threads: config.prefetch.threads,
-                keeps_decoded: Box::new(move || ram.decoded_choice().1.keeps()),
+                keeps_decoded: Box::new(move || ram.derived().decoded_choice().1.keeps()),
             },
         )
     });
@@ -373,7 +373,7 @@ impl Report for Board {
             "choice": choice.codec.to_string(),
             "reason": choice.reason.name(),
         });
-        let (mode, reason) = ram.decoded_choice();
+        let (mode, reason) = ram.derived().decoded_choice();
         let decoded = json!({
             "mode": mode.name(),
             "keeping": reason.keeps(),

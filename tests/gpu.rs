@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use prepfs::view::gpu::{Gpu, GpuMode, GpuOptions};
-use prepfs::view::{Rgb, ViewSpec, render};
+use prepfs::view::{Plan, Rgb, ViewSpec, render};
 
 /// Mean absolute difference per channel value allowed between nvJPEG and the CPU decoder: the
 /// IDCT and chroma upsampling differ by design; the crop/resize/normalize after them does not.
@@ -68,7 +68,8 @@ fn gpu_transforms_equal_cpu_transforms_on_random_images() {
                     for spec in specs.iter() {
                         let seed = rng.u64(..);
                         let want = render::transform(spec, &image, seed).expect("cpu").npy;
-                        let got = executor.transform(spec, &image, seed).expect("gpu").npy;
+                        let plan = Plan::new(spec, (w, h), seed).expect("plan");
+                        let got = executor.transform(spec, &image, &plan).expect("gpu").npy;
                         assert!(
                             got == want,
                             "thread {t} round {round} {w}x{h} {} seed {seed}: first difference at {:?}",
@@ -161,7 +162,11 @@ fn gpu_memory_stays_under_the_cap() {
     for seed in 0..32 {
         let jpeg = prepfs::synthetic::photo(seed).expect("jpeg");
         let image = executor.decode(&jpeg).expect("decode");
-        let got = executor.transform(&spec, &image, seed).expect("render").npy;
+        let plan = Plan::new(&spec, image.size(), seed).expect("plan");
+        let got = executor
+            .transform(&spec, &image, &plan)
+            .expect("render")
+            .npy;
         assert_eq!(
             got,
             render::transform(&spec, &image, seed).expect("cpu").npy
@@ -172,7 +177,8 @@ fn gpu_memory_stays_under_the_cap() {
     let big = random_image(&mut rng, 4000, 4000);
     let full = ViewSpec::parse("b=decode,resize(64),uint8").expect("spec");
     let before = gpu.counters.transform_fallbacks.load(Ordering::Relaxed);
-    let got = executor.transform(&full, &big, 0).expect("render").npy;
+    let plan = Plan::new(&full, big.size(), 0).expect("plan");
+    let got = executor.transform(&full, &big, &plan).expect("render").npy;
     assert_eq!(got, render::transform(&full, &big, 0).expect("cpu").npy);
     assert_eq!(
         gpu.counters.transform_fallbacks.load(Ordering::Relaxed),

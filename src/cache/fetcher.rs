@@ -11,6 +11,7 @@
 //! block run at once.
 
 use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -18,9 +19,10 @@ use parking_lot::{Condvar, Mutex};
 
 use super::block::{self, Block};
 use super::disk::{self, DiskTier};
-use super::ram::{RamFile, RamTier, ReadBytes, Unpacked};
+use super::ram::{Derived, RamFile, RamTier, ReadBytes, Unpacked};
 use super::staging::Staging;
 use super::tier::{BlockKey, Tier};
+use crate::cache::BLOCK_SIZE;
 use crate::cache::metrics::{CacheFigures, CacheMetrics};
 use crate::error::FsError;
 use crate::memory::MemoryBudget;
@@ -139,6 +141,41 @@ impl BlockFetcher {
     /// The staging buffer.
     pub fn staging(&self) -> &Arc<Staging> {
         &self.staging
+    }
+
+    /// The memory budget every tier and every read in flight is charged to.
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.budget
+    }
+
+    /// What renders derive from images (decoded pixels, restart-marked copies): the render
+    /// service's front door to the RAM tier.
+    pub fn derived(&self) -> &Derived {
+        self.ram.derived()
+    }
+
+    /// The first `limit` bytes of `source`, the open file at `path`, read through the cache
+    /// (fewer at its end). May wait on the source.
+    pub fn read_prefix(
+        &self,
+        source: &dyn SourceFile,
+        path: &Path,
+        limit: u64,
+    ) -> Result<Vec<u8>, FsError> {
+        let entry = self.ram.file(source.identity(), path);
+        let memo = Unpacked::default();
+        let end = source.identity().size.min(limit);
+        let mut out = Vec::with_capacity(end as usize);
+        while (out.len() as u64) < end {
+            let want = (end - out.len() as u64).min(BLOCK_SIZE) as u32;
+            let bytes = self.read(&entry, source, out.len() as u64, want, &memo)?;
+            if bytes.as_slice().is_empty() {
+                break;
+            }
+            out.extend_from_slice(bytes.as_slice());
+        }
+        self.ram.settle(&entry);
+        Ok(out)
     }
 
     /// Answers a read of `entry` (whose source file `source` must be this version): every piece
@@ -443,7 +480,6 @@ mod tests {
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
     use super::*;
-    use crate::cache::BLOCK_SIZE;
     use crate::cache::codec::Codec;
     use crate::cache::policy::Fixed;
     use crate::cache::ram::Packer;

@@ -587,7 +587,7 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
         .stat(Path::new("a1.jpg"))
         .expect("stat")
         .identity;
-    fs.fetcher.ram().corrupt_decoded_for_test(&identity);
+    fs.fetcher.derived().corrupt_decoded_for_test(&identity);
     assert_eq!(read_view(&fs, 1), want[1]);
     assert_eq!(m.integrity_errors.get(), 1);
     assert_eq!((m.decoded_misses.get(), m.decoded_admitted.get()), (4, 4));
@@ -648,7 +648,7 @@ fn renders_that_read_their_jpeg_scaled_never_render_from_cached_pixels() {
         .expect("stat")
         .identity;
     let pixels = crate::view::render::decode(&jpeg).expect("decodes");
-    assert!(fs.fetcher.ram().offer_decoded(
+    assert!(fs.fetcher.derived().offer_decoded(
         identity,
         Path::new("a.jpg"),
         (pixels.byte_len() as u64, pixels.row_len()),

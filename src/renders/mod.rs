@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::cache::{BLOCK_SIZE, BlockFetcher, ReadBytes, Unpacked};
+use crate::cache::{BlockFetcher, ReadBytes, Unpacked};
 use crate::error::FsError;
 use crate::inode::{self, Node};
 use crate::memory::{Shed, Work};
@@ -244,7 +244,7 @@ impl Views {
         let waiting = pool
             .as_ref()
             .map_or_else(|| Arc::new(AtomicUsize::new(0)), WorkerPool::queued);
-        let budget = fetcher.ram().budget();
+        let budget = fetcher.budget();
         let sharing = Arc::new(Sharing::new(budget.clone()));
         let shed: Arc<dyn Shed> = sharing.clone();
         budget.add_shed(Arc::downgrade(&shed));
@@ -363,22 +363,7 @@ impl Views {
         path: &Path,
         limit: u64,
     ) -> Result<Vec<u8>, FsError> {
-        let cached = self.fetcher.ram().file(source.identity(), path);
-        let unpacked = Unpacked::default();
-        let end = source.identity().size.min(limit);
-        let mut out = Vec::with_capacity(end as usize);
-        while (out.len() as u64) < end {
-            let want = (end - out.len() as u64).min(BLOCK_SIZE) as u32;
-            let bytes = self
-                .fetcher
-                .read(&cached, source, out.len() as u64, want, &unpacked)?;
-            if bytes.as_slice().is_empty() {
-                break;
-            }
-            out.extend_from_slice(bytes.as_slice());
-        }
-        self.fetcher.ram().settle(&cached);
-        Ok(out)
+        self.fetcher.read_prefix(source, path, limit)
     }
 
     /// Renders `open` unless it already is, or nobody can read it any more (released).
@@ -400,7 +385,7 @@ impl Views {
     /// Room in the memory budget for `bytes` of a render's data: for an open's render, waiting
     /// for it within `RENDER_PATIENCE`; for a render made ahead, only memory free now.
     fn room(&self, bytes: u64, need: Need) -> Result<Work, Unrendered> {
-        let budget = self.fetcher.ram().budget();
+        let budget = self.fetcher.budget();
         match need {
             Need::Open => budget
                 .work(bytes, RENDER_PATIENCE)
@@ -438,7 +423,11 @@ impl Views {
         let planned = |size| Plan::new(spec, size, seed).map_err(|e| e.to_string());
         // A plan over the cached pixels serves the encoded file too (same size, same seed).
         let mut drawn = None;
-        if let Some(bytes) = self.fetcher.ram().decoded(&identity, &Unpacked::default()) {
+        if let Some(bytes) = self
+            .fetcher
+            .derived()
+            .decoded(&identity, &Unpacked::default())
+        {
             let plan = planned(Rgb::size_of_bytes(bytes.as_slice()).map_err(|e| e.to_string())?)?;
             if !plan.reads_scaled() {
                 let work = memory(&plan, 0)?;
@@ -489,15 +478,15 @@ impl Views {
     /// more, once, like filling the cache; each later render of the image decodes about a
     /// quarter less.
     fn encoded(&self, source: &dyn SourceFile, path: &Path) -> Result<ReadBytes, String> {
-        let ram = self.fetcher.ram();
+        let derived = self.fetcher.derived();
         let identity = source.identity();
-        if let Some(copy) = ram.marked(&identity, &Unpacked::default()) {
+        if let Some(copy) = derived.marked(&identity, &Unpacked::default()) {
             return Ok(copy);
         }
         let encoded = self.read_image(source, path)?;
         if !self.copies
             || !render::is_complete_jpeg(&encoded)
-            || !ram.has_room(encoded.len() as u64)
+            || !derived.has_room(encoded.len() as u64)
         {
             return Ok(ReadBytes::Owned(encoded));
         }
@@ -507,12 +496,12 @@ impl Views {
         // libjpeg-turbo holds the whole image's coefficients while it writes the copy (2 bytes
         // a sample, at most 3 samples a pixel), then the copy.
         let making = 6 * u64::from(w) * u64::from(h) + 2 * encoded.len() as u64;
-        let Some(_room) = ram.budget().try_work(making) else {
+        let Some(_room) = self.fetcher.budget().try_work(making) else {
             return Ok(ReadBytes::Owned(encoded));
         };
         match jpeg::restart_marked(&encoded) {
             Ok(copy) => {
-                ram.offer_marked(identity, path, copy.clone());
+                derived.offer_marked(identity, path, copy.clone());
                 Ok(ReadBytes::Owned(copy))
             }
             Err(refused) => {
@@ -530,7 +519,7 @@ impl Views {
         !plan.reads_scaled()
             && self
                 .fetcher
-                .ram()
+                .derived()
                 .may_keep_decoded(Rgb::cached_len(plan.size))
     }
 
@@ -545,7 +534,7 @@ impl Views {
         let started = Instant::now();
         let image = self.executor.decode(encoded).map_err(|e| e.to_string())?;
         let decode = started.elapsed();
-        let kept = self.fetcher.ram().offer_decoded(
+        let kept = self.fetcher.derived().offer_decoded(
             identity,
             path,
             (image.byte_len() as u64, image.row_len()),
@@ -560,13 +549,13 @@ impl Views {
     /// decoded and the cache kept them.
     fn decode_ahead(&self, path: &Path, source: &dyn SourceFile) -> bool {
         let identity = source.identity();
-        if self.fetcher.ram().has_decoded(&identity)
-            || !self.fetcher.ram().decoded_choice().1.keeps()
+        if self.fetcher.derived().has_decoded(&identity)
+            || !self.fetcher.derived().decoded_choice().1.keeps()
         {
             return false;
         }
         // Only with memory nobody else wants now: the encoded file, the pixels and their copy.
-        let budget = self.fetcher.ram().budget();
+        let budget = self.fetcher.budget();
         let Some(_encoded_room) = encoded_size(source)
             .ok()
             .and_then(|size| budget.try_work(size))
@@ -749,7 +738,7 @@ impl Views {
         source: &dyn SourceFile,
         idle: bool,
     ) -> Ahead {
-        if self.fetcher.ram().decoded_choice().1.keeps() {
+        if self.fetcher.derived().decoded_choice().1.keeps() {
             let decoded = idle && self.renders_waiting() == 0 && self.decode_ahead(path, source);
             return if decoded { Ahead::Done } else { Ahead::Nothing };
         }

@@ -2,17 +2,17 @@
 //!
 //! Owns: which blocks of which file version are held in memory, under the memory budget's cache
 //! slice, with the figures of each kind of entry; the background packer that compresses them;
-//! and what view renders derive from images and may keep: decoded pixels, restart-marked JPEG
-//! copies. Data is admitted until the slice is full; after
+//! and, behind its own front door (`derived`), what view renders derive from images and may
+//! keep: decoded pixels, restart-marked JPEG copies. Data is admitted until the slice is full; after
 //! that nothing is evicted and nothing more is admitted, so a random-order epoch misses exactly
 //! what did not fit instead of thrashing like an LRU. Compressible data is packed in the
 //! background (see `packer`), so the same budget holds more of it. Entries are keyed by source
 //! `Identity`: a changed file is a different key, and its old entry is dropped by `forget`.
 //! Admission failures (no room, memfd refused, checksum mismatch) become misses and counters,
-//! never errors for the reader. Decoded pixels are kept when the policy finds decoding dearer
-//! than fetching (`decoded`, `offer_decoded`). Must never evict to make room, never fetch
+//! never errors for the reader. Must never evict to make room, never fetch
 //! (`BlockFetcher` brings blocks), and never take a tier-wide lock on the read path.
 
+mod derived;
 mod file;
 mod memfd;
 pub(crate) mod packer;
@@ -20,15 +20,15 @@ mod slots;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
+pub use derived::Derived;
 pub use file::{PackOutcome, RamFile, ReadBytes, Unpacked};
 pub use packer::Packer;
 
 use super::codec::Codec;
-use super::policy::{self, Choice, DecodedCaching, DecodedReason};
+use super::policy::{Choice, DecodedCaching};
 use crate::cache::metrics::{CacheMetrics, RamGauges};
 use crate::control::knobs::Knobs;
 use crate::memory::{MemoryBudget, Shed, Use};
@@ -36,19 +36,14 @@ use crate::shards::ShardedMap;
 use crate::source::Identity;
 use memfd::MemfdAllowance;
 
-/// While the auto policy declines decoded pixels, one render in this many still decodes its
-/// whole image and offers it, so the decision follows the source's speed (that render forgoes
-/// decoding only the part it reads).
-const REASK_DECLINED: u64 = 16;
-
 /// What a cache entry holds; each kind has its own tallies under the one shared budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Content {
     /// Bytes of a source file.
     Source,
-    /// Decoded pixels of a source image (see `RamTier::decoded`).
+    /// Decoded pixels of a source image (see `Derived::decoded`).
     Decoded,
-    /// A restart-marked copy of a source JPEG (see `RamTier::marked`).
+    /// A restart-marked copy of a source JPEG (see `Derived::marked`).
     Marked,
 }
 
@@ -150,15 +145,7 @@ pub(crate) struct Shared {
 pub struct RamTier {
     shared: Arc<Shared>,
     files: ShardedMap<Identity, Arc<RamFile>>,
-    decoded: ShardedMap<Identity, Arc<RamFile>>,
-    marked: ShardedMap<Identity, Arc<RamFile>>,
-    decoded_caching: DecodedCaching,
-    /// The scheduler's knobs (decoded caching), when a scheduler runs.
-    knobs: Option<Arc<Knobs>>,
-    /// The latest `DecodedReason`, as its `repr` value.
-    decoded_last: AtomicU8,
-    /// `may_keep_decoded` calls answered while the auto policy's latest decision declined.
-    decoded_reasks: AtomicU64,
+    derived: Derived,
     packer_thread: Option<JoinHandle<()>>,
 }
 
@@ -182,21 +169,17 @@ impl RamTier {
         } else {
             None
         };
+        let shared = Arc::new(Shared {
+            ledger: Ledger::new(budget),
+            metrics,
+            packer,
+            memfds: MemfdAllowance::new(MemfdAllowance::process_share()),
+            small_memfds: AtomicBool::new(false),
+        });
         RamTier {
-            shared: Arc::new(Shared {
-                ledger: Ledger::new(budget),
-                metrics,
-                packer,
-                memfds: MemfdAllowance::new(MemfdAllowance::process_share()),
-                small_memfds: AtomicBool::new(false),
-            }),
+            derived: Derived::new(shared.clone(), DecodedCaching::default()),
+            shared,
             files: ShardedMap::default(),
-            decoded: ShardedMap::default(),
-            marked: ShardedMap::default(),
-            decoded_caching: DecodedCaching::default(),
-            knobs: None,
-            decoded_last: AtomicU8::new(DecodedReason::Off as u8),
-            decoded_reasks: AtomicU64::new(0),
             packer_thread,
         }
     }
@@ -219,16 +202,13 @@ impl RamTier {
 
     /// This cache, keeping view images' decoded pixels as `mode` says.
     pub fn with_decoded_caching(mut self, mode: DecodedCaching) -> RamTier {
-        self.decoded_caching = mode;
-        // Until the first render, stats show what the mode decides with nothing measured yet.
-        let first = policy::keep_decoded(mode, Duration::ZERO, 0, None, None);
-        self.decoded_last = AtomicU8::new(first as u8);
+        self.derived = Derived::new(self.shared.clone(), mode);
         self
     }
 
     /// This cache, following the scheduler's decoded-caching knob while it holds it.
     pub fn with_knobs(mut self, knobs: Arc<Knobs>) -> RamTier {
-        self.knobs = Some(knobs);
+        self.derived.set_knobs(knobs);
         self
     }
 
@@ -305,163 +285,9 @@ impl RamTier {
         )
     }
 
-    /// The decoded pixels of image `identity`, if the cache holds them whole and intact.
-    pub fn decoded(&self, identity: &Identity, memo: &Unpacked) -> Option<ReadBytes> {
-        let metrics = &self.shared.metrics;
-        let hit = self
-            .decoded
-            .get(identity)
-            .and_then(|entry| entry.read_cached(0, entry.content_len() as u32, memo));
-        match hit {
-            Some(_) => metrics.decoded_hits.inc(),
-            None => metrics.decoded_misses.inc(),
-        }
-        hit
-    }
-
-    /// Whether the cache holds decoded pixels of image `identity` (not checked or counted as a
-    /// hit: for prefetch to skip decoding them again).
-    pub fn has_decoded(&self, identity: &Identity) -> bool {
-        self.decoded.get(identity).is_some()
-    }
-
-    /// Offers the decoded pixels of image `identity` (at `path`): `len` bytes in rows of `row`
-    /// bytes that took `decode` to produce, made by `pixels` only if the policy finds them worth
-    /// their memory and the budget has room. True when they were admitted.
-    pub fn offer_decoded(
-        &self,
-        identity: Identity,
-        path: &Path,
-        (len, row): (u64, usize),
-        decode: Duration,
-        pixels: impl FnOnce() -> Vec<u8>,
-    ) -> bool {
-        let metrics = &self.shared.metrics;
-        let reason = policy::keep_decoded(
-            self.decoded_caching,
-            decode,
-            len,
-            metrics.source_bytes_per_s(),
-            self.knobs.as_ref().and_then(|k| k.decoded()),
-        );
-        self.decoded_last.store(reason as u8, Ordering::Relaxed);
-        if !reason.keeps() {
-            metrics.decoded_declined.inc();
-            return false;
-        }
-        if len > u64::from(u32::MAX) || !self.shared.ledger.has_room(len) {
-            metrics.decoded_rejected.inc();
-            return false;
-        }
-        let admitted = self.admit_whole(
-            (&self.decoded, Content::Decoded),
-            identity,
-            path,
-            Some(row),
-            pixels(),
-        );
-        if admitted {
-            metrics.decoded_admitted.inc();
-        } else {
-            metrics.decoded_rejected.inc();
-        }
-        admitted
-    }
-
-    /// The restart-marked copy of JPEG `identity` (`view::jpeg::restart_marked`), if the cache
-    /// holds it whole and intact.
-    pub fn marked(&self, identity: &Identity, memo: &Unpacked) -> Option<ReadBytes> {
-        let hit = self
-            .marked
-            .get(identity)
-            .and_then(|entry| entry.read_cached(0, entry.content_len() as u32, memo));
-        if hit.is_some() {
-            self.shared.metrics.marked_hits.inc();
-        }
-        hit
-    }
-
-    /// Offers the restart-marked copy of JPEG `identity` (at `path`); true when the budget had
-    /// room for it and it was admitted.
-    pub fn offer_marked(&self, identity: Identity, path: &Path, copy: Vec<u8>) -> bool {
-        if copy.len() as u64 > u64::from(u32::MAX)
-            || !self.shared.ledger.has_room(copy.len() as u64)
-        {
-            return false;
-        }
-        let admitted =
-            self.admit_whole((&self.marked, Content::Marked), identity, path, None, copy);
-        if admitted {
-            self.shared.metrics.marked_admitted.inc();
-        }
-        admitted
-    }
-
-    /// Admits `bytes` (image rows of `row` bytes, when they are) whole as the `content` entry
-    /// of `identity` in `map`; true when admitted (a failed admission leaves no entry behind).
-    fn admit_whole(
-        &self,
-        (map, content): (&ShardedMap<Identity, Arc<RamFile>>, Content),
-        identity: Identity,
-        path: &Path,
-        row: Option<usize>,
-        bytes: Vec<u8>,
-    ) -> bool {
-        let entry = map.get_or_insert_with(identity, || {
-            Arc::new(RamFile::new(
-                identity,
-                content,
-                bytes.len() as u64,
-                row,
-                Arc::from(path),
-                self.shared.clone(),
-            ))
-        });
-        let admitted = entry.admit_whole(bytes);
-        if !admitted {
-            map.remove(&identity);
-        }
-        admitted
-    }
-
-    /// Whether decoded pixels of `len` bytes offered now could be kept, asked before decoding,
-    /// so a render whose pixels would be declined decodes only what it reads: not with decoded
-    /// caching off, the scheduler's knob at no, or no room for them in the budget; in auto mode
-    /// as the policy decided last, but yes every `REASK_DECLINED`th time all the same, so a
-    /// decline made while the source was fast is made again, or not, as it slows.
-    pub fn may_keep_decoded(&self, len: u64) -> bool {
-        let scheduled = self.knobs.as_ref().and_then(|k| k.decoded());
-        let wanted = match (self.decoded_caching, scheduled) {
-            (DecodedCaching::Off, _) => false,
-            (DecodedCaching::On, _) => true,
-            (DecodedCaching::Auto, Some(keep)) => keep,
-            (DecodedCaching::Auto, None) => {
-                self.decoded_choice().1.keeps()
-                    || self
-                        .decoded_reasks
-                        .fetch_add(1, Ordering::Relaxed)
-                        .is_multiple_of(REASK_DECLINED)
-            }
-        };
-        wanted && self.shared.ledger.has_room(len)
-    }
-
-    /// Flips a byte of the first block of image `identity`'s cached pixels.
-    #[cfg(test)]
-    pub(crate) fn corrupt_decoded_for_test(&self, identity: &Identity) {
-        if let Some(entry) = self.decoded.get(identity) {
-            entry.corrupt_for_test(0);
-        }
-    }
-
-    /// The mode of decoded-pixel caching, and the reason of the latest decision.
-    pub fn decoded_choice(&self) -> (DecodedCaching, DecodedReason) {
-        let last = self.decoded_last.load(Ordering::Relaxed);
-        let reason = DecodedReason::ALL
-            .get(usize::from(last))
-            .copied()
-            .unwrap_or(DecodedReason::Off);
-        (self.decoded_caching, reason)
+    /// What renders derive from images, kept beside the files: the front door for them.
+    pub fn derived(&self) -> &Derived {
+        &self.derived
     }
 
     /// The codec decision most recently taken, and why.
@@ -478,8 +304,7 @@ impl RamTier {
     /// budget once the last open handle on it is released.
     pub fn forget(&self, identity: &Identity) {
         self.files.remove(identity);
-        self.decoded.remove(identity);
-        self.marked.remove(identity);
+        self.derived.forget(identity);
     }
 
     /// Current figures for the stats files.
@@ -527,8 +352,7 @@ impl Shed for RamTier {
                 .sum::<u64>()
         };
         let before = stored();
-        self.decoded.retain(|_, entry| Arc::strong_count(entry) > 1);
-        self.marked.retain(|_, entry| Arc::strong_count(entry) > 1);
+        self.derived.shed_unread();
         before.saturating_sub(stored())
     }
 }

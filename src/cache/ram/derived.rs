@@ -1,0 +1,234 @@
+//! What view renders derive from source images, kept beside the files in the RAM tier: decoded
+//! pixels and restart-marked JPEG copies, each keyed by the source version it was made from.
+//!
+//! Owns these two kinds of entries and the decision whether decoded pixels are worth their
+//! memory (`--decoded-cache`, the scheduler's knob, else the policy). The render service reaches
+//! them only through this front door (`BlockFetcher::derived`), so the RAM tier's own methods
+//! know nothing of images. Entries share the tier's budget slice, tallies and counters
+//! (`Shared`): admitted only into free room, dropped with their source version (`forget`) or, when
+//! the budget needs room, while no render reads them (`shed_unread`). Must never evict another
+//! entry to make room, and never hand out pixels whose checksums do not verify.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::{Content, RamFile, ReadBytes, Shared, Unpacked};
+use crate::cache::policy::{self, DecodedCaching, DecodedReason};
+use crate::control::knobs::Knobs;
+use crate::shards::ShardedMap;
+use crate::source::Identity;
+
+/// While the auto policy declines decoded pixels, one render in this many still decodes its
+/// whole image and offers it, so the decision follows the source's speed (that render forgoes
+/// decoding only the part it reads).
+const REASK_DECLINED: u64 = 16;
+
+/// Decoded pixels and restart-marked copies of one mount's images.
+pub struct Derived {
+    shared: Arc<Shared>,
+    decoded: ShardedMap<Identity, Arc<RamFile>>,
+    marked: ShardedMap<Identity, Arc<RamFile>>,
+    mode: DecodedCaching,
+    /// The scheduler's knobs (decoded caching), when a scheduler runs.
+    knobs: Option<Arc<Knobs>>,
+    /// The latest `DecodedReason`, as its `repr` value.
+    last: AtomicU8,
+    /// `may_keep_decoded` calls answered while the auto policy's latest decision declined.
+    reasks: AtomicU64,
+}
+
+impl Derived {
+    /// None yet, charged to the tier's `shared` slice; decoded pixels kept as `mode` says.
+    pub(super) fn new(shared: Arc<Shared>, mode: DecodedCaching) -> Derived {
+        // Until the first render, stats show what the mode decides with nothing measured yet.
+        let first = policy::keep_decoded(mode, Duration::ZERO, 0, None, None);
+        Derived {
+            shared,
+            decoded: ShardedMap::default(),
+            marked: ShardedMap::default(),
+            mode,
+            knobs: None,
+            last: AtomicU8::new(first as u8),
+            reasks: AtomicU64::new(0),
+        }
+    }
+
+    /// Follows the scheduler's decoded-caching knob while it holds it.
+    pub(super) fn set_knobs(&mut self, knobs: Arc<Knobs>) {
+        self.knobs = Some(knobs);
+    }
+
+    /// The decoded pixels of image `identity`, if the cache holds them whole and intact.
+    pub fn decoded(&self, identity: &Identity, memo: &Unpacked) -> Option<ReadBytes> {
+        let metrics = &self.shared.metrics;
+        let hit = self
+            .decoded
+            .get(identity)
+            .and_then(|entry| entry.read_cached(0, entry.content_len() as u32, memo));
+        match hit {
+            Some(_) => metrics.decoded_hits.inc(),
+            None => metrics.decoded_misses.inc(),
+        }
+        hit
+    }
+
+    /// Whether the cache holds decoded pixels of image `identity` (not checked or counted as a
+    /// hit: for prefetch to skip decoding them again).
+    pub fn has_decoded(&self, identity: &Identity) -> bool {
+        self.decoded.get(identity).is_some()
+    }
+
+    /// Offers the decoded pixels of image `identity` (at `path`): `len` bytes in rows of `row`
+    /// bytes that took `decode` to produce, made by `pixels` only if the policy finds them worth
+    /// their memory and the budget has room. True when they were admitted.
+    pub fn offer_decoded(
+        &self,
+        identity: Identity,
+        path: &Path,
+        (len, row): (u64, usize),
+        decode: Duration,
+        pixels: impl FnOnce() -> Vec<u8>,
+    ) -> bool {
+        let metrics = &self.shared.metrics;
+        let reason = policy::keep_decoded(
+            self.mode,
+            decode,
+            len,
+            metrics.source_bytes_per_s(),
+            self.knobs.as_ref().and_then(|k| k.decoded()),
+        );
+        self.last.store(reason as u8, Ordering::Relaxed);
+        if !reason.keeps() {
+            metrics.decoded_declined.inc();
+            return false;
+        }
+        if len > u64::from(u32::MAX) || !self.shared.ledger.has_room(len) {
+            metrics.decoded_rejected.inc();
+            return false;
+        }
+        let admitted = self.admit_whole(Content::Decoded, identity, path, Some(row), pixels());
+        if admitted {
+            metrics.decoded_admitted.inc();
+        } else {
+            metrics.decoded_rejected.inc();
+        }
+        admitted
+    }
+
+    /// The restart-marked copy of JPEG `identity` (`view::jpeg::restart_marked`), if the cache
+    /// holds it whole and intact.
+    pub fn marked(&self, identity: &Identity, memo: &Unpacked) -> Option<ReadBytes> {
+        let hit = self
+            .marked
+            .get(identity)
+            .and_then(|entry| entry.read_cached(0, entry.content_len() as u32, memo));
+        if hit.is_some() {
+            self.shared.metrics.marked_hits.inc();
+        }
+        hit
+    }
+
+    /// Whether the cache could take `bytes` more now (a hint: another admission may take the
+    /// room first).
+    pub fn has_room(&self, bytes: u64) -> bool {
+        self.shared.ledger.has_room(bytes)
+    }
+
+    /// Offers the restart-marked copy of JPEG `identity` (at `path`); true when the budget had
+    /// room for it and it was admitted.
+    pub fn offer_marked(&self, identity: Identity, path: &Path, copy: Vec<u8>) -> bool {
+        if copy.len() as u64 > u64::from(u32::MAX) || !self.has_room(copy.len() as u64) {
+            return false;
+        }
+        let admitted = self.admit_whole(Content::Marked, identity, path, None, copy);
+        if admitted {
+            self.shared.metrics.marked_admitted.inc();
+        }
+        admitted
+    }
+
+    /// Admits `bytes` (image rows of `row` bytes, when they are) whole as the `content` entry
+    /// of `identity`; true when admitted (a failed admission leaves no entry behind).
+    fn admit_whole(
+        &self,
+        content: Content,
+        identity: Identity,
+        path: &Path,
+        row: Option<usize>,
+        bytes: Vec<u8>,
+    ) -> bool {
+        let map = match content {
+            Content::Marked => &self.marked,
+            _ => &self.decoded,
+        };
+        let entry = map.get_or_insert_with(identity, || {
+            Arc::new(RamFile::new(
+                identity,
+                content,
+                bytes.len() as u64,
+                row,
+                Arc::from(path),
+                self.shared.clone(),
+            ))
+        });
+        let admitted = entry.admit_whole(bytes);
+        if !admitted {
+            map.remove(&identity);
+        }
+        admitted
+    }
+
+    /// Whether decoded pixels of `len` bytes offered now could be kept, asked before decoding,
+    /// so a render whose pixels would be declined decodes only what it reads: not with decoded
+    /// caching off, the scheduler's knob at no, or no room for them in the budget; in auto mode
+    /// as the policy decided last, but yes every `REASK_DECLINED`th time all the same, so a
+    /// decline made while the source was fast is made again, or not, as it slows.
+    pub fn may_keep_decoded(&self, len: u64) -> bool {
+        let scheduled = self.knobs.as_ref().and_then(|k| k.decoded());
+        let wanted = match (self.mode, scheduled) {
+            (DecodedCaching::Off, _) => false,
+            (DecodedCaching::On, _) => true,
+            (DecodedCaching::Auto, Some(keep)) => keep,
+            (DecodedCaching::Auto, None) => {
+                self.decoded_choice().1.keeps()
+                    || self
+                        .reasks
+                        .fetch_add(1, Ordering::Relaxed)
+                        .is_multiple_of(REASK_DECLINED)
+            }
+        };
+        wanted && self.shared.ledger.has_room(len)
+    }
+
+    /// The mode of decoded-pixel caching, and the reason of the latest decision.
+    pub fn decoded_choice(&self) -> (DecodedCaching, DecodedReason) {
+        let last = self.last.load(Ordering::Relaxed);
+        let reason = DecodedReason::ALL
+            .get(usize::from(last))
+            .copied()
+            .unwrap_or(DecodedReason::Off);
+        (self.mode, reason)
+    }
+
+    /// Flips a byte of the first block of image `identity`'s cached pixels.
+    #[cfg(test)]
+    pub(crate) fn corrupt_decoded_for_test(&self, identity: &Identity) {
+        if let Some(entry) = self.decoded.get(identity) {
+            entry.corrupt_for_test(0);
+        }
+    }
+
+    /// Drops what was derived from a source version the source no longer has.
+    pub(super) fn forget(&self, identity: &Identity) {
+        self.decoded.remove(identity);
+        self.marked.remove(identity);
+    }
+
+    /// Drops every entry no render is reading now: each can be made again from the source.
+    pub(super) fn shed_unread(&self) {
+        self.decoded.retain(|_, entry| Arc::strong_count(entry) > 1);
+        self.marked.retain(|_, entry| Arc::strong_count(entry) > 1);
+    }
+}
