@@ -20,6 +20,7 @@
 //! installs it) delivers every image with no view error. Timing is reported, never asserted.
 
 mod dataset;
+mod jobs_report;
 mod prefetch;
 mod report;
 mod slowfs;
