@@ -147,7 +147,8 @@ pub fn markdown(summaries: &[Summary], files: usize, workers: usize) -> String {
 }
 
 /// What bounds the gain of `pipeline` (a coordinated view) at its largest job count: whether
-/// the cores were all busy, and the loaders' own CPU per image, which no shared render saves.
+/// the cores were all busy (by the jobs or by other processes), and the loaders' own CPU per
+/// image, which no shared render saves.
 fn bound_of_gain(summaries: &[Summary], pipeline: Pipeline, cores: usize) -> Option<String> {
     let s = summaries
         .iter()
@@ -155,12 +156,14 @@ fn bound_of_gain(summaries: &[Summary], pipeline: Pipeline, cores: usize) -> Opt
         .max_by_key(|s| s.jobs)?;
     let loader = s.loader_cpu_ms_per_image?;
     let daemon = s.daemon_cpu_ms_per_image?;
-    let busy = if s.cores_busy >= CPU_BOUND * cores as f64 {
+    // Cores that other processes took count as busy: the jobs could not have had them.
+    let verdict = if s.cores_busy + s.others_busy >= CPU_BOUND * cores as f64 {
         "all busy, so CPU bounds it"
     } else {
         "not all busy, so waits bound it before CPU does: on renders, or on the slowest job at \
          the epoch's end"
     };
+    let busy = format!("with other processes' {:.2}: {verdict}", s.others_busy);
     let ceiling = cores as f64 * 1e3 / loader.max(1e-9);
     Some(format!(
         "\nWhat bounds the gain, {} with {} jobs: {:.0} images/s kept {:.2} of {cores} cores \
