@@ -12,13 +12,15 @@
 //! measured footprint. Results: JSON files, SVG plots and Markdown tables (appended to
 //! docs/BENCHMARKS-HISTORY.md), and the targets of issue 3 checked side by side. The views comparison
 //! (`views`: tensor views against stock PyTorch, torchvision.io and DALI on the CPU, issues 4 and
-//! 25) runs on a dataset of its own (`--view-files`, 2,000 by default) and asks
+//! 25; with `--jobs 1,3`, several training jobs at once over one mount, issue 35) runs on a
+//! dataset of its own (`--view-files`, 2,000 by default) and asks
 //! `python/ensure-env --bench` for DALI when a DALI pipeline is selected. `--quick` is the CI
 //! smoke test: small datasets, two epochs, and two checks: prepfs's misses in epoch 2 are within
 //! 5% of the never-evict optimum D - C, and every views pipeline (DALI's left out, so CI never
 //! installs it) delivers every image with no view error. Timing is reported, never asserted.
 
 mod dataset;
+mod jobs_report;
 mod prefetch;
 mod report;
 mod slowfs;
@@ -137,6 +139,9 @@ pub struct Options {
     pub rounds: usize,
     /// The views comparison's pipelines, in the order of its first round.
     pub pipelines: Vec<views::Pipeline>,
+    /// Job counts of the views comparison: each pipeline runs that many readers at once, each
+    /// a training job of its own (issue 35's coordinated prep).
+    pub jobs: Vec<usize>,
     /// DataLoader workers or DALI threads of every views pipeline alike.
     pub workers: usize,
     /// The views consumers' compute per batch, ms (a training step on a device).
@@ -161,7 +166,7 @@ const USAGE: &str = "usage: cargo bench --bench epochs -- [--quick] [--files N] 
 [--read-mbps N] [--read-iops N] [--mem-ratio F] [--shard-mib N] [--readers plain,torch,shards,views,prefetch] \
 [--scenarios sorted,shuffled,fixed,torch,shards] [--staging-mib N] [--prefetch-threads N] \
 [--view-files N] [--rounds N] [--workers N] [--step-ms F] \
-[--pipelines stock,tvio,dali,dali-roi,f32-off,u8-off,f32,u8,u8-ahead] \
+[--pipelines stock,tvio,dali,dali-roi,f32-off,u8-off,f32,u8,u8-ahead,f32-alone,u8-alone] [--jobs 1,3] \
 [--seed N] [--workdir DIR] [--out DIR]\n       cargo bench --bench epochs -- --replot-views   (benches/results/views.json again as a plot)";
 
 impl Options {
@@ -186,10 +191,10 @@ impl Options {
             view_files: if quick { QUICK_VIEW_FILES } else { 2000 },
             rounds: if quick { 1 } else { 3 },
             // The quick mode (CI) leaves out DALI: its install is the benchmark's alone.
-            pipelines: views::Pipeline::ALL
-                .into_iter()
+            pipelines: views::Pipeline::defaults()
                 .filter(|p| !(quick && p.needs_dali()))
                 .collect(),
+            jobs: vec![1],
             workers: views::WORKERS,
             step_ms: 0.0,
             prefetch: false,
@@ -247,6 +252,15 @@ impl Options {
                         })
                         .collect::<Result<_, _>>()?
                 }
+                "--jobs" => {
+                    o.jobs = value
+                        .split(',')
+                        .map(|n| match n.parse::<usize>() {
+                            Ok(n) if n >= 1 => Ok(n),
+                            _ => Err(format!("bad job count {n} in {flag}")),
+                        })
+                        .collect::<Result<_, _>>()?
+                }
                 "--workdir" => o.workdir = PathBuf::from(value),
                 "--out" => out = Some(PathBuf::from(value)),
                 "--readers" => {
@@ -270,8 +284,18 @@ impl Options {
         if o.files == 0 || o.epochs < 2 || !(0.05..=1.0).contains(&o.mem_ratio) {
             return Err("need --files >= 1, --epochs >= 2 and 0.05 <= --mem-ratio <= 1".into());
         }
-        if o.view_files == 0 || o.rounds == 0 || o.pipelines.is_empty() {
-            return Err("need --view-files >= 1, --rounds >= 1 and at least one pipeline".into());
+        if o.view_files == 0 || o.rounds == 0 || o.pipelines.is_empty() || o.jobs.is_empty() {
+            return Err(
+                "need --view-files >= 1, --rounds >= 1, at least one pipeline and one job count"
+                    .into(),
+            );
+        }
+        // The mount follows one published order; several jobs would overwrite each other's.
+        if o.jobs.iter().any(|&n| n > 1) && o.pipelines.contains(&views::Pipeline::ViewUint8Ahead) {
+            return Err(
+                "u8-ahead publishes one job's order: leave it out of --pipelines with --jobs > 1"
+                    .into(),
+            );
         }
         o.out = out.unwrap_or_else(|| {
             if quick {
@@ -860,11 +884,22 @@ impl ReaderSession {
     }
 
     fn next_epoch(&mut self) -> Result<EpochRecord, String> {
+        self.go()?;
+        self.epoch_line()
+    }
+
+    /// Lets the reader start its next epoch, without waiting for it: the views comparison
+    /// starts every job's epoch before it waits for any.
+    fn go(&mut self) -> Result<(), String> {
         let stdin = self.stdin.as_mut().ok_or("reader stdin closed")?;
         stdin
             .write_all(b"go\n")
             .and_then(|()| stdin.flush())
-            .map_err(|e| format!("reader went away: {e}"))?;
+            .map_err(|e| format!("reader went away: {e}"))
+    }
+
+    /// Waits for the end of the epoch that `go` started.
+    fn epoch_line(&mut self) -> Result<EpochRecord, String> {
         let line = self.line()?;
         serde_json::from_value(line.clone()).map_err(|e| format!("reader printed {line}: {e}"))
     }

@@ -1,6 +1,7 @@
 //! What the epochs benchmark tells: the JSON results files, the SVG plots, the Markdown tables
 //! appended to docs/BENCHMARKS-HISTORY.md, and the targets of issue 3 evaluated from the
-//! side-by-side runs (with those of the views comparison and of prefetch, which their own modules evaluate).
+//! side-by-side runs (with those of the views comparison, its runs of several jobs and prefetch,
+//! which their own modules evaluate).
 //!
 //! Owns presentation only: every number comes from the runs it is given. Must never assert:
 //! a missed target is reported as missed, and the run still succeeds.
@@ -216,7 +217,8 @@ pub fn write(
     }
     if let Some((manifest, view_runs)) = views {
         let summaries = crate::views_report::summarize(view_runs);
-        let view_targets = crate::views_report::targets(&summaries);
+        let mut view_targets = crate::views_report::targets(&summaries);
+        view_targets.extend(crate::jobs_report::targets(&summaries, manifest.files));
         written.push(write_json(
             "views.json",
             json!({
@@ -237,6 +239,11 @@ pub fn write(
             &summaries,
             opts.workers,
             opts.step_ms,
+        ));
+        md.push_str(&crate::jobs_report::markdown(
+            &summaries,
+            manifest.files,
+            opts.workers,
         ));
         targets.extend(view_targets);
     }

@@ -1,6 +1,7 @@
-//! What the views comparison tells: each pipeline's medians over its rounds, the Markdown table
-//! with ratios against stock PyTorch and against DALI's crop-decoding pipeline measured in the same
-//! run, the images/s plot, and the targets of issues 4 and 25.
+//! What the views comparison tells: each pipeline's medians over its rounds (at each job count),
+//! the Markdown table with ratios against stock PyTorch and against DALI's crop-decoding pipeline
+//! measured in the same run with as many jobs, the images/s plot, and the targets of issues 4 and
+//! 25 (one job). Several jobs at once (issue 35) have their own table, in `jobs_report`.
 //!
 //! Presentation only: every number comes from the runs it is given. Must never assert: a missed
 //! target is reported as missed, and the run still succeeds.
@@ -26,12 +27,15 @@ const FLOAT32_VS_STOCK: f64 = 2.5;
 /// the machine: background daemons stay well under it; a compile or a test suite does not.
 const SHARED_MACHINE_CORES: f64 = 0.1;
 
-/// One pipeline over all its rounds. Each round's value aggregates its measured epochs (images
-/// over seconds, CPU over images); the pipeline's value is the median over rounds.
+/// One pipeline at one job count over all its rounds. Each round's value aggregates its
+/// measured epochs (images over seconds, CPU over images); the pipeline's value is the median
+/// over rounds.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     pub pipeline: Pipeline,
-    /// Images per second.
+    /// Jobs that read every epoch at once.
+    pub jobs: usize,
+    /// Images per second, all jobs together.
     pub images_per_s: f64,
     /// Each round's images per second, in round order.
     pub round_images_per_s: Vec<f64>,
@@ -50,20 +54,41 @@ pub struct Summary {
     pub render_p50_ms: Option<f64>,
     /// Decoded pixels the mount held after the last epoch, MB.
     pub decoded_mb: Option<f64>,
+    /// The daemon's CPU seconds per measured epoch (every job reading every image once).
+    pub daemon_cpu_s_per_epoch: Option<f64>,
+    /// Renders the view's mount made per measured epoch.
+    pub renders_per_epoch: Option<f64>,
+    /// Opens served by another job's render per measured epoch.
+    pub shared_hits_per_epoch: Option<f64>,
 }
 
-/// The summaries of the pipelines that ran, in `Pipeline::ALL` order.
+/// The summaries of the pipelines that ran, in `Pipeline::ALL` order, each pipeline's job counts
+/// in increasing order.
 pub fn summarize(runs: &[ViewRun]) -> Vec<Summary> {
+    let mut counts: Vec<usize> = runs.iter().map(|r| r.jobs).collect();
+    counts.sort_unstable();
+    counts.dedup();
     Pipeline::ALL
         .into_iter()
-        .filter_map(|pipeline| {
-            let rounds: Vec<&ViewRun> = runs.iter().filter(|r| r.pipeline == pipeline).collect();
-            (!rounds.is_empty()).then(|| summary(pipeline, &rounds))
+        .flat_map(|pipeline| counts.iter().map(move |&jobs| (pipeline, jobs)))
+        .filter_map(|(pipeline, jobs)| {
+            let rounds: Vec<&ViewRun> = runs
+                .iter()
+                .filter(|r| r.pipeline == pipeline && r.jobs == jobs)
+                .collect();
+            (!rounds.is_empty()).then(|| summary(pipeline, jobs, &rounds))
         })
         .collect()
 }
 
-fn summary(pipeline: Pipeline, rounds: &[&ViewRun]) -> Summary {
+/// A counter of the measured epochs, per epoch: None when the pipeline has no mount.
+fn per_epoch(run: &ViewRun, f: fn(&crate::views::ViewEpoch) -> Option<u64>) -> Option<f64> {
+    let epochs = run.measured();
+    let total = epochs.iter().map(f).sum::<Option<u64>>()?;
+    Some(total as f64 / epochs.len().max(1) as f64)
+}
+
+fn summary(pipeline: Pipeline, jobs: usize, rounds: &[&ViewRun]) -> Summary {
     let over = |f: &dyn Fn(&ViewRun) -> Option<f64>| -> Option<f64> {
         let values: Vec<f64> = rounds.iter().filter_map(|r| f(r)).collect();
         (!values.is_empty()).then(|| median(values))
@@ -98,6 +123,7 @@ fn summary(pipeline: Pipeline, rounds: &[&ViewRun]) -> Summary {
     };
     Summary {
         pipeline,
+        jobs,
         images_per_s: median(rounds.iter().map(|r| round_rate(r)).collect()),
         round_images_per_s: rounds.iter().map(|r| round_rate(r)).collect(),
         cpu_ms_per_image: over(&|r| Some(sum(r, &|e| e.cpu_seconds) * 1e3 / items(r)))
@@ -114,15 +140,23 @@ fn summary(pipeline: Pipeline, rounds: &[&ViewRun]) -> Summary {
             view(r)?;
             last_stats(r, &["cache", "decoded", "bytes"]).map(|b| b / 1e6)
         }),
+        daemon_cpu_s_per_epoch: over(&|r| {
+            daemon_seconds(r).map(|d| d / r.measured().len().max(1) as f64)
+        }),
+        renders_per_epoch: over(&|r| per_epoch(r, |e| e.renders)),
+        shared_hits_per_epoch: over(&|r| per_epoch(r, |e| e.shared_hits)),
     }
 }
 
-fn find(summaries: &[Summary], pipeline: Pipeline) -> Option<&Summary> {
-    summaries.iter().find(|s| s.pipeline == pipeline)
+/// The summary of `pipeline` with `jobs` jobs, when it ran.
+pub fn find(summaries: &[Summary], pipeline: Pipeline, jobs: usize) -> Option<&Summary> {
+    summaries
+        .iter()
+        .find(|s| s.pipeline == pipeline && s.jobs == jobs)
 }
 
 /// The target that `view` delivers at least `bound` times the images per second of `base`.
-fn speedup(name: String, view: &Summary, base: &Summary, bound: f64) -> Target {
+pub fn speedup(name: String, view: &Summary, base: &Summary, bound: f64) -> Target {
     let ratio = view.images_per_s / base.images_per_s.max(1e-9);
     Target {
         name,
@@ -132,15 +166,16 @@ fn speedup(name: String, view: &Summary, base: &Summary, bound: f64) -> Target {
     }
 }
 
-/// The targets of issues 25 and 4, for the pipelines that ran.
+/// The targets of issues 25 and 4 (one job), for the pipelines that ran.
 pub fn targets(summaries: &[Summary]) -> Vec<Target> {
+    let one_job = |pipeline| find(summaries, pipeline, 1);
     let mut out = Vec::new();
-    if let Some(roi) = find(summaries, Pipeline::DaliRoi) {
+    if let Some(roi) = one_job(Pipeline::DaliRoi) {
         for (pipeline, bound) in [
             (Pipeline::ViewFloat32Off, FLOAT32_VS_DALI_ROI),
             (Pipeline::ViewUint8Off, UINT8_VS_DALI_ROI),
         ] {
-            if let Some(view) = find(summaries, pipeline) {
+            if let Some(view) = one_job(pipeline) {
                 out.push(speedup(
                     format!(
                         "views (issue 25): {} images/s / DALI CPU image_random_crop",
@@ -154,7 +189,7 @@ pub fn targets(summaries: &[Summary]) -> Vec<Target> {
         }
     }
     for pipeline in [Pipeline::ViewFloat32Off, Pipeline::ViewUint8Off] {
-        if let Some(ms) = find(summaries, pipeline).and_then(|s| s.daemon_cpu_ms_per_image) {
+        if let Some(ms) = one_job(pipeline).and_then(|s| s.daemon_cpu_ms_per_image) {
             out.push(Target {
                 name: format!("views (issue 25): {}: daemon CPU ms/image", pipeline.name()),
                 measured: ms,
@@ -163,9 +198,9 @@ pub fn targets(summaries: &[Summary]) -> Vec<Target> {
             });
         }
     }
-    if let Some(stock) = find(summaries, Pipeline::Stock) {
+    if let Some(stock) = one_job(Pipeline::Stock) {
         for pipeline in [Pipeline::ViewFloat32Off, Pipeline::ViewFloat32] {
-            if let Some(view) = find(summaries, pipeline) {
+            if let Some(view) = one_job(pipeline) {
                 out.push(speedup(
                     format!(
                         "views (issue 4): {} images/s / stock PyTorch",
@@ -224,9 +259,12 @@ pub fn markdown(
          cgroup (loader, workers, DALI threads and the prepfs daemon), counted from the end of \
          the warm-up epoch; the daemon's part is its own utime + stime; loader = CPU - daemon. \
          \"Others\" is CPU the rest of the machine used meanwhile (0 on a quiet machine). \
-         Latencies are the daemon's p50 over the mount's life. Versions: {}.\n\n\
-         | pipeline | images/s | rounds' images/s | vs stock | vs DALI crop | CPU ms/image | loader ms/image | daemon ms/image | cores busy | others | decode p50 ms | render p50 ms | decoded pixels MB |\n\
-         |---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         Latencies are the daemon's p50 over the mount's life. With several jobs (`--jobs`), \
+         each a reader of its own started together with the others, images/s is all jobs' \
+         images over the time from the epoch's start to the last job's end, and the ratios are \
+         against the peer run with as many jobs. Versions: {}.\n\n\
+         | pipeline | jobs | images/s | rounds' images/s | vs stock | vs DALI crop | CPU ms/image | loader ms/image | daemon ms/image | cores busy | others | decode p50 ms | render p50 ms | decoded pixels MB |\n\
+         |---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         manifest.files,
         manifest.file_bytes as f64 / manifest.files.max(1) as f64 / 1e3,
         versions(runs),
@@ -237,11 +275,11 @@ pub fn markdown(
         })
     };
     let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
-    let (stock, roi) = (
-        find(summaries, Pipeline::Stock),
-        find(summaries, Pipeline::DaliRoi),
-    );
     for s in summaries {
+        let (stock, roi) = (
+            find(summaries, Pipeline::Stock, s.jobs),
+            find(summaries, Pipeline::DaliRoi, s.jobs),
+        );
         let rounds = s
             .round_images_per_s
             .iter()
@@ -249,8 +287,9 @@ pub fn markdown(
             .collect::<Vec<_>>()
             .join(", ");
         md.push_str(&format!(
-            "| {} | {:.0} | {rounds} | {} | {} | {:.2} | {} | {} | {:.2} | {:.2} | {} | {} | {} |\n",
+            "| {} | {} | {:.0} | {rounds} | {} | {} | {:.2} | {} | {} | {:.2} | {:.2} | {} | {} | {} |\n",
             s.pipeline.name(),
+            s.jobs,
             s.images_per_s,
             ratio(stock, s),
             ratio(roi, s),
@@ -280,16 +319,20 @@ pub const PLOT: &str = "views_images_per_s.svg";
 pub const PLOT_TITLE: &str =
     "Images/s per pipeline, same images and cores (RandomResizedCrop(224) + flip)";
 
+/// One bar of the plot: a pipeline, its job count and its images per second (all jobs').
+pub type Bar = (Pipeline, usize, f64);
+
 /// Images per second of each pipeline that ran, from the summaries.
-pub fn bars(summaries: &[Summary]) -> Vec<(Pipeline, f64)> {
+pub fn bars(summaries: &[Summary]) -> Vec<Bar> {
     summaries
         .iter()
-        .map(|s| (s.pipeline, s.images_per_s))
+        .map(|s| (s.pipeline, s.jobs, s.images_per_s))
         .collect()
 }
 
-/// The same bars from a views.json this harness wrote (`--replot-views`).
-pub fn bars_from_json(doc: &Value) -> Result<Vec<(Pipeline, f64)>, String> {
+/// The same bars from a views.json this harness wrote (`--replot-views`); one job where it
+/// predates `--jobs`.
+pub fn bars_from_json(doc: &Value) -> Result<Vec<Bar>, String> {
     let summaries = doc["summaries"].as_array().ok_or("no summaries")?;
     summaries
         .iter()
@@ -299,17 +342,18 @@ pub fn bars_from_json(doc: &Value) -> Result<Vec<(Pipeline, f64)>, String> {
                 .find(|p| serde_json::to_value(p).ok().as_ref() == Some(&s["pipeline"]))
                 .ok_or_else(|| format!("unknown pipeline {}", s["pipeline"]))?;
             let rate = s["images_per_s"].as_f64().ok_or("no images_per_s")?;
-            Ok((pipeline, rate))
+            let jobs = s["jobs"].as_u64().map_or(1, |n| n as usize);
+            Ok((pipeline, jobs, rate))
         })
         .collect()
 }
 
 /// Draws images/s per pipeline as horizontal bars (prepfs's views in one colour, their peers in
 /// another), each labelled with its name and value, into the SVG file `path`.
-pub fn plot(bars: &[(Pipeline, f64)], path: &Path, title: &str) -> Result<(), String> {
+pub fn plot(bars: &[Bar], path: &Path, title: &str) -> Result<(), String> {
     use plotters::prelude::*;
     let draw = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let top = bars.iter().map(|b| b.1).fold(0.0, f64::max).max(1.0) * 1.05;
+    let top = bars.iter().map(|b| b.2).fold(0.0, f64::max).max(1.0) * 1.05;
     let rows = bars.len() as f64;
     let root = SVGBackend::new(path, (900, 60 + 44 * bars.len() as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| draw(&e))?;
@@ -326,7 +370,7 @@ pub fn plot(bars: &[(Pipeline, f64)], path: &Path, title: &str) -> Result<(), St
         .x_desc("images/s")
         .draw()
         .map_err(|e| draw(&e))?;
-    for (i, (pipeline, rate)) in bars.iter().enumerate() {
+    for (i, &(pipeline, jobs, rate)) in bars.iter().enumerate() {
         // The first bar at the top, as in the tables.
         let y = rows - 1.0 - i as f64;
         let colour = if pipeline.name().starts_with("prepfs") {
@@ -336,13 +380,13 @@ pub fn plot(bars: &[(Pipeline, f64)], path: &Path, title: &str) -> Result<(), St
         };
         chart
             .draw_series([Rectangle::new(
-                [(0.0, y + 0.12), (*rate, y + 0.88)],
+                [(0.0, y + 0.12), (rate, y + 0.88)],
                 colour.filled(),
             )])
             .map_err(|e| draw(&e))?;
         chart
             .draw_series([Text::new(
-                format!("{}: {rate:.0}", pipeline.name()),
+                format!("{}{}: {rate:.0}", pipeline.name(), jobs_label(jobs)),
                 (top * 0.01, y + 0.62),
                 ("sans-serif", 15).into_font().color(&BLACK),
             )])
@@ -350,4 +394,13 @@ pub fn plot(bars: &[(Pipeline, f64)], path: &Path, title: &str) -> Result<(), St
     }
     root.present().map_err(|e| draw(&e))?;
     Ok(())
+}
+
+/// What a label adds for a run of several jobs (nothing for one, as before `--jobs`).
+fn jobs_label(jobs: usize) -> String {
+    if jobs > 1 {
+        format!(", {jobs} jobs together")
+    } else {
+        String::new()
+    }
 }
