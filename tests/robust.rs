@@ -197,7 +197,15 @@ fn a_hung_source_holds_up_only_the_requests_that_touch_it() {
     lower.mount(&[]);
     let mut upper = TestMount::new();
     upper.src = lower.mnt.clone();
-    upper.mount(&["--source-timeout", "2s"]);
+    // Two FUSE threads: a request that waited on the source on one would soon hold them all.
+    upper.mount(&[
+        "--source-timeout",
+        "2s",
+        "--fuse-threads",
+        "2",
+        "--view",
+        "v=decode,resize(32),uint8",
+    ]);
     assert_eq!(
         std::fs::read(upper.m("cached")).expect("read"),
         pattern(300_000, 2)
@@ -217,6 +225,19 @@ fn a_hung_source_holds_up_only_the_requests_that_touch_it() {
             std::thread::spawn(move || std::fs::read(path).map_err(|e| e.raw_os_error()))
         })
         .collect();
+    // A view's root lists the source's root: more listings of it than the mount has FUSE
+    // threads each wait on the request pool (and get EIO by the deadline), never on a FUSE thread.
+    let listers: Vec<_> = (0..4)
+        .map(|_| {
+            let dir = mnt.join(".prepfs/views/v");
+            std::thread::spawn(move || {
+                std::fs::read_dir(dir)
+                    .map(|_| ())
+                    .map_err(|e| e.raw_os_error())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
     // ... while the statistics, and the file the cache holds whole, still answer.
     let stats = within(Duration::from_secs(20), move || {
         std::fs::read_to_string(stats_path)
@@ -235,6 +256,12 @@ fn a_hung_source_holds_up_only_the_requests_that_touch_it() {
         let result = within(Duration::from_secs(30), move || reader.join())
             .expect("the reader was answered by the deadline")
             .expect("reader thread");
+        assert_eq!(result.err(), Some(Some(libc::EIO)));
+    }
+    for lister in listers {
+        let result = within(Duration::from_secs(30), move || lister.join())
+            .expect("the listing was answered by the deadline")
+            .expect("lister thread");
         assert_eq!(result.err(), Some(Some(libc::EIO)));
     }
     let stats = upper.stats();

@@ -2,7 +2,9 @@
 //!
 //! Owns: lookup/getattr/readlink/open/read/release/opendir/readdir/statfs, file and directory
 //! handles, the hidden control directory `.prepfs` with its snapshot files, and the staleness rule
-//! (a changed source file is a new cache key; the old entry is dropped on the next open). Tests
+//! (a changed source file is a new cache key; the old entry is dropped on the next open). Each
+//! request dispatches once on the tree its inode is in (`tree`: dataset, control, views), which
+//! also says whether it may wait on the source (`Fs::needs_source`). Tests
 //! drive it directly; the `fuse` adapter only translates. Reaches data only through `Source` and
 //! the cache. Must never block a caller of `read_cached` on the source, and never serve bytes of
 //! two versions of one file through one handle.
@@ -12,12 +14,14 @@ pub mod metrics;
 mod reader;
 #[cfg(test)]
 mod tests;
+mod tree;
 mod views;
 
 pub use reader::FileReader;
 
 pub use crate::renders::{View, Views};
 pub use metrics::{Figures, FsMetrics};
+pub use tree::Ask;
 
 use std::ffi::{OsStr, OsString};
 use std::sync::Arc;
@@ -37,6 +41,7 @@ use crate::requests::Place;
 use crate::shards::ShardedMap;
 use crate::source::{Deferred, Kind, Meta, Source, SourceFile, SpaceStats};
 use listing::Listing;
+use tree::{Control, Tree};
 
 /// How long the kernel may trust names and attributes of source entries. The tree is read-only
 /// through the mount; changes made in the source are picked up on open (see `open`).
@@ -270,26 +275,24 @@ impl Fs {
         }
     }
 
-    fn virtual_attr(&self, ino: u64) -> Option<Attr> {
-        match ino {
-            CONTROL_DIR => self.virtual_dir_attr(ino),
-            STATS_FILE | METRICS_FILE => Some(self.make_virtual_attr(
-                ino,
-                Kind::File,
-                0o444,
-                self.snapshot(ino)?.len() as u64,
-            )),
-            _ => self.views_dir_attr(ino),
+    /// Attributes of a node of the control tree.
+    fn control_attr(&self, control: Control) -> Attr {
+        match control {
+            Control::Dir => self.virtual_dir_attr(CONTROL_DIR),
+            Control::Stats | Control::Metrics => {
+                let size = self.snapshot(control).len() as u64;
+                self.make_virtual_attr(control.ino(), Kind::File, 0o444, size)
+            }
         }
     }
 
     /// The control directories never change during a mount, so the kernel may keep them as long
     /// as source entries: every path into a view passes three of them (`.prepfs/views/NAME`).
-    fn virtual_dir_attr(&self, ino: u64) -> Option<Attr> {
-        Some(Attr {
+    fn virtual_dir_attr(&self, ino: u64) -> Attr {
+        Attr {
             valid_for: SOURCE_TTL,
             ..self.make_virtual_attr(ino, Kind::Directory, 0o555, 0)
-        })
+        }
     }
 
     fn make_virtual_attr(&self, ino: u64, kind: Kind, perm: u16, size: u64) -> Attr {
@@ -313,14 +316,16 @@ impl Fs {
         }
     }
 
-    /// The current content of control file `ino` (`None` for any other inode).
-    fn snapshot(&self, ino: u64) -> Option<Vec<u8>> {
-        let text = match ino {
-            STATS_FILE => to_json_text(&self.board.samples(self.figures()), self.board.documents()),
-            METRICS_FILE => to_prometheus_text(&self.board.samples(self.figures())),
-            _ => return None,
+    /// The current content of a control file (the directory has none).
+    fn snapshot(&self, control: Control) -> Vec<u8> {
+        let text = match control {
+            Control::Stats => {
+                to_json_text(&self.board.samples(self.figures()), self.board.documents())
+            }
+            Control::Metrics => to_prometheus_text(&self.board.samples(self.figures())),
+            Control::Dir => String::new(),
         };
-        Some(text.into_bytes())
+        text.into_bytes()
     }
 
     fn figures(&self) -> Figures {
@@ -332,29 +337,28 @@ impl Fs {
 
     /// Resolves `name` in directory `parent`.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr, FsError> {
-        match parent {
-            ROOT if name == CONTROL_DIR_NAME => {
-                return self.virtual_attr(CONTROL_DIR).ok_or(FsError::NotFound);
-            }
-            CONTROL_DIR => {
+        match self.tree(parent)? {
+            Tree::Control(Control::Dir) => {
                 let ino = match name.to_str() {
                     Some("stats.json") => STATS_FILE,
                     Some("metrics") => METRICS_FILE,
                     Some("views") => VIEWS_DIR,
                     _ => return Err(FsError::NotFound),
                 };
-                return self.virtual_attr(ino).ok_or(FsError::NotFound);
+                self.getattr(ino)
             }
-            VIEWS_DIR => return self.lookup_view_root(name),
-            _ => {}
+            Tree::Control(_) => Err(FsError::NotDirectory),
+            Tree::ViewsDir => self.lookup_view_root(name),
+            Tree::ViewRoot(dir) | Tree::View(dir) => self.lookup_in_view(&directory(dir)?, name),
+            Tree::Source(dir) if dir.ino == ROOT && name == CONTROL_DIR_NAME => {
+                self.getattr(CONTROL_DIR)
+            }
+            Tree::Source(dir) => self.lookup_in_source(&directory(dir)?, name),
         }
-        let parent = self.node(parent)?;
-        if parent.kind != Kind::Directory {
-            return Err(FsError::NotDirectory);
-        }
-        if parent.view.is_some() {
-            return self.lookup_in_view(&parent, name);
-        }
+    }
+
+    /// Resolves `name` in the dataset's directory `parent`.
+    fn lookup_in_source(&self, parent: &Arc<Node>, name: &OsStr) -> Result<Attr, FsError> {
         let path = inode::validate_name(name)?;
         let child_path = if parent.ino == ROOT {
             path.to_path_buf()
@@ -365,7 +369,7 @@ impl Fs {
             .source
             .stat(&child_path)
             .map_err(|e| FsError::from_source(&e))?;
-        let node = self.inodes.intern(&parent, name, meta.kind);
+        let node = self.inodes.intern(parent, name, meta.kind);
         node.device.store(meta.identity.dev, Ordering::Relaxed);
         self.inodes.remember(&node);
         Ok(Self::source_attr(node.ino, &meta))
@@ -387,23 +391,6 @@ impl Fs {
         }
     }
 
-    /// Whether `ino` is a virtual node (the control directory, its files, the views' roots):
-    /// answered without the source, so never held up by it.
-    pub fn is_virtual(&self, ino: u64) -> bool {
-        ino != ROOT && ino < inode::FIRST_SOURCE_INODE
-    }
-
-    /// Whether opening `ino` never touches the source (so never blocks): the control files and
-    /// view files (whose render is queued, not run, by the open).
-    pub fn opens_without_the_source(&self, ino: u64) -> bool {
-        self.is_virtual(ino) || self.inodes.get(ino).is_some_and(|n| n.view.is_some())
-    }
-
-    /// Whether looking `name` up in `parent` is answered without the source.
-    pub fn lookup_is_virtual(&self, parent: u64, name: &OsStr) -> bool {
-        (parent == ROOT && name == CONTROL_DIR_NAME) || parent == CONTROL_DIR || parent == VIEWS_DIR
-    }
-
     /// The kernel dropped `nlookup` lookups of `ino` (its inode left the kernel's caches).
     pub fn forget(&self, ino: u64, nlookup: u64) {
         self.inodes.forget(ino, nlookup);
@@ -411,22 +398,12 @@ impl Fs {
 
     /// Attributes of inode `ino`.
     pub fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
-        if let Some(attr) = self.virtual_attr(ino) {
-            return Ok(attr);
+        match self.tree(ino)? {
+            Tree::Control(control) => Ok(self.control_attr(control)),
+            Tree::ViewsDir | Tree::ViewRoot(_) => Ok(self.virtual_dir_attr(ino)),
+            Tree::View(node) => self.view_attr(&node),
+            Tree::Source(node) => Ok(Self::source_attr(ino, &self.stat_node(&node)?)),
         }
-        let node = self.node(ino)?;
-        if node.view.is_some() {
-            return self.view_attr(&node);
-        }
-        let meta = self.stat_node(&node)?;
-        Ok(Self::source_attr(ino, &meta))
-    }
-
-    /// Whether the answer for extended attribute `name` may need the source: only
-    /// `CACHED_XATTR`'s does. Every other name is answered at once: `user.` names with
-    /// `ENODATA`, names of any other namespace with `EOPNOTSUPP`.
-    pub fn xattr_needs_source(&self, name: &OsStr) -> bool {
-        name == CACHED_XATTR
     }
 
     /// The value of extended attribute `name` of `ino`. Only `CACHED_XATTR` exists, on dataset
@@ -439,12 +416,8 @@ impl Fs {
         if !name.as_encoded_bytes().starts_with(USER_XATTR_NAMESPACE) {
             return Err(FsError::NoAttributeNamespace);
         }
-        let node = match self.inodes.get(ino) {
-            Some(node)
-                if name == CACHED_XATTR && node.kind == Kind::File && node.view.is_none() =>
-            {
-                node
-            }
+        let node = match self.tree(ino)? {
+            Tree::Source(node) if name == CACHED_XATTR && node.kind == Kind::File => node,
             _ => return Err(FsError::NoAttribute),
         };
         let identity = self.stat_node(&node)?.identity;
@@ -475,31 +448,23 @@ impl Fs {
         if intent == Intent::Write {
             return Err(FsError::ReadOnly);
         }
-        // The control files are dispatched by inode before anything else is looked at; their
-        // snapshot is taken only here, when one is opened.
-        if matches!(ino, STATS_FILE | METRICS_FILE) {
-            let content = self.snapshot(ino).ok_or(FsError::NotFound)?;
-            let fh = self.add_handle(Handle::Snapshot(Arc::new(content)));
-            return Ok(Opened {
-                fh,
-                serve: Serve::Daemon,
-            });
-        }
-        let node = self.node(ino)?;
-        match node.kind {
-            Kind::File => {}
-            Kind::Directory => return Err(FsError::IsDirectory),
-            Kind::Symlink | Kind::Other => return Err(FsError::AccessDenied),
-        }
-        if node.view.is_some() {
-            let fh = self.add_handle(self.open_view_file(node, intent, pid)?);
-            return Ok(Opened {
-                fh,
-                serve: Serve::Daemon,
-            });
-        }
-        let source = self.open_source(&node)?;
-        Ok(self.open_file(&node, source, intent))
+        let handle = match self.tree(ino)? {
+            Tree::Control(Control::Dir) | Tree::ViewsDir | Tree::ViewRoot(_) => {
+                return Err(FsError::IsDirectory);
+            }
+            // A control file's snapshot is taken only here, when one is opened.
+            Tree::Control(control) => Handle::Snapshot(Arc::new(self.snapshot(control))),
+            Tree::View(node) => self.open_view_file(regular_file(node)?, intent, pid)?,
+            Tree::Source(node) => {
+                let node = regular_file(node)?;
+                let source = self.open_source(&node)?;
+                return Ok(self.open_file(&node, source, intent));
+            }
+        };
+        Ok(Opened {
+            fh: self.add_handle(handle),
+            serve: Serve::Daemon,
+        })
     }
 
     /// Opens `ino` without waiting on the source, when that needs no more than a stat of a
@@ -561,10 +526,10 @@ impl Fs {
     }
 
     fn cached_version(&self, ino: u64) -> Option<(Arc<Node>, Arc<RamFile>)> {
-        let node = self.inodes.get(ino)?;
-        if node.kind != Kind::File || node.view.is_some() {
-            return None;
-        }
+        let node = match self.tree(ino).ok()? {
+            Tree::Source(node) if node.kind == Kind::File => node,
+            _ => return None,
+        };
         let identity = (*node.last_identity.lock())?;
         let cached = self
             .fetcher
@@ -700,31 +665,32 @@ impl Fs {
 
     /// Opens directory `ino`, taking a snapshot of its names.
     pub fn opendir(&self, ino: u64) -> Result<u64, FsError> {
-        if ino == CONTROL_DIR {
-            let mut names = vec![
-                ("stats.json", Kind::File, STATS_FILE),
-                ("metrics", Kind::File, METRICS_FILE),
-            ];
-            if !self.views.is_empty() {
-                names.push(("views", Kind::Directory, VIEWS_DIR));
+        let snapshot = match self.tree(ino)? {
+            Tree::Control(Control::Dir) => {
+                let mut names = vec![
+                    ("stats.json", Kind::File, STATS_FILE),
+                    ("metrics", Kind::File, METRICS_FILE),
+                ];
+                if !self.views.is_empty() {
+                    names.push(("views", Kind::Directory, VIEWS_DIR));
+                }
+                let node = self.node(ROOT)?;
+                self.listing_of(node, (CONTROL_DIR, ROOT), Listing::fixed(names))
             }
-            let node = self.node(ROOT)?;
-            let snapshot = self.listing_of(node, (CONTROL_DIR, ROOT), Listing::fixed(names));
-            return Ok(self.add_handle(Handle::Dir(snapshot)));
-        }
-        if ino == VIEWS_DIR && !self.views.is_empty() {
-            let node = self.node(ROOT)?;
-            let snapshot = self.listing_of(node, (VIEWS_DIR, CONTROL_DIR), self.list_views());
-            return Ok(self.add_handle(Handle::Dir(snapshot)));
-        }
-        let node = self.node(ino)?;
-        if node.kind != Kind::Directory {
-            return Err(FsError::NotDirectory);
-        }
-        if node.view.is_some() {
-            let snapshot = self.opendir_in_view(node)?;
-            return Ok(self.add_handle(Handle::Dir(snapshot)));
-        }
+            Tree::Control(_) => return Err(FsError::NotDirectory),
+            Tree::ViewsDir => {
+                let node = self.node(ROOT)?;
+                self.listing_of(node, (VIEWS_DIR, CONTROL_DIR), self.list_views())
+            }
+            Tree::ViewRoot(node) | Tree::View(node) => self.opendir_in_view(directory(node)?)?,
+            Tree::Source(node) => self.opendir_in_source(directory(node)?)?,
+        };
+        Ok(self.add_handle(Handle::Dir(snapshot)))
+    }
+
+    /// The listing of the dataset's directory `node`.
+    fn opendir_in_source(&self, node: Arc<Node>) -> Result<DirSnapshot, FsError> {
+        let ino = node.ino;
         let entries = self
             .source
             .list(&node.path)
@@ -738,7 +704,7 @@ impl Fs {
                 .map(|e| (e.name, e.kind)),
         );
         let dots = (node.ino, node.parent);
-        Ok(self.add_handle(Handle::Dir(self.listing_of(node, dots, names))))
+        Ok(self.listing_of(node, dots, names))
     }
 
     /// The open directory `node` listing `names`, charged to the memory budget while open
@@ -804,6 +770,23 @@ impl Fs {
     /// Capacity of the filesystem holding the source.
     pub fn statfs(&self) -> Result<SpaceStats, FsError> {
         self.source.space().map_err(|e| FsError::from_source(&e))
+    }
+}
+
+/// `node`, a directory; else `NotDirectory`.
+fn directory(node: Arc<Node>) -> Result<Arc<Node>, FsError> {
+    match node.kind {
+        Kind::Directory => Ok(node),
+        _ => Err(FsError::NotDirectory),
+    }
+}
+
+/// `node`, a regular file; else the error an open of it gets.
+fn regular_file(node: Arc<Node>) -> Result<Arc<Node>, FsError> {
+    match node.kind {
+        Kind::File => Ok(node),
+        Kind::Directory => Err(FsError::IsDirectory),
+        Kind::Symlink | Kind::Other => Err(FsError::AccessDenied),
     }
 }
 

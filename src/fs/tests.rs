@@ -445,6 +445,66 @@ fn control_dir_is_reachable_but_not_listed() {
     assert!(json["cache"]["budget_bytes"].as_u64() == Some(1 << 20));
 }
 
+/// Which requests may wait on the source, tree by tree (`Tree::needs_source`): the adapter runs
+/// the others on the kernel's thread, so none of them may touch the source; and the requests that
+/// list or resolve names under a view's root (the source root's) must go to the I/O pool.
+#[test]
+fn only_requests_that_touch_the_source_are_said_to_need_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_photos(dir.path(), 1, |i| format!("a{i}.jpg"));
+    std::fs::create_dir(dir.path().join("d")).expect("mkdir");
+    let mut o = options(1 << 30);
+    o.config.views.specs =
+        vec![crate::view::ViewSpec::parse("v=decode,resize(32),uint8").expect("spec")];
+    let fs = o.build(Arc::new(
+        LocalSource::open(dir.path())
+            .expect("source")
+            .settled_at_once(),
+    ));
+    let name = |n: &'static str| Ask::Lookup(OsStr::new(n));
+    let cached = Ask::Xattr(OsStr::new(CACHED_XATTR));
+    let other_xattr = Ask::Xattr(OsStr::new("security.selinux"));
+    let view_root = ino_of(&fs, ".prepfs/views/v");
+    let view_file = ino_of(&fs, ".prepfs/views/v/a0.jpg.npy");
+    let (file, subdir) = (ino_of(&fs, "a0.jpg"), ino_of(&fs, "d"));
+    let cases = [
+        (inode::ROOT, name(".prepfs"), false),
+        (inode::ROOT, name("a0.jpg"), true),
+        (inode::ROOT, Ask::Getattr, true),
+        (inode::ROOT, Ask::Opendir, true),
+        (inode::CONTROL_DIR, name("stats.json"), false),
+        (inode::CONTROL_DIR, Ask::Opendir, false),
+        (inode::STATS_FILE, Ask::Open, false),
+        (inode::METRICS_FILE, Ask::Getattr, false),
+        (inode::VIEWS_DIR, name("v"), false),
+        (inode::VIEWS_DIR, Ask::Opendir, false),
+        (view_root, Ask::Getattr, false),
+        (view_root, name("a0.jpg.npy"), true),
+        (view_root, Ask::Opendir, true),
+        (view_file, Ask::Getattr, true),
+        (view_file, Ask::Open, false),
+        (view_file, cached, false),
+        (file, Ask::Open, true),
+        (file, cached, true),
+        (file, other_xattr, false),
+        (subdir, Ask::Opendir, true),
+        // A number no node has is answered NotFound at once.
+        (1 << 40, Ask::Getattr, false),
+    ];
+    for (ino, ask, needs) in cases {
+        assert_eq!(fs.needs_source(ino, ask), needs, "{ino} {ask:?}");
+    }
+    // The view root's listing is the source root's images, as .npy files.
+    let fh = fs.opendir(view_root).expect("opendir");
+    let mut names = Vec::new();
+    fs.readdir(fh, 0, |_, item| {
+        names.push(item.name);
+        false
+    })
+    .expect("readdir");
+    assert_eq!(names, vec![".", "..", "a0.jpg.npy", "d"]);
+}
+
 #[test]
 fn readdir_resumes_from_any_offset() {
     let dir = tempfile::tempdir().expect("tempdir");

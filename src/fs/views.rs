@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::listing::Listing;
 use super::{Attr, DirSnapshot, Fs, Handle, Intent, SOURCE_TTL};
 use crate::error::FsError;
-use crate::inode::{self, FIRST_VIEW_ROOT, Node, VIEWS_DIR};
+use crate::inode::{self, FIRST_VIEW_ROOT, Node};
 use crate::renders::is_image;
 use crate::source::{Kind, Meta};
 
@@ -28,15 +28,6 @@ const NPY: &str = ".npy";
 const VIEW_IO_BLOCK: u32 = crate::view::npy::HEADER_LEN as u32;
 
 impl Fs {
-    /// Attributes of `.prepfs/views` and of each view's root.
-    pub(super) fn views_dir_attr(&self, ino: u64) -> Option<Attr> {
-        if self.views.is_empty() {
-            return None;
-        }
-        let roots = FIRST_VIEW_ROOT..FIRST_VIEW_ROOT + self.views.len() as u64;
-        (ino == VIEWS_DIR || roots.contains(&ino)).then(|| self.virtual_dir_attr(ino))?
-    }
-
     /// Resolves `name` in `.prepfs/views`.
     pub(super) fn lookup_view_root(&self, name: &OsStr) -> Result<Attr, FsError> {
         let index = self
@@ -44,8 +35,7 @@ impl Fs {
             .iter()
             .position(|v| OsStr::new(&v.spec.name) == name)
             .ok_or(FsError::NotFound)?;
-        self.views_dir_attr(FIRST_VIEW_ROOT + index as u64)
-            .ok_or(FsError::NotFound)
+        Ok(self.virtual_dir_attr(FIRST_VIEW_ROOT + index as u64))
     }
 
     /// Resolves `name` in a directory of view `view`.

@@ -2,15 +2,17 @@
 //!
 //! Owns: translating kernel requests into `fs::Fs` calls and results into replies, the kernel
 //! connection settings (1 MiB requests, direct I/O, mmap on direct-I/O files, passthrough), the
-//! passthrough backing ids and each inode's I/O mode (`iomode`), counting requests per op, and where each request runs. What cannot
-//! wait on the source is answered on the FUSE thread: the virtual files and directories (stats
-//! always answer), cache hits, listings of an opened directory, releases and forgets, and every
-//! xattr but prepfs's own, and the open of a file the cache holds whole when its source is a
-//! local filesystem (`Fs::open_at_once`: its stat waits on nothing remote). Everything else (lookups and attributes of dataset entries, opens,
-//! directory opens, reads that miss, statfs, `user.prepfs.cached`) runs on the `RequestPool` with a deadline (`--source-timeout`): a hung source
-//! holds up only the requests that touch it, and each is answered EIO at its deadline at the
-//! latest. An open of a file the cache holds whole is answered from the cache if the source does
-//! not answer within `CACHED_OPEN_PATIENCE`. Must never hold file-system semantics of its own
+//! passthrough backing ids and each inode's I/O mode (`iomode`), counting requests per op, and
+//! where each request runs. A request the core says needs no source (`Fs::needs_source`: the
+//! control tree, view roots' attributes, opens of view files, every xattr but prepfs's own), cache
+//! hits, listings of an opened directory, releases and forgets are answered on the FUSE thread,
+//! and so is the open of a file the cache holds whole when its source is a local filesystem
+//! (`Fs::open_at_once`: its stat waits on nothing remote). Everything else (lookups and
+//! attributes of dataset and view entries, opens, directory opens, reads that miss, statfs,
+//! `user.prepfs.cached`) runs on the `RequestPool` with a deadline (`--source-timeout`): a hung
+//! source holds up only the requests that touch it, and each is answered EIO at its deadline at
+//! the latest. An open of a file the cache holds whole is answered from the cache if the source
+//! does not answer within `CACHED_OPEN_PATIENCE`. Must never hold file-system semantics of its own
 //! (every decision is the core's) and never call the source from a FUSE thread, but for
 //! `Fs::open_at_once`'s stat of a local filesystem.
 
@@ -32,7 +34,7 @@ mod iomode;
 
 use crate::error::FsError;
 use crate::fs::metrics::Op;
-use crate::fs::{Attr, Fs, Intent, Opened, Serve};
+use crate::fs::{Ask, Attr, Fs, Intent, Opened, Serve};
 use crate::renders::RENDER_WAIT;
 use crate::requests::{self, Expiry, Once, Place, RequestPool};
 use crate::source::Kind;
@@ -341,7 +343,7 @@ impl Filesystem for Adapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if self.fs().lookup_is_virtual(parent.0, name) {
+        if !self.fs().needs_source(parent.0, Ask::Lookup(name)) {
             return match self.done(Op::Lookup, self.fs().lookup(parent.0, name)) {
                 Ok(a) => reply.entry(&a.valid_for, &file_attr(&a), Generation(0)),
                 Err(e) => reply.error(e),
@@ -363,7 +365,7 @@ impl Filesystem for Adapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        if self.fs().is_virtual(ino.0) {
+        if !self.fs().needs_source(ino.0, Ask::Getattr) {
             return match self.done(Op::Getattr, self.fs().getattr(ino.0)) {
                 Ok(a) => reply.attr(&a.valid_for, &file_attr(&a)),
                 Err(e) => reply.error(e),
@@ -401,7 +403,7 @@ impl Filesystem for Adapter {
         } else {
             Intent::Read
         };
-        if intent == Intent::Write || self.fs().opens_without_the_source(ino.0) {
+        if intent == Intent::Write || !self.fs().needs_source(ino.0, Ask::Open) {
             return match self.done(Op::Open, self.fs().open_by(ino.0, intent, req.pid())) {
                 Ok(opened) => send_opened(&self.shared, reply, ino.0, opened),
                 Err(e) => reply.error(e),
@@ -520,7 +522,8 @@ impl Filesystem for Adapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if flags.acc_mode() != OpenAccMode::O_RDONLY || self.fs().is_virtual(ino.0) {
+        if flags.acc_mode() != OpenAccMode::O_RDONLY || !self.fs().needs_source(ino.0, Ask::Opendir)
+        {
             let result = if flags.acc_mode() != OpenAccMode::O_RDONLY {
                 Err(FsError::ReadOnly)
             } else {
@@ -601,7 +604,7 @@ impl Filesystem for Adapter {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        if !self.fs().xattr_needs_source(name) {
+        if !self.fs().needs_source(ino.0, Ask::Xattr(name)) {
             return match self.done(Op::Xattr, self.fs().xattr(ino.0, name)) {
                 Ok(value) if size == 0 => reply.size(value.len() as u32),
                 Ok(value) if value.len() <= size as usize => reply.data(&value),
@@ -634,7 +637,7 @@ impl Filesystem for Adapter {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        if mask.contains(AccessFlags::W_OK) || self.fs().is_virtual(ino.0) {
+        if mask.contains(AccessFlags::W_OK) || !self.fs().needs_source(ino.0, Ask::Getattr) {
             let result = if mask.contains(AccessFlags::W_OK) {
                 Err(FsError::ReadOnly)
             } else {
