@@ -633,6 +633,30 @@ fn each_job_counts_its_own_epochs_and_jobs_reading_together_share_renders() {
     assert_eq!(stats("errors"), 0);
 }
 
+/// One job gets the tensors prepfs rendered before jobs counted their own opens (issue 35): with
+/// `--seed 7`, the first three opens of one image by one process give, byte for byte, what the
+/// build of 07b0f7a (before coordinated prep) gave for the same image, view and seed: the xxh3
+/// digests below, read from that build's mount over `synthetic::photo(3)`.
+#[test]
+fn one_job_gets_the_tensors_it_got_before_jobs_were_told_apart() {
+    const BEFORE: [u64; 3] = [0x4045a063d8801107, 0x622e8d6a1960d463, 0xe4da594b82a36098];
+    let mut t = TestMount::new();
+    fs::create_dir_all(t.s("cat")).expect("mkdir");
+    let jpeg = prepfs::synthetic::photo(3).expect("jpeg");
+    fs::write(t.s("cat/img.jpg"), jpeg).expect("write");
+    t.mount(&[
+        "--seed",
+        "7",
+        "--view",
+        "g=decode,random_resized_crop(64),hflip,uint8",
+    ]);
+    let file = t.m(".prepfs/views/g/cat/img.jpg.npy");
+    let digests: Vec<u64> = (0..3)
+        .map(|_| xxhash_rust::xxh3::xxh3_64(&fs::read(&file).expect("read")))
+        .collect();
+    assert_eq!(digests, BEFORE);
+}
+
 /// A budget whose work and staging shares cannot hold a typical render once the never-evict
 /// cache holds its own share: the mount says so when it starts.
 #[test]
