@@ -396,7 +396,7 @@ fn work(shared: &Shared) {
         match task {
             Task::Request(request) => {
                 *slot.lock() = Some((request.deadline, Some(request.expire)));
-                (request.run)();
+                survive("request", request.run);
                 let was_full = shared.queue.lock().release(request.place, shared.share);
                 // A request of that place may have waited for this thread.
                 if was_full {
@@ -405,7 +405,7 @@ fn work(shared: &Shared) {
             }
             Task::Background(job, patience) => {
                 *slot.lock() = Some((Instant::now() + patience, None));
-                job();
+                survive("background job", job);
                 shared.queue.lock().background -= 1;
             }
         }
@@ -421,6 +421,15 @@ fn work(shared: &Shared) {
     shared.threads.fetch_sub(1, Ordering::AcqRel);
     shared.running.lock().retain(|s| !Arc::ptr_eq(s, &slot));
 }
+/// Runs `task` (a `what`); a panic in it is logged, and the thread goes on with its place given
+/// back and its counts kept, as after any task: a request whose run panicked drops its reply,
+/// which answers the kernel EIO.
+fn survive(what: &str, task: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(task)).is_err() {
+        tracing::error!("a {what} panicked; its thread goes on serving");
+    }
+}
+
 fn watch(shared: &Shared) {
     while !shared.stop.load(Ordering::Acquire) {
         std::thread::sleep(WATCH_EVERY);
@@ -560,6 +569,43 @@ mod tests {
         assert_eq!(rx.recv().expect("late"), "late");
         assert_eq!(rx.recv().expect("late"), "late");
         drop(pool);
+    }
+
+    #[test]
+    fn requests_that_panic_leave_their_place_and_threads_serving() {
+        let pool = RequestPool::new("q", 2, 0, 16).expect("starts");
+        let (tx, rx) = mpsc::channel::<&str>();
+        // More panics in one place than the pool has threads, or the place may hold.
+        for _ in 0..6 {
+            let tx = tx.clone();
+            pool.submit(Request::new(
+                Duration::from_secs(10),
+                7,
+                || panic!("a bug on a request path"),
+                move |_| {
+                    let _ = tx.send("expired");
+                },
+            ));
+        }
+        for place in [7, 0] {
+            let (ok, etx) = (tx.clone(), tx.clone());
+            pool.submit(Request::new(
+                Duration::from_secs(10),
+                place,
+                move || {
+                    let _ = ok.send("served");
+                },
+                move |_| {
+                    let _ = etx.send("expired");
+                },
+            ));
+            assert_eq!(
+                rx.recv_timeout(Duration::from_secs(10)),
+                Ok("served"),
+                "place {place}"
+            );
+        }
+        assert_eq!(pool.gauges().expired, 0);
     }
 
     #[test]
