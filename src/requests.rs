@@ -38,6 +38,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::workers::survive;
+
 /// How often the watchdog looks at running and queued requests (and lets the lane take up
 /// threads a demand read no longer holds back).
 const WATCH_EVERY: Duration = Duration::from_millis(50);
@@ -396,6 +398,8 @@ fn work(shared: &Shared) {
         match task {
             Task::Request(request) => {
                 *slot.lock() = Some((request.deadline, Some(request.expire)));
+                // A run that panics drops its reply, which answers the kernel EIO; the thread
+                // gives its place back as after any request.
                 survive("request", request.run);
                 let was_full = shared.queue.lock().release(request.place, shared.share);
                 // A request of that place may have waited for this thread.
@@ -421,15 +425,6 @@ fn work(shared: &Shared) {
     shared.threads.fetch_sub(1, Ordering::AcqRel);
     shared.running.lock().retain(|s| !Arc::ptr_eq(s, &slot));
 }
-/// Runs `task` (a `what`); a panic in it is logged, and the thread goes on with its place given
-/// back and its counts kept, as after any task: a request whose run panicked drops its reply,
-/// which answers the kernel EIO.
-fn survive(what: &str, task: impl FnOnce()) {
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(task)).is_err() {
-        tracing::error!("a {what} panicked; its thread goes on serving");
-    }
-}
-
 fn watch(shared: &Shared) {
     while !shared.stop.load(Ordering::Acquire) {
         std::thread::sleep(WATCH_EVERY);

@@ -5,7 +5,8 @@
 //! itself later (a view's first read renders it), so neither memory nor waiting grows with it.
 //! A pool may be sized live (`Active`): workers beyond the active count finish their job and
 //! wait, so the scheduler can give cores back to the trainer or overlap more waits.
-//! Must never run unbounded work or outlive its owner (dropping it joins every thread).
+//! Must never run unbounded work, lose a thread to a job that panics (`survive`), or outlive its
+//! owner (dropping it joins every thread).
 //!
 //! `Permits` bounds work that any thread may start (renders start on the render pool, on the
 //! reads that find their file unrendered and on prefetch's threads): at most as many at once as
@@ -113,9 +114,17 @@ fn work(
         }
         let job = rx.lock().recv();
         match job {
-            Ok(job) => job(),
+            Ok(job) => survive("render pool job", job),
             Err(_) => return,
         }
+    }
+}
+
+/// Runs `task` (a `what`) on a pool's thread; a panic in it (a bug) is caught and logged, so the
+/// thread goes on serving and the pool keeps its size.
+pub fn survive(what: &str, task: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(task)).is_err() {
+        tracing::error!("a {what} panicked; its thread goes on serving");
     }
 }
 
@@ -211,6 +220,18 @@ mod tests {
         drop(held);
         drop(pool);
         assert_eq!(done.load(Ordering::SeqCst), queued);
+    }
+
+    #[test]
+    fn a_job_that_panics_leaves_its_worker_serving() {
+        // One worker: were it to die with the panic, the job after it would never run.
+        let pool = WorkerPool::new("panics", 1, 4).expect("threads start");
+        let (tx, rx) = std::sync::mpsc::channel();
+        assert!(pool.try_submit(|| panic!("a bug in a render")));
+        assert!(pool.try_submit(move || {
+            let _ = tx.send("ran");
+        }));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok("ran"));
     }
 
     #[test]
