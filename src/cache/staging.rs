@@ -2,8 +2,10 @@
 //!
 //! Owns: blocks the prefetcher fetched ahead of the readers (keyed by file version and block, so
 //! a changed file never finds them), charged to the memory budget's staging slice, and their
-//! lifetime: a block is dropped once a reader has read it to its end, blocks a pass staged but
-//! never read are dropped when the next pass begins (`retire`, counted as wasted), and under
+//! lifetime: a block is dropped once a reader has read it to its end; when a new pass begins
+//! (`retire`), blocks staged before the ending pass and blocks of files no pass is reading are
+//! dropped and counted as wasted (a walk that ran past the files the readers read, into a
+//! directory of shards they never open, must not hold the room the next pass needs); and under
 //! memory pressure every block is given back (`Shed`). A `Tier` below RAM: the fetcher asks it
 //! before the disk tier and the source, and only prefetch offers it blocks. Must never admit
 //! past its slice and never hand out bytes that fail their checksum.
@@ -25,6 +27,8 @@ struct Staged {
     block: Arc<Block>,
     /// The pass generation that staged it.
     generation: u64,
+    /// The file it is of, relative to the source root.
+    path: Arc<Path>,
 }
 
 impl Staged {
@@ -67,11 +71,13 @@ impl Staging {
         self.blocks.get(&BlockKey { identity, index }).is_some()
     }
 
-    /// Starts a new pass. Blocks the ending pass staged stay (the new pass reads the same files);
-    /// blocks staged before it and still not read to their end are dropped and counted as wasted.
-    pub fn retire(&self) {
+    /// Starts a new pass. Blocks the ending pass staged of files a pass reads (`read`: the
+    /// ending or the current pass of any file set opened it) stay, since the new pass reads the
+    /// same files; blocks staged before it, or of files no pass opened, are dropped unread and
+    /// counted as wasted.
+    pub fn retire(&self, read: impl Fn(&Path) -> bool) {
         let ending = self.generation.fetch_add(1, Ordering::AcqRel);
-        let freed = self.drop_where(|staged| staged.generation < ending);
+        let freed = self.drop_where(|staged| staged.generation < ending || !read(&staged.path));
         self.metrics.staged_wasted_bytes.add(freed);
     }
 
@@ -121,7 +127,7 @@ impl Tier for Staging {
         Some(block)
     }
 
-    fn put(&self, key: &BlockKey, _path: &Arc<Path>, block: &Arc<Block>) -> bool {
+    fn put(&self, key: &BlockKey, path: &Arc<Path>, block: &Arc<Block>) -> bool {
         let len = block.data.len() as u64;
         if !self.budget.admit(Use::Staging, len) {
             return false;
@@ -129,6 +135,7 @@ impl Tier for Staging {
         let staged = Arc::new(Staged {
             block: block.clone(),
             generation: self.generation.load(Ordering::Acquire),
+            path: path.clone(),
         });
         let kept = self.blocks.get_or_insert_with(*key, || staged.clone());
         if !Arc::ptr_eq(&kept, &staged) {
@@ -191,14 +198,31 @@ mod tests {
         assert!(s.get(&key(0), &(10..1000)).is_some());
         assert!(!s.contains(key(0).identity, 0), "read to its end: dropped");
         assert_eq!(s.bytes(), 1000);
-        s.retire();
+        s.retire(|_| true);
         assert!(
             s.contains(key(1).identity, 1),
             "staged by the ending pass: kept"
         );
-        s.retire();
+        s.retire(|_| true);
         assert!(!s.contains(key(1).identity, 1), "two passes unread: wasted");
         assert_eq!(s.bytes(), 0);
+    }
+
+    #[test]
+    fn blocks_of_files_no_pass_read_are_dropped_when_the_next_pass_begins() {
+        let s = staging(1 << 20);
+        let block = Arc::new(Block::new(vec![7; 1000]));
+        let (read, shard): (Arc<Path>, Arc<Path>) = (
+            Arc::from(Path::new("samples/1.jpg")),
+            Arc::from(Path::new("shards/0.tar")),
+        );
+        assert!(s.put(&key(0), &read, &block));
+        assert!(s.put(&key(1), &shard, &block));
+        s.retire(|p| p.starts_with("samples"));
+        assert!(s.contains(key(0).identity, 0), "the next pass reads it");
+        assert!(!s.contains(key(1).identity, 1), "no pass read it: wasted");
+        assert_eq!(s.bytes(), 1000);
+        assert_eq!(s.metrics.staged_wasted_bytes.get(), 1000);
     }
 
     #[test]

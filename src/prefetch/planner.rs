@@ -96,14 +96,14 @@ impl SetState {
         }
     }
 
-    /// Ends the epoch that just ended: its record, wasted prefetches, staged leftovers.
+    /// Ends the epoch that just ended: its record and wasted prefetches (the staged leftovers
+    /// go once every set is asked, `retire_staged`).
     fn close_epoch(&mut self, shared: &Shared, set: SetId) {
         let mut outcomes = shared.outcomes[set].lock();
         let wasted = outcomes.values().filter(|o| **o == Outcome::Done).count();
         outcomes.retain(|_, o| matches!(o, Outcome::InFlight | Outcome::Parked));
         drop(outcomes);
         shared.metrics.wasted.add(wasted as u64);
-        shared.fetcher.staging().retire();
         for (p, score) in &mut self.predictors {
             p.forget_listings();
             score.new_pass();
@@ -140,16 +140,20 @@ impl SetState {
         self.epoch_started = Instant::now();
     }
 
-    fn opened(&mut self, shared: &Shared, set: SetId, event: Event) {
+    /// Takes an open of `set`'s file; true when it began a new pass.
+    fn opened(&mut self, shared: &Shared, set: SetId, event: Event) -> bool {
         let file = event.file;
         if let Some(identity) = event.identity {
             self.known.insert(file.clone(), identity);
         }
-        match self.tracker.open(&file) {
-            Opened::Repeat | Opened::Straggler => return,
-            Opened::NewEpoch => self.close_epoch(shared, set),
-            Opened::First => {}
-        }
+        let new_pass = match self.tracker.open(&file) {
+            Opened::Repeat | Opened::Straggler => return false,
+            Opened::NewEpoch => {
+                self.close_epoch(shared, set);
+                true
+            }
+            Opened::First => false,
+        };
         match shared.outcomes[set].lock().remove(&file) {
             Some(Outcome::Done) => shared.metrics.useful.inc(),
             Some(Outcome::InFlight) => shared.metrics.late.inc(),
@@ -187,6 +191,13 @@ impl SetState {
             work += predictor.take_work();
         }
         shared.metrics.planner_work.add(work);
+        new_pass
+    }
+
+    /// Whether a pass of this set reads `file`: the one that ended last or the current one.
+    fn reads(&self, file: &Path) -> bool {
+        self.tracker.current().contains(file)
+            || self.tracker.previous().is_some_and(|p| p.contains(file))
     }
 
     /// Replaces this set's queued files with the next `depth` predicted ones (the scheduler's
@@ -209,6 +220,7 @@ impl SetState {
         }
         let outcomes = &shared.outcomes[set];
         let current = self.tracker.current();
+        let previous = self.tracker.previous();
         let fetcher = &shared.fetcher;
         let known = &self.known;
         let parked_full = shared.parked.is_full();
@@ -234,6 +246,11 @@ impl SetState {
                 Some(Outcome::Parked) | None => {}
             }
             if current.contains(p) {
+                return Verdict::Settled;
+            }
+            // Once a pass has ended, the files the readers read are known: a walk that runs past
+            // them (into a directory of shards nobody opens) stages nothing there.
+            if previous.is_some_and(|pass| !pass.contains(p)) {
                 return Verdict::Settled;
             }
             let identity = known.get(p.as_os_str());
@@ -366,6 +383,15 @@ impl SetState {
     }
 }
 
+/// A new pass began in a set: the staging buffer keeps what the ending pass staged of files a
+/// pass of some set reads, and drops the rest (`Staging::retire`).
+fn retire_staged(shared: &Shared, sets: &[SetState]) {
+    shared
+        .fetcher
+        .staging()
+        .retire(|file| sets.iter().any(|s| s.reads(file)));
+}
+
 pub(super) fn plan(
     shared: &Shared,
     mut sets: Vec<SetState>,
@@ -383,7 +409,9 @@ pub(super) fn plan(
                 let set = event.set;
                 if let Some(state) = sets.get_mut(set) {
                     let cpu = crate::cache::thread_cpu();
-                    state.opened(shared, set, event);
+                    if state.opened(shared, set, event) {
+                        retire_staged(shared, &sets);
+                    }
                     shared.metrics.planned.inc();
                     let spent = crate::cache::thread_cpu().saturating_sub(cpu);
                     shared.metrics.planner_ns.add(spent);
