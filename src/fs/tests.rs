@@ -775,6 +775,34 @@ fn read_pass(fs: &Fs, order: &[u8], want: impl Fn(u8) -> Vec<u8>) {
     }
 }
 
+/// Once a pass has ended, prefetch stages nothing of files the readers never open: a sorted walk
+/// past the last file they read (here into `zz/`, as into a directory of shards beside the
+/// samples) would otherwise hold staging room every pass.
+#[test]
+fn after_a_pass_prefetch_stages_nothing_of_files_the_readers_never_open() {
+    let (dir, fs, _plan) = slow_prefetching_fs(12, 8 << 20, None);
+    std::fs::create_dir(dir.path().join("zz")).expect("mkdir");
+    for name in ["a", "b", "c"] {
+        std::fs::write(dir.path().join("zz").join(name), pattern(2 << 20, 9)).expect("write");
+    }
+    let order: Vec<u8> = (0..12).collect();
+    let want = |i: u8| pattern(64 << 10, i);
+    read_pass(&fs, &order, want);
+    read_pass(&fs, &order, want);
+    // The planner has taken the second pass's last open, and the workers have had time to fetch
+    // whatever it planned after it.
+    status_at_epoch(&fs, 2);
+    std::thread::sleep(Duration::from_secs(1));
+    for name in ["a", "b", "c"] {
+        let path = std::path::PathBuf::from("zz").join(name);
+        let identity = fs.source.stat(&path).expect("stat").identity;
+        assert!(
+            !fs.fetcher.staging().contains(identity, 0),
+            "zz/{name} staged in the second pass"
+        );
+    }
+}
+
 /// The planner's published status once it shows `epoch` for the source tree.
 fn status_at_epoch(fs: &Fs, epoch: u64) -> serde_json::Value {
     for _ in 0..100 {
