@@ -197,6 +197,7 @@ fn encoded_size(source: &dyn SourceFile) -> Result<u64, String> {
     Ok(size)
 }
 
+/// Whether `name` is an image views show: a JPEG or PNG extension (`IMAGE_EXTENSIONS`).
 pub fn is_image(name: &OsStr) -> bool {
     let name = name.as_bytes();
     IMAGE_EXTENSIONS.iter().any(|ext| {
@@ -308,6 +309,7 @@ impl Views {
         self.renders_waiting() as f64 / RENDER_QUEUE_DEPTH as f64
     }
 
+    /// View `index`; `NotFound` past the last.
     pub fn get(&self, index: u16) -> Result<&View, FsError> {
         self.list.get(usize::from(index)).ok_or(FsError::NotFound)
     }
@@ -333,7 +335,9 @@ impl Views {
             .map_err(|e| FsError::from_source(&e))?;
         let mut header = Err(RenderError::NotAnImage("empty file".into()));
         for probe in [HEADER_PROBE, HEADER_PROBE_MAX] {
-            let prefix = self.read_through(source.as_ref(), &node.path, probe)?;
+            let prefix = self
+                .fetcher
+                .read_prefix(source.as_ref(), &node.path, probe)?;
             header = render::dimensions(&prefix);
             // Only a known format whose header the probe cut short is worth a longer one.
             if !matches!(header, Err(RenderError::Corrupt(_))) || (prefix.len() as u64) < probe {
@@ -352,18 +356,9 @@ impl Views {
     /// larger than any image a decode could use (`MAX_ENCODED_BYTES`).
     fn read_image(&self, source: &dyn SourceFile, path: &Path) -> Result<Vec<u8>, String> {
         encoded_size(source)?;
-        self.read_through(source, path, MAX_ENCODED_BYTES)
+        self.fetcher
+            .read_prefix(source, path, MAX_ENCODED_BYTES)
             .map_err(|e| format!("cannot read the image: {e}"))
-    }
-
-    /// The first `limit` bytes of `source`, the open file at `path`, through the cache.
-    fn read_through(
-        &self,
-        source: &dyn SourceFile,
-        path: &Path,
-        limit: u64,
-    ) -> Result<Vec<u8>, FsError> {
-        self.fetcher.read_prefix(source, path, limit)
     }
 
     /// Renders `open` unless it already is, or nobody can read it any more (released).
