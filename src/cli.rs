@@ -263,6 +263,29 @@ struct MountArgs {
         requires = "cache_dir"
     )]
     disk_min_free: f64,
+    /// Share the cache with the other nodes of a job through a Redis Cluster: one or more of its
+    /// nodes, comma-separated (redis://HOST:PORT, rediss:// for TLS). Each block lives on one
+    /// node of the cluster, so N nodes read the source once between them; the cluster is best
+    /// effort (a node down, slow or full costs misses, never a failed read). See
+    /// docs/CONFIGURATION.md for starting one.
+    #[arg(long, value_name = "URLS")]
+    cluster: Option<String>,
+    /// File with the cluster's password (one line), or its ACL user and password (two lines);
+    /// mode 0600. Never put credentials on the command line.
+    #[arg(long, value_name = "FILE", requires = "cluster")]
+    cluster_auth: Option<PathBuf>,
+    /// Longest wait for a cluster lookup before reading the source instead, e.g. 50ms.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "50ms",
+        requires = "cluster"
+    )]
+    cluster_timeout: String,
+    /// What names this dataset in the cluster; every node that shares it must give the same
+    /// (default: the source's path, the same where nodes mount one store at one path).
+    #[arg(long, value_name = "ID", requires = "cluster")]
+    cluster_dataset: Option<String>,
     /// Who sets the pipeline's knobs (codec, prefetch depth, decode workers, decoded caching):
     /// heuristic (each module's own rule), policy (the learned PPO policy), random (stress).
     #[arg(long, value_name = "MODE", default_value = "heuristic")]
@@ -432,6 +455,10 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 cache_dir,
                 cache_disk,
                 disk_min_free,
+                cluster,
+                cluster_auth,
+                cluster_timeout,
+                cluster_dataset,
                 scheduler,
                 policy,
                 learn,
@@ -493,6 +520,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                     budget: cache_disk,
                     min_free: disk_min_free,
                 }),
+                cluster: None,
             };
             cfg.prefetch = PrefetchConfig {
                 enabled: !no_prefetch,
@@ -515,6 +543,13 @@ fn dispatch(command: Command) -> Result<(), RunError> {
             }
             config::check_fuse_device()?;
             cfg.source = config::check_source(&cfg.source)?;
+            cfg.cache.cluster = config::parse_cluster(
+                cluster.as_deref(),
+                cluster_auth.map(absolute),
+                &cluster_timeout,
+                cluster_dataset,
+                &cfg.source,
+            )?;
             cfg.mountpoint = config::check_mountpoint(&cfg.mountpoint, &cfg.source)?;
             run::mount(&cfg, daemon_child)
         }

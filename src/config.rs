@@ -308,12 +308,22 @@ fn check_views(views: &[ViewSpec]) -> Result<(), ConfigError> {
 }
 
 /// Parses a duration: `30s`, `500ms`, `2m`, or a number of seconds (`1.5`); between 100 ms and
-/// one hour.
+/// one hour (`--source-timeout`).
 pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
+    parse_duration_in(text, MIN_SOURCE_TIMEOUT..=MAX_SOURCE_TIMEOUT)
+}
+
+/// Like `parse_duration`, within `range`.
+pub fn parse_duration_in(
+    text: &str,
+    range: std::ops::RangeInclusive<Duration>,
+) -> Result<Duration, ConfigError> {
     let bad = || {
         ConfigError::Invalid(format!(
             "invalid duration {text:?}: use seconds (30, 1.5), or a number with ms, s or m, \
-             between 100ms and 60m"
+             between {:?} and {:?}",
+            range.start(),
+            range.end()
         ))
     };
     let t = text.trim();
@@ -328,10 +338,66 @@ pub fn parse_duration(text: &str) -> Result<Duration, ConfigError> {
     };
     let seconds = number.trim().parse::<f64>().map_err(|_| bad())? * scale;
     let duration = Duration::try_from_secs_f64(seconds).map_err(|_| bad())?;
-    if !(MIN_SOURCE_TIMEOUT..=MAX_SOURCE_TIMEOUT).contains(&duration) {
+    if !range.contains(&duration) {
         return Err(bad());
     }
     Ok(duration)
+}
+
+/// The cluster tier's configuration from `--cluster URLS` and its companions; `None` without
+/// `--cluster`. The dataset id defaults to the source's path (the same on nodes that mount one
+/// shared store at one path). The credentials file is checked now, so a bad one is one line at
+/// mount time.
+pub fn parse_cluster(
+    urls: Option<&str>,
+    auth: Option<PathBuf>,
+    timeout: &str,
+    dataset: Option<String>,
+    source: &Path,
+) -> Result<Option<crate::cache::ClusterConfig>, ConfigError> {
+    let Some(urls) = urls else {
+        return Ok(None);
+    };
+    let urls: Vec<String> = urls
+        .split(',')
+        .map(|u| u.trim().to_owned())
+        .filter(|u| !u.is_empty())
+        .collect();
+    if urls.is_empty() {
+        return Err(ConfigError::Invalid(
+            "--cluster: give one or more nodes, e.g. redis://node1:7000,redis://node2:7000".into(),
+        ));
+    }
+    if let Some(bad) = urls
+        .iter()
+        .find(|u| !u.starts_with("redis://") && !u.starts_with("rediss://"))
+    {
+        return Err(ConfigError::Invalid(format!(
+            "--cluster {bad:?}: a node is redis://HOST:PORT (or rediss:// for TLS)"
+        )));
+    }
+    if urls.iter().any(|u| u.contains('@')) {
+        return Err(ConfigError::Invalid(
+            "--cluster: no credentials in the address (they would show in the process list); \
+             put them in a file and give --cluster-auth FILE"
+                .into(),
+        ));
+    }
+    if let Some(path) = &auth {
+        crate::cache::cluster::Credentials::read(path).map_err(ConfigError::Invalid)?;
+    }
+    let timeout = parse_duration_in(timeout, crate::cache::cluster::TIMEOUT_RANGE)
+        .map_err(|e| ConfigError::Invalid(format!("--cluster-timeout: {e}")))?;
+    let dataset = dataset.unwrap_or_else(|| source.to_string_lossy().into_owned());
+    if dataset.is_empty() {
+        return Err(ConfigError::Invalid("--cluster-dataset: empty".into()));
+    }
+    Ok(Some(crate::cache::ClusterConfig {
+        urls,
+        auth,
+        timeout,
+        dataset,
+    }))
 }
 
 /// Parses `8G`, `512M`, `1.5G`, `4096`, `64KiB` (binary multiples).

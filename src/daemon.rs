@@ -14,9 +14,12 @@ use std::sync::Arc;
 
 use serde_json::json;
 
+use crate::cache::cluster::{Credentials, RedisCluster};
 use crate::cache::metrics::CacheMetrics;
 use crate::cache::policy::{CodecPolicy, DecodedCaching, Fixed, ScheduledCodec};
-use crate::cache::{BlockFetcher, CacheConfig, DiskSetup, DiskTier, Packer, RamTier, Staging};
+use crate::cache::{
+    BlockFetcher, CacheConfig, ClusterTier, DiskSetup, DiskTier, Packer, RamTier, Staging,
+};
 use crate::config::MountConfig;
 use crate::control::action::{Action, CODECS, Head, Mask};
 use crate::control::knobs::Knobs;
@@ -96,15 +99,20 @@ pub(crate) fn build_observed(
             d.options,
             d.validate,
             Box::new(move |identity, index| held.recall(identity, index)),
-            packer,
+            packer.clone(),
             budget.clone(),
             metrics.clone(),
         ))
     });
+    let cluster = match &cache.cluster {
+        Some(c) => Some(Arc::new(start_cluster(c, &budget, &packer)?)),
+        None => None,
+    };
     let fetcher = Arc::new(BlockFetcher::new(
         ram,
         staging,
         disk,
+        cluster,
         budget,
         metrics.clone(),
     ));
@@ -299,6 +307,30 @@ fn waits(metrics: &Arc<FsMetrics>) -> crate::prefetch::Waits {
     })
 }
 
+/// The cluster tier of `config` (its credentials read now; it connects on first use).
+fn start_cluster(
+    config: &crate::cache::ClusterConfig,
+    budget: &Arc<MemoryBudget>,
+    packer: &Arc<Packer>,
+) -> std::io::Result<ClusterTier> {
+    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+    let credentials = config
+        .auth
+        .as_deref()
+        .map(Credentials::read)
+        .transpose()
+        .map_err(invalid)?;
+    let remote =
+        RedisCluster::new(&config.urls, credentials.as_ref(), config.timeout).map_err(invalid)?;
+    ClusterTier::start(
+        Arc::new(remote),
+        config,
+        budget.clone(),
+        packer.clone(),
+        Arc::default(),
+    )
+}
+
 /// How telemetry reads this mount's pipeline: counters from the file system's and the cache's
 /// metrics, gauges from the cache, the prefetcher and the render queue. Every read is an atomic
 /// load or a short lock that no request path holds for long.
@@ -355,6 +387,9 @@ impl Report for Board {
         self.fetcher
             .metrics()
             .samples(&self.fetcher.figures(), &mut out);
+        if let Some(cluster) = self.fetcher.cluster() {
+            cluster.metrics().samples(cluster.nodes(), &mut out);
+        }
         self.prefetcher.samples(&mut out);
         self.fetcher.ram().budget().gauges().samples(&mut out);
         for (index, view) in self.views.iter().enumerate() {

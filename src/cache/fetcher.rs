@@ -1,10 +1,11 @@
 //! `BlockFetcher`: the one way a block reaches a reader, the RAM tier, or the tiers below it.
 //!
-//! Owns: the tier order (RAM first, then the staging buffer, the disk tier, then the source),
+//! Owns: the tier order (RAM first, then the staging buffer, the disk tier, the cluster tier,
+//! then the source),
 //! single-flight fetching (concurrent readers of one block share one fetch, whatever asked first:
 //! a reader or prefetch), admission (a block fetched for a reader is kept by the RAM tier if it
 //! has room, else by the disk tier; one fetched ahead goes to RAM, else to staging; every block
-//! read from the source is also offered to the disk tier), reading from the source (charged to
+//! read from the source is also offered to the disk and cluster tiers), reading from the source (charged to
 //! the memory budget while in flight, verified to be of the version asked for), and what a full
 //! cache reads: only the bytes asked for. Must never serve bytes that failed their checksum or
 //! belong to another version, never hold a lock while fetching, and never let two fetches of one
@@ -18,6 +19,7 @@ use std::time::{Instant, SystemTime};
 use parking_lot::{Condvar, Mutex};
 
 use super::block::{self, Block};
+use super::cluster::ClusterTier;
 use super::disk::{self, DiskTier};
 use super::ram::{Derived, RamFile, RamTier, ReadBytes, Unpacked};
 use super::staging::Staging;
@@ -82,31 +84,38 @@ impl Flight {
 pub struct BlockFetcher {
     ram: Arc<RamTier>,
     staging: Arc<Staging>,
-    /// The tiers below staging that keep what readers fetch (the disk tier), in order.
+    /// The tiers below staging that keep what readers fetch, in order: the disk tier (local),
+    /// then the cluster tier (other nodes).
     lower: Vec<Arc<dyn Tier>>,
     /// The disk tier again, for what only it can tell (its figures, what it holds).
     disk: Option<Arc<DiskTier>>,
+    /// The cluster tier again, for its figures.
+    cluster: Option<Arc<ClusterTier>>,
     flights: ShardedMap<BlockKey, Arc<Flight>>,
     budget: Arc<MemoryBudget>,
     metrics: Arc<CacheMetrics>,
 }
 
 impl BlockFetcher {
-    /// The chain over `ram`, `staging` and an optional `disk` tier, charging reads in flight to
-    /// `budget`.
+    /// The chain over `ram`, `staging` and optional `disk` and `cluster` tiers, charging reads in
+    /// flight to `budget`.
     pub fn new(
         ram: Arc<RamTier>,
         staging: Arc<Staging>,
         disk: Option<Arc<DiskTier>>,
+        cluster: Option<Arc<ClusterTier>>,
         budget: Arc<MemoryBudget>,
         metrics: Arc<CacheMetrics>,
     ) -> BlockFetcher {
-        let lower = disk.iter().map(|d| d.clone() as Arc<dyn Tier>).collect();
+        let lower = (disk.iter().map(|d| d.clone() as Arc<dyn Tier>))
+            .chain(cluster.iter().map(|c| c.clone() as Arc<dyn Tier>))
+            .collect();
         BlockFetcher {
             ram,
             staging,
             lower,
             disk,
+            cluster,
             flights: ShardedMap::default(),
             budget,
             metrics,
@@ -127,6 +136,7 @@ impl BlockFetcher {
             staging,
             lower,
             disk: None,
+            cluster: None,
             flights: ShardedMap::default(),
             budget,
             metrics,
@@ -273,6 +283,11 @@ impl BlockFetcher {
         self.metrics.stale_detections.inc();
     }
 
+    /// The cluster tier, if any.
+    pub fn cluster(&self) -> Option<&Arc<ClusterTier>> {
+        self.cluster.as_ref()
+    }
+
     /// Whether there is a disk tier.
     pub fn has_disk(&self) -> bool {
         self.disk.is_some()
@@ -313,11 +328,11 @@ impl BlockFetcher {
                 identity: entry.identity(),
                 index,
             };
-            if let Some(block) = self.in_tier(self.staging.as_ref(), &key, &range) {
+            if let Some(block) = self.in_tier(self.staging.as_ref(), &key, entry.path(), &range) {
                 return Ok(ReadBytes::Shared(block, range));
             }
             self.metrics.misses.inc();
-            if let Some(block) = self.in_lower(&key, &range) {
+            if let Some(block) = self.in_lower(&key, entry.path(), &range) {
                 return Ok(ReadBytes::Shared(block, range));
             }
             self.metrics.admission_rejected.inc();
@@ -371,8 +386,8 @@ impl BlockFetcher {
         let span = entry.block_span(index);
         let whole = 0..(span.end - span.start) as usize;
         let below = self
-            .in_tier(self.staging.as_ref(), &key, &whole)
-            .or_else(|| self.in_lower(&key, &whole));
+            .in_tier(self.staging.as_ref(), &key, entry.path(), &whole)
+            .or_else(|| self.in_lower(&key, entry.path(), &whole));
         let (result, keep) = match below {
             Some(block) => (Ok(block), true),
             None => match self.read_source(key.identity, span.clone(), source) {
@@ -407,15 +422,21 @@ impl BlockFetcher {
     }
 
     /// The block from the first tier below staging that holds it intact.
-    fn in_lower(&self, key: &BlockKey, range: &Range<usize>) -> Option<Arc<Block>> {
+    fn in_lower(&self, key: &BlockKey, path: &Path, range: &Range<usize>) -> Option<Arc<Block>> {
         self.lower
             .iter()
-            .find_map(|tier| self.in_tier(tier.as_ref(), key, range))
+            .find_map(|tier| self.in_tier(tier.as_ref(), key, path, range))
     }
 
     /// The block from `tier` if it holds it intact.
-    fn in_tier(&self, tier: &dyn Tier, key: &BlockKey, range: &Range<usize>) -> Option<Arc<Block>> {
-        let block = tier.get(key, range)?;
+    fn in_tier(
+        &self,
+        tier: &dyn Tier,
+        key: &BlockKey,
+        path: &Path,
+        range: &Range<usize>,
+    ) -> Option<Arc<Block>> {
+        let block = tier.get(key, path, range)?;
         // A tier verifies what it keeps; this catches one that hands back damaged bytes.
         if block::verify(&block.data, &block.sums, range.clone()) {
             Some(block)
@@ -720,7 +741,10 @@ mod tests {
             identity: id,
             index: 0,
         };
-        assert!(lower.get(&key, &(0..1)).is_none(), "nothing offered below");
+        assert!(
+            lower.get(&key, Path::new(""), &(0..1)).is_none(),
+            "nothing offered below"
+        );
         assert_eq!(
             fetcher.metrics.source_reads.get(),
             4,

@@ -2,7 +2,8 @@
 //!
 //! Owns: the block (1 MiB of one file version, with checksums) and its codecs, and the chain a
 //! block is fetched through, in order: the never-evict RAM tier (`ram`), the prefetch staging
-//! buffer (`staging`), the disk tier (`disk`), then the source. `BlockFetcher` owns that order,
+//! buffer (`staging`), the disk tier (`disk`), the cluster tier shared by a job's nodes
+//! (`cluster`), then the source. `BlockFetcher` owns that order,
 //! single-flight fetching and admission; the tiers below RAM share the `Tier` seam, each with a
 //! fault-injecting double for tests. Cache failures (no room, a damaged entry, a checksum
 //! mismatch) become misses and counters, never errors for the reader. Must never evict a cached
@@ -10,6 +11,7 @@
 //! another file version.
 
 mod block;
+pub mod cluster;
 pub mod codec;
 pub mod disk;
 mod fetcher;
@@ -21,6 +23,7 @@ pub mod staging;
 pub mod tier;
 
 pub use block::Block;
+pub use cluster::{ClusterConfig, ClusterTier};
 pub use disk::{CacheDir, DiskConfig, DiskError, DiskOptions, DiskSetup, DiskTier};
 pub use fetcher::{BlockFetcher, Prefetched};
 pub use policy::{Choice, DecodedCaching, DecodedReason};
@@ -39,6 +42,8 @@ pub struct CacheConfig {
     pub decoded: DecodedCaching,
     /// The persistent disk tier, if any.
     pub disk: Option<disk::DiskConfig>,
+    /// The cluster tier, if any.
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for CacheConfig {
@@ -48,6 +53,7 @@ impl Default for CacheConfig {
             codec: None,
             decoded: DecodedCaching::Auto,
             disk: None,
+            cluster: None,
         }
     }
 }

@@ -108,7 +108,7 @@ impl Tier for Staging {
     }
 
     /// The staged block, verified for `range`; dropped once `range` reaches its end.
-    fn get(&self, key: &BlockKey, range: &Range<usize>) -> Option<Arc<Block>> {
+    fn get(&self, key: &BlockKey, _path: &Path, range: &Range<usize>) -> Option<Arc<Block>> {
         let staged = self.blocks.get(key)?;
         let block = staged.block.clone();
         if !block::verify(&block.data, &block.sums, range.clone()) {
@@ -193,9 +193,9 @@ mod tests {
         assert!(s.put(&key(0), &path, &block));
         assert!(s.put(&key(1), &path, &block));
         assert!(!s.put(&key(2), &path, &block), "the slice is full");
-        assert!(s.get(&key(0), &(0..10)).is_some());
+        assert!(s.get(&key(0), Path::new(""), &(0..10)).is_some());
         assert!(s.contains(key(0).identity, 0), "a partial read keeps it");
-        assert!(s.get(&key(0), &(10..1000)).is_some());
+        assert!(s.get(&key(0), Path::new(""), &(10..1000)).is_some());
         assert!(!s.contains(key(0).identity, 0), "read to its end: dropped");
         assert_eq!(s.bytes(), 1000);
         s.retire(|_| true);
@@ -237,7 +237,7 @@ mod tests {
             sums,
         });
         assert!(s.put(&key(0), &path, &damaged));
-        assert!(s.get(&key(0), &(0..100)).is_none());
+        assert!(s.get(&key(0), Path::new(""), &(0..100)).is_none());
         assert_eq!(s.metrics.integrity_errors.get(), 1);
         assert_eq!(s.bytes(), 0);
         assert!(s.put(&key(1), &path, &damaged));

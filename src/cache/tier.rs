@@ -1,5 +1,5 @@
 //! `Tier`: a place below the RAM tier where blocks of file versions can be kept (the staging
-//! buffer, the disk tier, a cluster tier next), asked in order by `BlockFetcher`.
+//! buffer, the disk tier, the cluster tier), asked in order by `BlockFetcher`.
 //!
 //! Owns the seam and its fault-injecting double (`Faulty`, for tests): a tier that loses blocks,
 //! refuses them, or hands back damaged ones, so the fetcher's handling of each is tested against
@@ -27,9 +27,10 @@ pub trait Tier: Send + Sync {
     /// Short name for logs and stats ("staging", "disk").
     fn name(&self) -> &'static str;
     /// The block if this tier holds it intact (verified: a damaged copy is dropped and counted,
-    /// and answers `None`). `range` is the part a reader wants now: a tier that keeps a block
+    /// and answers `None`). `path` is the file's path relative to the source root (what names a
+    /// block between nodes); `range` is the part a reader wants now: a tier that keeps a block
     /// only until it is read (the staging buffer) lets go of it once `range` reaches its end.
-    fn get(&self, key: &BlockKey, range: &Range<usize>) -> Option<Arc<Block>>;
+    fn get(&self, key: &BlockKey, path: &Path, range: &Range<usize>) -> Option<Arc<Block>>;
     /// Offers a block fetched from below (`path`: the file's path, for tiers that record it);
     /// true when this tier keeps it. Never waits.
     fn put(&self, key: &BlockKey, path: &Arc<Path>, block: &Arc<Block>) -> bool;
@@ -77,11 +78,11 @@ pub mod faulty {
             "faulty"
         }
 
-        fn get(&self, key: &BlockKey, range: &Range<usize>) -> Option<Arc<Block>> {
+        fn get(&self, key: &BlockKey, path: &Path, range: &Range<usize>) -> Option<Arc<Block>> {
             if self.lose.load(Ordering::Relaxed) {
                 return None;
             }
-            let block = self.inner.get(key, range)?;
+            let block = self.inner.get(key, path, range)?;
             self.gets.fetch_add(1, Ordering::Relaxed);
             if !self.damage.load(Ordering::Relaxed) || block.data.is_empty() {
                 return Some(block);
@@ -114,7 +115,7 @@ pub mod faulty {
             "memory"
         }
 
-        fn get(&self, key: &BlockKey, _range: &Range<usize>) -> Option<Arc<Block>> {
+        fn get(&self, key: &BlockKey, _path: &Path, _range: &Range<usize>) -> Option<Arc<Block>> {
             self.blocks.lock().get(key).cloned()
         }
 

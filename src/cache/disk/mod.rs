@@ -369,7 +369,12 @@ impl Tier for DiskTier {
 
     /// The entry's bytes, verified against the entry's own checksum (a damaged entry is removed,
     /// counted, and a miss).
-    fn get(&self, key: &BlockKey, _range: &std::ops::Range<usize>) -> Option<Arc<Block>> {
+    fn get(
+        &self,
+        key: &BlockKey,
+        _path: &Path,
+        _range: &std::ops::Range<usize>,
+    ) -> Option<Arc<Block>> {
         self.read_block(&key.identity, key.index)
     }
 
@@ -924,7 +929,7 @@ mod tests {
                 identity: fresh,
                 index,
             };
-            let read = tier.get(&key, &(0..1));
+            let read = tier.get(&key, Path::new(""), &(0..1));
             match index {
                 2 => assert!(read.is_none(), "block 2 was in neither tier"),
                 _ => assert_eq!(
@@ -939,7 +944,7 @@ mod tests {
             index: 0,
         };
         assert!(
-            tier.get(&kept, &(0..1)).is_some(),
+            tier.get(&kept, Path::new(""), &(0..1)).is_some(),
             "the scan kept the old entry"
         );
     }
@@ -989,7 +994,9 @@ mod tests {
         assert!(packed.bytes * 4 < packed.logical_bytes, "{packed:?}");
         for (index, d) in data.iter().enumerate() {
             let key = BlockKey { identity, index };
-            let block = tier.get(&key, &(0..1)).expect("entry reads back");
+            let block = tier
+                .get(&key, Path::new(""), &(0..1))
+                .expect("entry reads back");
             assert_eq!(&block.data[..], &d[..], "block {index}");
         }
     }

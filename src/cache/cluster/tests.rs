@@ -1,0 +1,269 @@
+//! The cluster tier against a cluster in memory whose faults the tests switch: slow, failing,
+//! full, or holding damaged values.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::*;
+use crate::cache::codec::Codec;
+use crate::cache::metrics::CacheMetrics;
+use crate::cache::policy::Fixed;
+use crate::memory::MemoryPlan;
+use crate::source::Identity;
+use crate::telemetry::Telemetry;
+
+#[derive(Default)]
+struct Fake {
+    values: Mutex<HashMap<String, Vec<u8>>>,
+    /// Every request sleeps this long first.
+    delay_ms: AtomicU64,
+    /// Every request fails.
+    down: AtomicBool,
+    /// Writes are refused as full.
+    full: AtomicBool,
+    requests: AtomicU64,
+    replaces: AtomicU64,
+}
+
+impl Fake {
+    fn answer(&self) -> Result<(), RemoteError> {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(self.delay_ms.load(Ordering::SeqCst)));
+        if self.down.load(Ordering::SeqCst) {
+            return Err(RemoteError::Failed("connection refused".into()));
+        }
+        Ok(())
+    }
+}
+
+impl Remote for Fake {
+    fn get(&self, key: &str, max: usize) -> Result<Vec<u8>, RemoteError> {
+        self.answer()?;
+        let values = self.values.lock();
+        Ok(values
+            .get(key)
+            .map_or_else(Vec::new, |v| v[..v.len().min(max)].to_vec()))
+    }
+
+    fn put(&self, key: &str, value: &[u8], replace: bool) -> Result<Stored, RemoteError> {
+        self.answer()?;
+        if self.full.load(Ordering::SeqCst) {
+            return Err(RemoteError::Full);
+        }
+        let mut values = self.values.lock();
+        if replace {
+            self.replaces.fetch_add(1, Ordering::SeqCst);
+        } else if values.contains_key(key) {
+            return Ok(Stored::Present);
+        }
+        values.insert(key.to_owned(), value.to_vec());
+        Ok(Stored::Written)
+    }
+
+    fn slots(&self) -> Result<Vec<(u16, u16, String)>, RemoteError> {
+        Ok(vec![(0, 16383, "fake:7000".into())])
+    }
+}
+
+fn tier(fake: &Arc<Fake>, timeout: Duration) -> ClusterTier {
+    let budget = MemoryBudget::new(MemoryPlan {
+        cache: 64 << 20,
+        staging: 0,
+        work: 64 << 20,
+    });
+    let packer = Arc::new(Packer::new(
+        Box::new(Fixed(Codec::Lz4)),
+        Arc::new(Telemetry::default()),
+        Arc::new(CacheMetrics::default()),
+    ));
+    let config = ClusterConfig {
+        urls: vec!["redis://fake:7000".into()],
+        auth: None,
+        timeout,
+        dataset: "test".into(),
+    };
+    ClusterTier::start(fake.clone(), &config, budget, packer, Arc::default()).expect("start")
+}
+
+fn key(index: usize) -> BlockKey {
+    BlockKey {
+        identity: Identity {
+            dev: 1,
+            ino: 2,
+            size: 3 << 20,
+            mtime_ns: 4,
+            ctime_ns: 5,
+        },
+        index,
+    }
+}
+
+fn block(seed: u8) -> Arc<Block> {
+    Arc::new(Block::new(
+        (0..BLOCK_SIZE as usize)
+            .map(|i| (i / 512) as u8 ^ seed)
+            .collect(),
+    ))
+}
+
+/// Waits until the writers have sent what was offered (they never keep a reader waiting).
+fn settle(fake: &Fake, requests: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fake.requests.load(Ordering::SeqCst) < requests {
+        assert!(
+            Instant::now() < deadline,
+            "the writers never sent the offer"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+}
+
+fn path() -> Arc<Path> {
+    Arc::from(Path::new("train/a.bin"))
+}
+
+#[test]
+fn a_block_offered_by_one_node_is_found_by_another_and_the_first_writer_wins() {
+    let fake = Arc::new(Fake::default());
+    let (one, two) = (tier(&fake, DEFAULT_TIMEOUT), tier(&fake, DEFAULT_TIMEOUT));
+    assert!(two.get(&key(1), &path(), &(0..10)).is_none(), "nothing yet");
+    assert!(one.put(&key(1), &path(), &block(7)));
+    settle(&fake, 2);
+    let got = two
+        .get(&key(1), &path(), &(0..10))
+        .expect("stored by the other node");
+    assert_eq!(got.data, block(7).data);
+    assert!(two.put(&key(1), &path(), &block(9)), "offered");
+    settle(&fake, 4);
+    let again = one.get(&key(1), &path(), &(0..10)).expect("still there");
+    assert_eq!(
+        again.data,
+        block(7).data,
+        "SET NX: the first writer's value stays"
+    );
+    let m = two.metrics();
+    assert_eq!((m.hits.get(), m.misses.get(), m.writes.get()), (1, 1, 0));
+    assert_eq!(one.metrics().writes.get(), 1);
+    assert!(
+        one.metrics().bytes_out.get() < BLOCK_SIZE / 2,
+        "stored with the policy's lz4"
+    );
+    // Another file version, another block: a miss.
+    let mut changed = key(1);
+    changed.identity.mtime_ns += 1;
+    assert!(two.get(&changed, &path(), &(0..10)).is_none());
+}
+
+#[test]
+fn a_slow_node_never_keeps_a_reader_past_the_timeout_and_is_then_skipped() {
+    let fake = Arc::new(Fake::default());
+    let tier = tier(&fake, Duration::from_millis(50));
+    assert!(tier.put(&key(0), &path(), &block(1)));
+    settle(&fake, 1);
+    fake.delay_ms.store(3_000, Ordering::SeqCst);
+    let asked = Instant::now();
+    assert!(tier.get(&key(0), &path(), &(0..10)).is_none());
+    assert!(
+        asked.elapsed() < Duration::from_millis(1_500),
+        "waited {:?} for a node that takes 3 s",
+        asked.elapsed()
+    );
+    assert_eq!(tier.metrics().timeouts.get(), 1);
+    // Backing off: the next lookups and offers are not sent at all.
+    let sent = fake.requests.load(Ordering::SeqCst);
+    for i in 0..20 {
+        assert!(tier.get(&key(i % 3), &path(), &(0..10)).is_none());
+    }
+    assert!(!tier.put(&key(2), &path(), &block(2)));
+    assert_eq!(
+        fake.requests.load(Ordering::SeqCst),
+        sent,
+        "no request to a node backing off"
+    );
+    assert_eq!(tier.metrics().skipped.get(), 21);
+    assert_eq!(tier.nodes(), (1, 1));
+    assert!(!tier.has_room(BLOCK_SIZE), "no node to offer blocks to");
+}
+
+#[test]
+fn a_failing_node_costs_misses_and_is_used_again_once_it_answers() {
+    let fake = Arc::new(Fake::default());
+    let tier = tier(&fake, DEFAULT_TIMEOUT);
+    assert!(tier.put(&key(0), &path(), &block(1)));
+    settle(&fake, 1);
+    fake.down.store(true, Ordering::SeqCst);
+    assert!(tier.get(&key(0), &path(), &(0..10)).is_none());
+    assert_eq!(tier.metrics().errors.get(), 1);
+    fake.down.store(false, Ordering::SeqCst);
+    // The backoff ends (at most MAX_BACKOFF plus its jitter); the probe finds the node back.
+    let deadline = Instant::now() + health::MAX_BACKOFF * 2;
+    while tier.get(&key(0), &path(), &(0..10)).is_none() {
+        assert!(Instant::now() < deadline, "the node was never probed again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(tier.nodes(), (1, 0));
+}
+
+#[test]
+fn a_damaged_value_is_a_miss_and_the_next_offer_replaces_it() {
+    let fake = Arc::new(Fake::default());
+    let tier = tier(&fake, DEFAULT_TIMEOUT);
+    assert!(tier.put(&key(0), &path(), &block(3)));
+    settle(&fake, 1);
+    for value in fake.values.lock().values_mut() {
+        let n = value.len();
+        value.truncate(n / 2);
+    }
+    assert!(tier.get(&key(0), &path(), &(0..10)).is_none(), "truncated");
+    assert_eq!(tier.metrics().corrupt.get(), 1);
+    assert!(tier.put(&key(0), &path(), &block(3)));
+    settle(&fake, 3);
+    assert_eq!(
+        fake.replaces.load(Ordering::SeqCst),
+        1,
+        "overwritten, not SET NX"
+    );
+    let got = tier.get(&key(0), &path(), &(0..10)).expect("intact again");
+    assert_eq!(got.data, block(3).data);
+    // A value of another block under this key is caught too.
+    let foreign = fake
+        .values
+        .lock()
+        .values()
+        .next()
+        .cloned()
+        .expect("a value");
+    fake.values.lock().clear();
+    let other = record::key_for(record::dataset_id("test"), &path(), &key(1));
+    fake.values.lock().insert(other, foreign);
+    assert!(tier.get(&key(1), &path(), &(0..10)).is_none());
+    assert_eq!(tier.metrics().corrupt.get(), 2);
+}
+
+#[test]
+fn a_full_cluster_is_counted_and_offered_nothing_more() {
+    let fake = Arc::new(Fake::default());
+    let tier = tier(&fake, DEFAULT_TIMEOUT);
+    // The slot map is read by the tier's own thread: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tier.nodes().0 == 0 {
+        assert!(Instant::now() < deadline, "no slot map");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let before = fake.requests.load(Ordering::SeqCst);
+    fake.full.store(true, Ordering::SeqCst);
+    assert!(tier.put(&key(0), &path(), &block(1)), "offered");
+    settle(&fake, before + 1);
+    assert_eq!(tier.metrics().refused.get(), 1);
+    assert!(!tier.has_room(BLOCK_SIZE));
+    assert!(
+        !tier.put(&key(1), &path(), &block(1)),
+        "not offered to a full node"
+    );
+    assert_eq!(tier.metrics().refused.get(), 2);
+    assert_eq!(fake.requests.load(Ordering::SeqCst), before + 1);
+    // Reads go on.
+    assert!(tier.get(&key(0), &path(), &(0..10)).is_none());
+    assert_eq!(tier.metrics().errors.get(), 0);
+}
