@@ -176,6 +176,10 @@ fn dashboard(now: &Value, before: Option<&Value>) -> String {
             n(&cache::DISK_CAPACITY_RATIO)
         );
     }
+    if let Some(line) = cluster_line(now) {
+        out.push_str(&line);
+        out.push('\n');
+    }
     let codec = &now["cache"]["codec"];
     let _ = write!(
         out,
@@ -263,6 +267,32 @@ fn line(now: &Value, before: Option<&Value>) -> String {
     )
 }
 
+/// The cluster tier's line, with `--cluster`: what the cluster answered since the mount, and how
+/// its nodes are.
+fn cluster_line(now: &Value) -> Option<String> {
+    use crate::cache::cluster::metrics as c;
+    now.get("cluster")?;
+    let n = |metric: &Metric| number(now, metric.path);
+    let (hits, misses) = (n(&c::HITS), n(&c::MISSES));
+    Some(format!(
+        "cluster     {} hits of {} lookups ({}), {} timed out, {} errors, {} damaged; \
+         in {} out {}; lookup p50 {:.0} p99 {:.0} us; {} of {} nodes down, {} refused full",
+        hits,
+        hits + misses,
+        percent(hits, hits + misses),
+        n(&c::TIMEOUTS),
+        n(&c::ERRORS),
+        n(&c::CORRUPT),
+        bytes(n(&c::BYTES_IN)),
+        bytes(n(&c::BYTES_OUT)),
+        number(now, &format!("{}.p50", c::LATENCY.path)),
+        number(now, &format!("{}.p99", c::LATENCY.path)),
+        n(&c::NODES_DOWN),
+        n(&c::NODES),
+        n(&c::REFUSED),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,6 +313,30 @@ mod tests {
         assert_eq!(r.hit_rate, Some(0.9));
         let since_mount = Rates::between(&now, None);
         assert_eq!(since_mount.served, 5000.0 / 12.0);
+    }
+
+    #[test]
+    fn top_shows_the_cluster_tier_only_with_one() {
+        assert_eq!(
+            cluster_line(&serde_json::json!({"cache": {"hits": 1}})),
+            None
+        );
+        let now = serde_json::json!({"cluster": {
+            "hits": 90, "misses": 10, "timeouts": 2, "errors": 3, "corrupt": 1,
+            "bytes_in": 94_371_840, "bytes_out": 1_048_576, "refused": 4,
+            "latency_us": {"p50": 850.0, "p99": 4100.0, "count": 100},
+            "nodes": 3, "nodes_down": 1,
+        }});
+        let line = cluster_line(&now).expect("a cluster line");
+        for part in [
+            "90 hits of 100 lookups (90%)",
+            "2 timed out, 3 errors, 1 damaged",
+            "in 90.00 MiB out 1.00 MiB",
+            "p50 850 p99 4100 us",
+            "1 of 3 nodes down, 4 refused full",
+        ] {
+            assert!(line.contains(part), "{part}: {line}");
+        }
     }
 
     #[test]

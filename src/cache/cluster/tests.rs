@@ -267,3 +267,21 @@ fn a_full_cluster_is_counted_and_offered_nothing_more() {
     assert!(tier.get(&key(0), &path(), &(0..10)).is_none());
     assert_eq!(tier.metrics().errors.get(), 0);
 }
+
+#[test]
+fn every_figure_of_the_tier_has_a_row_in_docs_stats() {
+    let mut samples = crate::metrics::Samples::default();
+    ClusterMetrics::default().samples((3, 1), &mut samples);
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/STATS.md"))
+        .expect("docs/STATS.md");
+    for s in samples.iter() {
+        let m = s.metric;
+        assert!(
+            docs.lines()
+                .any(|l| l.starts_with(&format!("| `{}` | `{}` |", m.path, m.prom))),
+            "docs/STATS.md has no row for {} ({})",
+            m.path,
+            m.prom
+        );
+    }
+}
