@@ -79,19 +79,27 @@ impl TestMount {
 
     /// Mounts in the foreground with `extra` flags and waits until the mount answers.
     pub fn mount(&mut self, extra: &[&str]) {
-        self.mount_logging(extra, "warn,fuser=error", Stdio::inherit(), None);
+        self.mount_logging(extra, "warn,fuser=error", Stdio::inherit(), |_| ());
     }
 
     /// Like `mount`, with the daemon inside `group` from its start.
     pub fn mount_confined(&mut self, extra: &[&str], group: &MemoryCgroup) {
-        self.mount_logging(extra, "warn,fuser=error", Stdio::inherit(), Some(group));
+        self.mount_logging(extra, "warn,fuser=error", Stdio::inherit(), |c| {
+            group.confine(c)
+        });
+    }
+
+    /// Like `mount`, with the daemon's command prepared by `prepare` first (a cgroup, a network
+    /// namespace).
+    pub fn mount_prepared(&mut self, extra: &[&str], prepare: impl FnOnce(&mut Command)) {
+        self.mount_logging(extra, "warn,fuser=error", Stdio::inherit(), prepare);
     }
 
     /// Like `mount`, with the daemon's log filtered by `rust_log` (RUST_LOG syntax) and written
     /// to `log` (a foreground prepfs logs to stderr; `--log-file` is for the detached daemon).
     pub fn mount_logged(&mut self, extra: &[&str], rust_log: &str, log: &Path) {
         let file = std::fs::File::create(log).expect("create the log file");
-        self.mount_logging(extra, rust_log, file.into(), None);
+        self.mount_logging(extra, rust_log, file.into(), |_| ());
     }
 
     fn mount_logging(
@@ -99,15 +107,13 @@ impl TestMount {
         extra: &[&str],
         rust_log: &str,
         stderr: Stdio,
-        group: Option<&MemoryCgroup>,
+        prepare: impl FnOnce(&mut Command),
     ) {
         if !self.keep_times {
             date_back(&self.src);
         }
         let mut command = prepfs();
-        if let Some(group) = group {
-            group.confine(&mut command);
-        }
+        prepare(&mut command);
         let child = command
             .arg("mount")
             .arg(&self.src)

@@ -175,15 +175,18 @@ impl Tier for ClusterTier {
         if !self.health.allows(slot) {
             return self.miss(Some(&self.metrics.skipped));
         }
-        // The reply is read into memory by a lookup thread, then decoded here: both charged.
-        let Some(reply) = self.budget.try_work(record::MAX_VALUE as u64) else {
+        // The reply (at most a header and the raw block: a longer value is damaged, and its
+        // excess never read) is read into memory by a lookup thread, then decoded here: both
+        // charged.
+        let max = record::HEADER + len;
+        let Some(reply) = self.budget.try_work(max as u64) else {
             return self.miss(Some(&self.metrics.skipped));
         };
         let (tx, rx) = sync_channel(1);
         let (remote, asked) = (self.remote.clone(), name.clone());
         let queued = self.lookups.try_submit(move || {
             let _reply = reply;
-            let _ = tx.send(remote.get(&asked, record::MAX_VALUE));
+            let _ = tx.send(remote.get(&asked, max));
         });
         if !queued {
             return self.miss(Some(&self.metrics.skipped));

@@ -12,17 +12,16 @@ use std::path::Path;
 
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
+use crate::cache::BlockKey;
 use crate::cache::block::Packed;
 use crate::cache::codec::Codec;
-use crate::cache::{BLOCK_SIZE, BlockKey};
 
 /// The value's first bytes: format 1 of prepfs's cluster records.
 const MAGIC: &[u8; 4] = b"PFC1";
 /// magic, codec tag, 3 reserved bytes, logical length (u32), sum of the bytes, sum of the key.
+/// A value is at most a header and the raw block (a compressed payload is stored only when
+/// smaller), so a lookup reads no more than that.
 pub const HEADER: usize = 4 + 1 + 3 + 4 + 8 + 8;
-/// The longest value a lookup reads: a header and a raw block (a compressed payload is stored
-/// only when smaller). A longer value is damaged, and its excess is never fetched.
-pub const MAX_VALUE: usize = HEADER + BLOCK_SIZE as usize;
 
 /// The cluster key of block `key` of the file at `path` (relative to the source root) in the
 /// dataset whose id hashes to `dataset`.
@@ -137,7 +136,7 @@ mod tests {
         let data: Vec<u8> = (0..300_000u32).map(|i| (i / 1000) as u8).collect();
         for codec in [Codec::None, Codec::Lz4, Codec::Zstd(3)] {
             let value = encode("k1", &data, codec);
-            assert!(value.len() <= MAX_VALUE);
+            assert!(value.len() <= HEADER + data.len());
             assert_eq!(decode("k1", &value, data.len()).as_deref(), Ok(&data[..]));
             assert_eq!(decode("k2", &value, data.len()), Err(Damage::Misplaced));
             assert_eq!(decode("k1", &value, data.len() - 1), Err(Damage::Misplaced));
