@@ -4,7 +4,8 @@
 #   1. system packages (scripts/system-packages.sh): what the build needs (a C compiler, make,
 #      cmake and nasm: libjpeg-turbo, the views' JPEG decoder, is compiled from source with its
 #      SIMD code), fuse3 (fusermount3), e2fsprogs and mount (loop-device ext4 images),
-#      util-linux's flock and python3-venv;
+#      util-linux's flock and python3-venv, and what the Redis Cluster tests need (redis-server,
+#      redis-tools' redis-cli, iproute2's ip and tc, util-linux's nsenter);
 #   2. the Python environment of the client tests (python/ensure-env: pinned requirements.lock,
 #      rebuilt when half made; $PREPFS_VENV, default ~/.cache/prepfs/venv);
 # then every test of the default build (unit tests, real-mount tests of the binary, PyTorch/TF
@@ -28,9 +29,11 @@ command -v cargo >/dev/null || { say "needs a Rust toolchain (https://rustup.rs)
 
 # 1. System packages (scripts/system-packages.sh: the build's, as for demo.sh, and the tests').
 source scripts/system-packages.sh
-# fusermount3 is how normal users mount (tested); mkfs.ext4 and losetup make slow-disk images.
+# fusermount3 is how normal users mount (tested); mkfs.ext4 and losetup make slow-disk images;
+# the cluster tests run a real Redis Cluster in network namespaces.
 ensure_packages test.sh "${BUILD_PACKAGES[@]}" fuse3:fusermount3 \
-  e2fsprogs:mkfs.ext4 mount:losetup util-linux:flock python3-venv:has_python_venv || exit 1
+  e2fsprogs:mkfs.ext4 mount:losetup util-linux:flock python3-venv:has_python_venv \
+  "${CLUSTER_TEST_PACKAGES[@]}" || exit 1
 # Without udev (containers), /dev/fuse keeps mode 0600; distributions make it 0666 through the
 # fuse3 udev rule, which is what normal-user mounts rely on.
 if [ "$(stat -c %a /dev/fuse)" != 666 ]; then

@@ -10,6 +10,13 @@
 # compiled from the source turbojpeg-sys vendors, with its SIMD code.
 BUILD_PACKAGES=(gcc:cc make:make cmake:cmake nasm:nasm)
 
+# What the Redis Cluster tests need (tests/common/cluster.rs): redis-server and redis-cli for a real
+# cluster, ip and tc (iproute2) for its network namespaces, bridge, veths and link shaping, and
+# nsenter (util-linux) to run a command in one node's network namespace by hand. Debian's
+# redis-server package may start a system redis on 127.0.0.1:6379; the tests neither use nor
+# collide with it (their nodes listen on 10.x addresses of their own namespaces).
+CLUSTER_TEST_PACKAGES=(redis-server:redis-server redis-tools:redis-cli iproute2:ip util-linux:nsenter)
+
 # Python's venv with pip (python3-venv): the client tests' environment is built with it.
 has_python_venv() { python3 -c 'import venv, ensurepip' 2>/dev/null; }
 
