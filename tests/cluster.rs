@@ -1,14 +1,21 @@
 //! The Redis Cluster tier against a real cluster: three redis-servers, each in a network
 //! namespace of its own on one bridge, made by tests/common/cluster.rs. Root only (namespaces,
 //! veths, tc), with redis-server and redis-cli installed (./test.sh installs them). First the
-//! harness itself: that it makes a working cluster, and leaves nothing behind.
+//! harness itself: that it makes a working cluster, and leaves nothing behind. Then prepfs's
+//! cluster tier (`--cluster`): three mounts, one per node, each in its node's namespace and its
+//! own memory cgroup, over one shared source, each reading its DistributedSampler share of a
+//! reshuffled dataset per epoch; a Redis node killed mid-epoch, damaged values, a full cluster.
 
 mod common;
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, Link};
-use common::run_checked;
+use common::{MemoryCgroup, TestMount, date_back, pattern, run_checked};
 
 #[test]
 fn the_harness_runs_a_three_node_cluster_in_namespaces_and_leaves_nothing_behind() {
@@ -126,4 +133,365 @@ fn the_harness_runs_a_three_node_cluster_in_namespaces_and_leaves_nothing_behind
         );
     }
     assert!(!dir.exists(), "{} left", dir.display());
+}
+
+/// The dataset of the prepfs tests: 48 files of 1.5 MiB (two blocks each, 72 MiB in all), more
+/// than a node's RAM tier holds (`--cache-mem 64M` leaves it 48 MiB): after a reshuffle each node
+/// reads files it has not cached.
+const FILES: usize = 48;
+const FILE_LEN: usize = 3 << 19;
+
+/// One source, written once and dated back (so its files are settled and cacheable), for every
+/// node's mount.
+fn dataset(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let files: BTreeMap<String, Vec<u8>> = (0..FILES)
+        .map(|i| (format!("train/{i:03}.bin"), pattern(FILE_LEN, i as u64)))
+        .collect();
+    std::fs::create_dir_all(dir.join("train")).expect("mkdir train");
+    for (name, bytes) in &files {
+        std::fs::write(dir.join(name), bytes).expect("write a file");
+    }
+    date_back(dir);
+    files
+}
+
+/// A mount of `src` on node `i` of `cluster`: in the node's network namespace (so it reaches the
+/// cluster over the node's link) and its own memory cgroup, with a RAM tier smaller than the
+/// dataset (`--cache-mem 64M`, unless `extra` gives another). Lookups may
+/// take a second (not the default 50 ms): on this shared 2-core machine a busy moment would
+/// otherwise turn hits into timeouts and make the counts below vary.
+fn node_mount(
+    cluster: &Cluster,
+    i: usize,
+    src: &Path,
+    group: &MemoryCgroup,
+    extra: &[&str],
+) -> TestMount {
+    let mut mount = TestMount::new();
+    mount.src = src.to_owned();
+    mount.keep_times = true;
+    let urls = cluster.urls();
+    let auth = cluster.auth_file().to_string_lossy().into_owned();
+    let flags = [
+        "--cluster",
+        &urls,
+        "--cluster-auth",
+        &auth,
+        "--cluster-timeout",
+        "1s",
+    ];
+    let default_mem = ["--cache-mem", "64M"];
+    let mem = if extra.contains(&"--cache-mem") {
+        &[][..]
+    } else {
+        &default_mem[..]
+    };
+    let flags: Vec<&str> = flags.iter().chain(mem).chain(extra).copied().collect();
+    mount.mount_prepared(&flags, |command| {
+        cluster.in_node(i, command);
+        group.confine(command);
+    });
+    mount
+}
+
+/// What one epoch cost.
+#[derive(Debug, Default)]
+struct Epoch {
+    /// Reads that failed, or returned other bytes than the source's.
+    failures: Vec<String>,
+    /// The longest read of one whole file.
+    slowest: Duration,
+}
+
+/// Epoch `epoch` of a data-parallel job: the file order reshuffled with the epoch's seed, node
+/// `n` of `mounts` reading every `mounts.len()`th file from `n` (DistributedSampler's share), all
+/// nodes at once. `read` counts files read so far (all nodes), for a test to act mid-epoch.
+fn run_epoch(
+    mounts: &[TestMount],
+    files: &BTreeMap<String, Vec<u8>>,
+    epoch: u64,
+    read: &AtomicUsize,
+) -> Epoch {
+    let mut order: Vec<&String> = files.keys().collect();
+    fastrand::Rng::with_seed(epoch).shuffle(&mut order);
+    let results: Vec<Epoch> = std::thread::scope(|s| {
+        let nodes: Vec<_> = (0..mounts.len())
+            .map(|n| {
+                let (order, mount) = (&order, &mounts[n]);
+                s.spawn(move || {
+                    let mut out = Epoch::default();
+                    for name in order.iter().skip(n).step_by(mounts.len()) {
+                        let started = Instant::now();
+                        match std::fs::read(mount.m(name)) {
+                            Ok(bytes) if bytes == files[*name] => {}
+                            Ok(_) => out.failures.push(format!("node {n}: {name}: other bytes")),
+                            Err(e) => out.failures.push(format!("node {n}: {name}: {e}")),
+                        }
+                        out.slowest = out.slowest.max(started.elapsed());
+                        read.fetch_add(1, Ordering::SeqCst);
+                    }
+                    out
+                })
+            })
+            .collect();
+        nodes
+            .into_iter()
+            .map(|h| h.join().expect("reader"))
+            .collect()
+    });
+    let mut all = Epoch::default();
+    for r in results {
+        all.failures.extend(r.failures);
+        all.slowest = all.slowest.max(r.slowest);
+    }
+    all
+}
+
+/// `path` (a dotted stats.json path) summed over `mounts`.
+fn total(mounts: &[TestMount], path: &str) -> u64 {
+    mounts
+        .iter()
+        .map(|m| {
+            let stats = m.stats();
+            path.split('.')
+                .fold(&stats, |v, k| &v[k])
+                .as_u64()
+                .unwrap_or_else(|| panic!("{path} in stats.json"))
+        })
+        .sum()
+}
+
+/// Waits until the cluster holds `keys` keys (the mounts' writers send offers in the
+/// background, after the reads that fetched them).
+fn wait_for_keys(cluster: &Cluster, keys: u64, mounts: &[TestMount]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.keys() < keys {
+        assert!(
+            Instant::now() < deadline,
+            "the cluster holds {} keys, not {keys}; the mounts' figures: {:?}",
+            cluster.keys(),
+            mounts
+                .iter()
+                .map(|m| (m.stats()["cluster"].clone(), m.stats()["memory"].clone()))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The number of keys the cluster holds once the mounts' writers are idle (unchanged for 1 s).
+fn settled_keys(cluster: &Cluster) -> u64 {
+    let mut last = (cluster.keys(), Instant::now());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let keys = cluster.keys();
+        if keys != last.0 {
+            last = (keys, Instant::now());
+        } else if last.1.elapsed() >= Duration::from_secs(1) {
+            return keys;
+        }
+        assert!(Instant::now() < deadline, "the writers never went idle");
+    }
+}
+
+#[test]
+fn three_nodes_read_the_source_once_between_them_and_a_dead_redis_node_costs_only_misses() {
+    let cluster = Cluster::start(3, 64 << 20, Link::lan());
+    let source = tempfile::tempdir().expect("tempdir");
+    let files = dataset(source.path());
+    let groups: Vec<MemoryCgroup> = (0..3).map(|_| MemoryCgroup::new(256 << 20)).collect();
+    let mounts: Vec<TestMount> = (0..3)
+        .map(|i| node_mount(&cluster, i, source.path(), &groups[i], &[]))
+        .collect();
+    let dataset_bytes = (FILES * FILE_LEN) as u64;
+    let blocks = 2 * FILES as u64;
+    let read = AtomicUsize::new(0);
+
+    // Epoch 1: every block comes from the source once, and is offered to the cluster.
+    let first = run_epoch(&mounts, &files, 1, &read);
+    assert_eq!(first.failures, Vec::<String>::new());
+    assert!(total(&mounts, "source.bytes_read") >= dataset_bytes);
+    wait_for_keys(&cluster, blocks, &mounts);
+    assert_eq!(
+        total(&mounts, "cluster.writes"),
+        blocks,
+        "each block stored once"
+    );
+
+    // Epoch 2, reshuffled: each node reads mostly other files than in epoch 1, which its own RAM
+    // tier lacks; the cluster holds them all, so the source is read no more.
+    let before = total(&mounts, "source.bytes_read");
+    let second = run_epoch(&mounts, &files, 2, &read);
+    assert_eq!(second.failures, Vec::<String>::new());
+    assert_eq!(
+        total(&mounts, "source.bytes_read") - before,
+        0,
+        "with the whole dataset in the cluster, no source reads after epoch 1"
+    );
+    assert!(total(&mounts, "cluster.hits") > 0);
+    assert_eq!(total(&mounts, "cluster.corrupt"), 0);
+
+    // Epoch 3: one Redis node is killed a third of the way in. Its blocks come from the source
+    // again; no read fails or returns other bytes, none waits past the timeout plus a source
+    // read (bounded here by seconds: a hang would take the test's whole time).
+    let before = total(&mounts, "source.bytes_read");
+    read.store(0, Ordering::SeqCst);
+    let third = std::thread::scope(|s| {
+        let readers = s.spawn(|| run_epoch(&mounts, &files, 3, &read));
+        while read.load(Ordering::SeqCst) < FILES / 3 && !readers.is_finished() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        cluster.kill_node(1);
+        readers.join().expect("readers")
+    });
+    assert_eq!(third.failures, Vec::<String>::new());
+    assert!(
+        third.slowest < Duration::from_secs(5),
+        "a read took {:?}",
+        third.slowest
+    );
+    let mut all_alive = true;
+    let mut mounts = mounts;
+    for m in &mut mounts {
+        all_alive &= m.daemon_alive();
+    }
+    assert!(all_alive, "every mount still serves");
+    let failed = total(&mounts, "cluster.errors") + total(&mounts, "cluster.timeouts");
+    assert!(failed > 0, "the dead node was asked and failed");
+    assert!(
+        total(&mounts, "source.bytes_read") > before,
+        "the dead node's blocks came from the source"
+    );
+    // And the epoch after: still every byte right, the dead node backing off.
+    let fourth = run_epoch(&mounts, &files, 4, &read);
+    assert_eq!(fourth.failures, Vec::<String>::new());
+    for g in &groups {
+        assert_eq!(g.oom_kills(), 0);
+    }
+}
+
+#[test]
+fn damaged_cluster_values_are_refetched_and_replaced() {
+    let cluster = Cluster::start(3, 64 << 20, Link::lan());
+    let source = tempfile::tempdir().expect("tempdir");
+    let files = dataset(source.path());
+    let groups: Vec<MemoryCgroup> = (0..3).map(|_| MemoryCgroup::new(384 << 20)).collect();
+    let read = AtomicUsize::new(0);
+    // Node 0 reads everything alone. Its offers queue for two writers while a local disk serves
+    // the reads far faster than a Redis node takes them, so some are dropped (counted): the
+    // cluster holds what was stored.
+    let first = [node_mount(&cluster, 0, source.path(), &groups[0], &[])];
+    assert_eq!(
+        run_epoch(&first, &files, 1, &read).failures,
+        Vec::<String>::new()
+    );
+    let stored = settled_keys(&cluster);
+    assert!(stored >= 3, "{stored} values stored");
+    assert_eq!(stored, total(&first, "cluster.writes"));
+
+    // Three values damaged three ways: a flipped payload byte, another program's value, and a
+    // value cut short.
+    let keys: Vec<String> = (0..3)
+        .flat_map(|i| {
+            let listed = cluster.cli(i, &["--scan", "--pattern", "prepfs:*"]);
+            listed.lines().map(str::to_owned).collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(keys.len() as u64, stored, "{keys:?}");
+    cluster.cli_cluster(&["SETRANGE", &keys[0], "100", "XXXX"]);
+    cluster.cli_cluster(&["SET", &keys[1], "not a prepfs value"]);
+    cluster.cli_cluster(&[
+        "EVAL",
+        "return redis.call('SET', KEYS[1], string.sub(redis.call('GET', KEYS[1]), 1, 1000))",
+        "1",
+        &keys[2],
+    ]);
+
+    // A node with an empty RAM tier large enough for the dataset reads everything (without
+    // prefetch, so each block is looked up once): the damaged values are caught and their blocks
+    // read from the source, as are the blocks the cluster lacks; every byte is right.
+    let second = [node_mount(
+        &cluster,
+        1,
+        source.path(),
+        &groups[1],
+        &["--no-prefetch", "--cache-mem", "160M"],
+    )];
+    assert_eq!(
+        run_epoch(&second, &files, 2, &read).failures,
+        Vec::<String>::new()
+    );
+    let blocks = 2 * FILES as u64;
+    assert_eq!(total(&second, "cluster.corrupt"), 3);
+    assert_eq!(total(&second, "cluster.hits"), stored - 3);
+    assert_eq!(
+        total(&second, "source.reads"),
+        blocks - (stored - 3),
+        "the source read only what the cluster lacked or had damaged"
+    );
+
+    // Their next offer replaced the damaged values: a third node finds every value intact.
+    let stored = settled_keys(&cluster);
+    let third = [node_mount(
+        &cluster,
+        2,
+        source.path(),
+        &groups[2],
+        &["--no-prefetch", "--cache-mem", "160M"],
+    )];
+    assert_eq!(
+        run_epoch(&third, &files, 3, &read).failures,
+        Vec::<String>::new()
+    );
+    assert_eq!(total(&third, "cluster.corrupt"), 0);
+    assert_eq!(
+        total(&third, "cluster.hits"),
+        stored,
+        "{:?}",
+        third[0].stats()["cache"]
+    );
+}
+
+#[test]
+fn a_full_cluster_refuses_blocks_and_never_fails_a_read() {
+    // 6 MiB nodes: about a third of the dataset fits; Redis refuses the rest (noeviction).
+    let cluster = Cluster::start(3, 6 << 20, Link::lan());
+    let source = tempfile::tempdir().expect("tempdir");
+    let files = dataset(source.path());
+    let group = MemoryCgroup::new(256 << 20);
+    let read = AtomicUsize::new(0);
+    // Node 0 reads everything first: the cluster takes what fits and refuses the rest.
+    let first = [node_mount(&cluster, 0, source.path(), &group, &[])];
+    assert_eq!(
+        run_epoch(&first, &files, 1, &read).failures,
+        Vec::<String>::new()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while total(&first, "cluster.refused") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the full cluster never refused a block"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Node 1 reads it for three epochs: what the cluster holds is used, the rest comes from the
+    // source, no read fails.
+    let second = [node_mount(&cluster, 1, source.path(), &group, &[])];
+    for epoch in 2..=4 {
+        assert_eq!(
+            run_epoch(&second, &files, epoch, &read).failures,
+            Vec::<String>::new()
+        );
+    }
+    assert!(total(&second, "cluster.hits") > 0, "what it holds is used");
+    assert!(
+        total(&second, "source.bytes_read") > 0,
+        "what it refused is not"
+    );
+    assert_eq!(
+        total(&first, "cluster.errors") + total(&second, "cluster.errors"),
+        0
+    );
+    assert!(cluster.keys() < 2 * FILES as u64);
 }

@@ -18,11 +18,17 @@ pub const MISSES: Metric = Metric::counter(
     "cluster_misses_total",
     "Cluster lookups that brought no usable block: absent, damaged, timed out, failed or skipped.",
 );
-/// Lookups skipped because their node is backing off.
+/// Requests not sent because their node is backing off.
 pub const SKIPPED: Metric = Metric::counter(
     "cluster.skipped",
     "cluster_skipped_total",
-    "Lookups and offers not sent: their node failed lately and is backing off, or the queue was full.",
+    "Lookups and offers not sent: their node failed lately and is backing off.",
+);
+/// Requests not sent for want of a thread or memory.
+pub const DROPPED: Metric = Metric::counter(
+    "cluster.dropped",
+    "cluster_dropped_total",
+    "Lookups and offers not sent: the tier's queue was full, or (offers) the memory budget had no room for the block to wait in.",
 );
 /// Blocks written.
 pub const WRITES: Metric = Metric::counter(
@@ -94,6 +100,8 @@ pub struct ClusterMetrics {
     pub misses: Counter,
     /// See `SKIPPED`.
     pub skipped: Counter,
+    /// See `DROPPED`.
+    pub dropped: Counter,
     /// See `WRITES`.
     pub writes: Counter,
     /// See `REFUSED`.
@@ -118,6 +126,7 @@ impl ClusterMetrics {
         out.count(&HITS, &self.hits);
         out.count(&MISSES, &self.misses);
         out.count(&SKIPPED, &self.skipped);
+        out.count(&DROPPED, &self.dropped);
         out.count(&WRITES, &self.writes);
         out.count(&REFUSED, &self.refused);
         out.count(&ERRORS, &self.errors);

@@ -178,10 +178,9 @@ impl Tier for ClusterTier {
         // The reply (at most a header and the raw block: a longer value is damaged, and its
         // excess never read) is read into memory by a lookup thread, then decoded here: both
         // charged.
+        // Charged as the source read it stands in for would be: at once, whatever the room.
         let max = record::HEADER + len;
-        let Some(reply) = self.budget.try_work(max as u64) else {
-            return self.miss(Some(&self.metrics.skipped));
-        };
+        let reply = self.budget.in_flight(max as u64);
         let (tx, rx) = sync_channel(1);
         let (remote, asked) = (self.remote.clone(), name.clone());
         let queued = self.lookups.try_submit(move || {
@@ -189,7 +188,7 @@ impl Tier for ClusterTier {
             let _ = tx.send(remote.get(&asked, max));
         });
         if !queued {
-            return self.miss(Some(&self.metrics.skipped));
+            return self.miss(Some(&self.metrics.dropped));
         }
         let started = Instant::now();
         let answer = rx.recv_timeout(self.timeout);
@@ -244,7 +243,7 @@ impl Tier for ClusterTier {
         }
         // The block stays alive while queued, and its value is built beside it.
         let Some(work) = self.budget.try_work(2 * block.data.len() as u64) else {
-            self.metrics.skipped.inc();
+            self.metrics.dropped.inc();
             return false;
         };
         let replace = self.damaged.lock().remove(&name);
@@ -286,7 +285,7 @@ impl Tier for ClusterTier {
             }
         });
         if !queued {
-            self.metrics.skipped.inc();
+            self.metrics.dropped.inc();
         }
         queued
     }
