@@ -286,6 +286,11 @@ struct MountArgs {
     /// (default: the source's path, the same where nodes mount one store at one path).
     #[arg(long, value_name = "ID", requires = "cluster")]
     cluster_dataset: Option<String>,
+    /// Whether this node's RAM tier keeps a copy of the blocks the cluster hands it (on: later
+    /// reads of them are local; off: the RAM tier keeps only what this node read from the
+    /// source, and the rest of its room for other data).
+    #[arg(long, value_name = "MODE", default_value = "on", requires = "cluster")]
+    cluster_keep_hits: String,
     /// Who sets the pipeline's knobs (codec, prefetch depth, decode workers, decoded caching):
     /// heuristic (each module's own rule), policy (the learned PPO policy), random (stress).
     #[arg(long, value_name = "MODE", default_value = "heuristic")]
@@ -459,6 +464,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 cluster_auth,
                 cluster_timeout,
                 cluster_dataset,
+                cluster_keep_hits,
                 scheduler,
                 policy,
                 learn,
@@ -548,6 +554,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 cluster_auth.map(absolute),
                 &cluster_timeout,
                 cluster_dataset,
+                &cluster_keep_hits,
                 &cfg.source,
             )?;
             cfg.mountpoint = config::check_mountpoint(&cfg.mountpoint, &cfg.source)?;

@@ -353,6 +353,7 @@ pub fn parse_cluster(
     auth: Option<PathBuf>,
     timeout: &str,
     dataset: Option<String>,
+    keep_hits: &str,
     source: &Path,
 ) -> Result<Option<crate::cache::ClusterConfig>, ConfigError> {
     let Some(urls) = urls else {
@@ -397,6 +398,7 @@ pub fn parse_cluster(
         auth,
         timeout,
         dataset,
+        keep_hits: parse_on_off("--cluster-keep-hits", keep_hits)?,
     }))
 }
 

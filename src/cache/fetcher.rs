@@ -332,7 +332,7 @@ impl BlockFetcher {
                 return Ok(ReadBytes::Shared(block, range));
             }
             self.metrics.misses.inc();
-            if let Some(block) = self.in_lower(&key, entry.path(), &range) {
+            if let Some((block, _)) = self.in_lower(&key, entry.path(), &range) {
                 return Ok(ReadBytes::Shared(block, range));
             }
             self.metrics.admission_rejected.inc();
@@ -385,11 +385,14 @@ impl BlockFetcher {
         }
         let span = entry.block_span(index);
         let whole = 0..(span.end - span.start) as usize;
+        // `keep`: the block may be kept at all; `in_ram`: by the RAM tier too (else only
+        // staged for the reader a prefetch fetched it for).
         let below = self
             .in_tier(self.staging.as_ref(), &key, entry.path(), &whole)
+            .map(|block| (block, true))
             .or_else(|| self.in_lower(&key, entry.path(), &whole));
-        let (result, keep) = match below {
-            Some(block) => (Ok(block), true),
+        let (result, keep, in_ram) = match below {
+            Some((block, in_ram)) => (Ok(block), true, in_ram),
             None => match self.read_source(key.identity, span.clone(), source) {
                 Ok((bytes, settled)) => {
                     let block = Arc::new(Block::new(bytes));
@@ -400,15 +403,15 @@ impl BlockFetcher {
                             tier.put(&key, entry.path(), &block);
                         }
                     }
-                    (Ok(block), settled)
+                    (Ok(block), settled, true)
                 }
-                Err(e) => (Err(e), false),
+                Err(e) => (Err(e), false, false),
             },
         };
         if let Ok(block) = &result
             && keep
         {
-            let kept = entry.store(index, block);
+            let kept = in_ram && entry.store(index, block);
             if kept {
                 // The RAM tier holds these bytes now; the kernel's copy would be a second one.
                 source.drop_page_cache(span);
@@ -421,11 +424,18 @@ impl BlockFetcher {
         Some(result)
     }
 
-    /// The block from the first tier below staging that holds it intact.
-    fn in_lower(&self, key: &BlockKey, path: &Path, range: &Range<usize>) -> Option<Arc<Block>> {
-        self.lower
-            .iter()
-            .find_map(|tier| self.in_tier(tier.as_ref(), key, path, range))
+    /// The block from the first tier below staging that holds it intact, and whether the RAM
+    /// tier may keep it too.
+    fn in_lower(
+        &self,
+        key: &BlockKey,
+        path: &Path,
+        range: &Range<usize>,
+    ) -> Option<(Arc<Block>, bool)> {
+        self.lower.iter().find_map(|tier| {
+            self.in_tier(tier.as_ref(), key, path, range)
+                .map(|block| (block, tier.hits_kept_in_ram()))
+        })
     }
 
     /// The block from `tier` if it holds it intact.

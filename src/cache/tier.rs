@@ -36,6 +36,11 @@ pub trait Tier: Send + Sync {
     fn put(&self, key: &BlockKey, path: &Arc<Path>, block: &Arc<Block>) -> bool;
     /// Whether a block of `bytes` offered now would be kept (a hint).
     fn has_room(&self, bytes: u64) -> bool;
+    /// Whether the RAM tier may keep a copy of what this tier hands back (all but a cluster
+    /// tier told otherwise: `--cluster-keep-hits off`).
+    fn hits_kept_in_ram(&self) -> bool {
+        true
+    }
 }
 
 /// A fault-injecting tier for tests: wraps a real one and, by its switches, loses what it is

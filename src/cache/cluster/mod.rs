@@ -72,6 +72,8 @@ pub struct ClusterConfig {
     pub timeout: Duration,
     /// What names this dataset in the cluster: the same on every node that shares it.
     pub dataset: String,
+    /// Whether this node's RAM tier keeps a copy of the blocks the cluster hands it.
+    pub keep_hits: bool,
 }
 
 /// The tier.
@@ -79,6 +81,7 @@ pub struct ClusterTier {
     remote: Arc<dyn Remote>,
     dataset: u64,
     timeout: Duration,
+    keep_hits: bool,
     health: Arc<Health>,
     metrics: Arc<ClusterMetrics>,
     budget: Arc<MemoryBudget>,
@@ -112,6 +115,7 @@ impl ClusterTier {
             remote,
             dataset: record::dataset_id(&config.dataset),
             timeout: config.timeout,
+            keep_hits: config.keep_hits,
             health,
             metrics,
             budget,
@@ -292,6 +296,10 @@ impl Tier for ClusterTier {
 
     fn has_room(&self, _bytes: u64) -> bool {
         self.health.has_room()
+    }
+
+    fn hits_kept_in_ram(&self) -> bool {
+        self.keep_hits
     }
 }
 

@@ -81,6 +81,7 @@ fn tier(fake: &Arc<Fake>, timeout: Duration) -> ClusterTier {
         auth: None,
         timeout,
         dataset: "test".into(),
+        keep_hits: true,
     };
     ClusterTier::start(fake.clone(), &config, budget, packer, Arc::default()).expect("start")
 }
