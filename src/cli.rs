@@ -267,9 +267,10 @@ struct MountArgs {
     /// nodes, comma-separated (redis://HOST:PORT, rediss:// for TLS). Each block lives on one
     /// node of the cluster, so N nodes read the source once between them; the cluster is best
     /// effort (a node down, slow or full costs misses, never a failed read). See
-    /// docs/CONFIGURATION.md for starting one.
+    /// docs/CONFIGURATION.md for starting one. Repeatable (`-o cluster=A,cluster=B`, or a list
+    /// in a config file).
     #[arg(long, value_name = "URLS")]
-    cluster: Option<String>,
+    cluster: Vec<String>,
     /// File with the cluster's password (one line), or its ACL user and password (two lines);
     /// mode 0600. Never put credentials on the command line.
     #[arg(long, value_name = "FILE", requires = "cluster")]
@@ -550,7 +551,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
             config::check_fuse_device()?;
             cfg.source = config::check_source(&cfg.source)?;
             cfg.cache.cluster = config::parse_cluster(
-                cluster.as_deref(),
+                &cluster,
                 cluster_auth.map(absolute),
                 &cluster_timeout,
                 cluster_dataset,

@@ -344,23 +344,24 @@ pub fn parse_duration_in(
     Ok(duration)
 }
 
-/// The cluster tier's configuration from `--cluster URLS` and its companions; `None` without
-/// `--cluster`. The dataset id defaults to the source's path (the same on nodes that mount one
+/// The cluster tier's configuration from `--cluster URLS` (each a comma-separated list; the flag
+/// may repeat) and its companions; `None` without `--cluster`. The dataset id defaults to the source's path (the same on nodes that mount one
 /// shared store at one path). The credentials file is checked now, so a bad one is one line at
 /// mount time.
 pub fn parse_cluster(
-    urls: Option<&str>,
+    urls: &[String],
     auth: Option<PathBuf>,
     timeout: &str,
     dataset: Option<String>,
     keep_hits: &str,
     source: &Path,
 ) -> Result<Option<crate::cache::ClusterConfig>, ConfigError> {
-    let Some(urls) = urls else {
+    if urls.is_empty() {
         return Ok(None);
-    };
+    }
     let urls: Vec<String> = urls
-        .split(',')
+        .iter()
+        .flat_map(|list| list.split(','))
         .map(|u| u.trim().to_owned())
         .filter(|u| !u.is_empty())
         .collect();

@@ -15,7 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, Link};
-use common::{MemoryCgroup, TestMount, date_back, pattern, run_checked};
+use common::job::{self, run_epoch, total};
+use common::{MemoryCgroup, TestMount, run_checked};
 
 #[test]
 fn the_harness_runs_a_three_node_cluster_in_namespaces_and_leaves_nothing_behind() {
@@ -141,18 +142,8 @@ fn the_harness_runs_a_three_node_cluster_in_namespaces_and_leaves_nothing_behind
 const FILES: usize = 48;
 const FILE_LEN: usize = 3 << 19;
 
-/// One source, written once and dated back (so its files are settled and cacheable), for every
-/// node's mount.
 fn dataset(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    let files: BTreeMap<String, Vec<u8>> = (0..FILES)
-        .map(|i| (format!("train/{i:03}.bin"), pattern(FILE_LEN, i as u64)))
-        .collect();
-    std::fs::create_dir_all(dir.join("train")).expect("mkdir train");
-    for (name, bytes) in &files {
-        std::fs::write(dir.join(name), bytes).expect("write a file");
-    }
-    date_back(dir);
-    files
+    job::dataset(dir, FILES, FILE_LEN)
 }
 
 /// A mount of `src` on node `i` of `cluster`: in the node's network namespace (so it reaches the
@@ -192,73 +183,6 @@ fn node_mount(
         group.confine(command);
     });
     mount
-}
-
-/// What one epoch cost.
-#[derive(Debug, Default)]
-struct Epoch {
-    /// Reads that failed, or returned other bytes than the source's.
-    failures: Vec<String>,
-    /// The longest read of one whole file.
-    slowest: Duration,
-}
-
-/// Epoch `epoch` of a data-parallel job: the file order reshuffled with the epoch's seed, node
-/// `n` of `mounts` reading every `mounts.len()`th file from `n` (DistributedSampler's share), all
-/// nodes at once. `read` counts files read so far (all nodes), for a test to act mid-epoch.
-fn run_epoch(
-    mounts: &[TestMount],
-    files: &BTreeMap<String, Vec<u8>>,
-    epoch: u64,
-    read: &AtomicUsize,
-) -> Epoch {
-    let mut order: Vec<&String> = files.keys().collect();
-    fastrand::Rng::with_seed(epoch).shuffle(&mut order);
-    let results: Vec<Epoch> = std::thread::scope(|s| {
-        let nodes: Vec<_> = (0..mounts.len())
-            .map(|n| {
-                let (order, mount) = (&order, &mounts[n]);
-                s.spawn(move || {
-                    let mut out = Epoch::default();
-                    for name in order.iter().skip(n).step_by(mounts.len()) {
-                        let started = Instant::now();
-                        match std::fs::read(mount.m(name)) {
-                            Ok(bytes) if bytes == files[*name] => {}
-                            Ok(_) => out.failures.push(format!("node {n}: {name}: other bytes")),
-                            Err(e) => out.failures.push(format!("node {n}: {name}: {e}")),
-                        }
-                        out.slowest = out.slowest.max(started.elapsed());
-                        read.fetch_add(1, Ordering::SeqCst);
-                    }
-                    out
-                })
-            })
-            .collect();
-        nodes
-            .into_iter()
-            .map(|h| h.join().expect("reader"))
-            .collect()
-    });
-    let mut all = Epoch::default();
-    for r in results {
-        all.failures.extend(r.failures);
-        all.slowest = all.slowest.max(r.slowest);
-    }
-    all
-}
-
-/// `path` (a dotted stats.json path) summed over `mounts`.
-fn total(mounts: &[TestMount], path: &str) -> u64 {
-    mounts
-        .iter()
-        .map(|m| {
-            let stats = m.stats();
-            path.split('.')
-                .fold(&stats, |v, k| &v[k])
-                .as_u64()
-                .unwrap_or_else(|| panic!("{path} in stats.json"))
-        })
-        .sum()
 }
 
 /// Waits until the cluster holds `keys` keys (the mounts' writers send offers in the
@@ -494,4 +418,73 @@ fn a_full_cluster_refuses_blocks_and_never_fails_a_read() {
         0
     );
     assert!(cluster.keys() < 2 * FILES as u64);
+}
+
+#[test]
+fn cluster_options_are_checked_before_mounting_and_an_unreachable_cluster_costs_nothing() {
+    let mut mount = TestMount::new();
+    let files = dataset(&mount.src);
+    let auth = mount.dir.path().join("auth");
+    std::fs::write(&auth, "secret\n").expect("write auth");
+    let refused = |flags: &[&str], says: &str| {
+        let out = common::prepfs()
+            .arg("mount")
+            .arg(&mount.src)
+            .arg(&mount.mnt)
+            .args(flags)
+            .output()
+            .expect("run prepfs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?} was accepted");
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    };
+    refused(&["--cluster", "node1:7000"], "a node is redis://HOST:PORT");
+    refused(
+        &["--cluster", "redis://user:secret@10.0.0.1:7000"],
+        "no credentials in the address",
+    );
+    refused(
+        &[
+            "--cluster",
+            "redis://10.0.0.1:7000",
+            "--cluster-timeout",
+            "1ms",
+        ],
+        "--cluster-timeout",
+    );
+    let auth_text = auth.to_string_lossy().into_owned();
+    refused(
+        &[
+            "--cluster",
+            "redis://10.0.0.1:7000",
+            "--cluster-auth",
+            &auth_text,
+        ],
+        "chmod 600",
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&auth, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+
+    // Nothing listens at either address (two -o entries make one list): the mount serves every
+    // byte from the source, and counts what the cluster could not do.
+    mount.mount(&[
+        "-o",
+        "cluster=redis://127.0.0.1:1,cluster=redis://127.0.0.1:2",
+        "--cluster-auth",
+        &auth_text,
+    ]);
+    let read = AtomicUsize::new(0);
+    let mounts = [mount];
+    for epoch in 1..=2 {
+        assert_eq!(
+            run_epoch(&mounts, &files, epoch, &read).failures,
+            Vec::<String>::new()
+        );
+    }
+    let stats = mounts[0].stats();
+    assert_eq!(stats["cluster"]["hits"], 0);
+    assert_eq!(stats["cluster"]["nodes"], 0, "no slot map was ever read");
+    let failed = total(&mounts, "cluster.errors") + total(&mounts, "cluster.skipped");
+    assert!(failed > 0, "{:?}", stats["cluster"]);
 }

@@ -33,6 +33,9 @@ pub struct Slowness {
     pub open: Duration,
     pub read: Duration,
     pub bytes_per_s: f64,
+    /// No kernel page cache (direct I/O): every read crosses the link, as for the nodes of a
+    /// cluster, which share the storage but not a page cache.
+    pub direct: bool,
 }
 
 struct SlowFs {
@@ -149,7 +152,12 @@ impl Filesystem for SlowFs {
                 if let Ok(mut h) = self.handles.lock() {
                     h.insert(fh, std::sync::Arc::new(f));
                 }
-                reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+                let flags = if self.slowness.direct {
+                    FopenFlags::FOPEN_DIRECT_IO
+                } else {
+                    FopenFlags::FOPEN_KEEP_CACHE
+                };
+                reply.opened(FileHandle(fh), flags);
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -262,10 +270,14 @@ pub fn serve(root: &Path, mountpoint: &Path, slowness: Slowness) -> Result<(), S
     session.run().map_err(|e| format!("slowfs: {e}"))
 }
 
-/// Parses `DIR MNT OPEN_MS READ_MS MBPS` after `--serve-slowfs`.
+/// Parses `DIR MNT OPEN_MS READ_MS MBPS [direct]` after `--serve-slowfs`.
 pub fn main_from_args(args: &[String]) -> Result<(), String> {
+    let (direct, args) = match args {
+        [rest @ .., last] if last == "direct" => (true, rest),
+        _ => (false, args),
+    };
     let [dir, mnt, open_ms, read_ms, mbps] = args else {
-        return Err("usage: epochs --serve-slowfs DIR MNT OPEN_MS READ_MS MBPS".into());
+        return Err("usage: --serve-slowfs DIR MNT OPEN_MS READ_MS MBPS [direct]".into());
     };
     let number = |s: &str| s.parse::<f64>().map_err(|_| format!("bad number {s}"));
     serve(
@@ -275,6 +287,7 @@ pub fn main_from_args(args: &[String]) -> Result<(), String> {
             open: Duration::from_secs_f64(number(open_ms)? / 1e3),
             read: Duration::from_secs_f64(number(read_ms)? / 1e3),
             bytes_per_s: number(mbps)? * 1e6,
+            direct,
         },
     )
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod job;
 pub mod jpeg;
 
 use std::path::{Path, PathBuf};
