@@ -763,6 +763,50 @@ mod tests {
         assert_eq!(fetcher.metrics.unsettled_reads.get(), 4);
     }
 
+    /// A tier whose hits the RAM tier may not keep (`--cluster-keep-hits off`) is asked again on
+    /// every read; one whose hits it may keep, once. Either way the source is read once.
+    #[test]
+    fn hits_of_a_tier_that_keeps_them_out_of_ram_are_fetched_each_time() {
+        for not_in_ram in [false, true] {
+            let (fetcher, lower) = chain(64 << 20, 4 << 20, Codec::None);
+            lower.not_in_ram.store(not_in_ram, Ordering::Relaxed);
+            let data: Vec<u8> = (0..BLOCK_SIZE as usize).map(|i| (i % 253) as u8).collect();
+            let id = identity(4, 0, data.len());
+            let reads = Arc::new(AtomicU64::new(0));
+            let source = MemFile {
+                opened: id,
+                now: Arc::new(Mutex::new(Versions {
+                    identity: id,
+                    data: data.clone(),
+                })),
+                reads: reads.clone(),
+            };
+            let key = BlockKey {
+                identity: id,
+                index: 0,
+            };
+            lower.put(
+                &key,
+                &Arc::from(Path::new("f")),
+                &Arc::new(Block::new(data.clone())),
+            );
+            let entry = fetcher.ram().file(id, Path::new("f"));
+            let memo = Unpacked::default();
+            for _ in 0..3 {
+                let got = fetcher.read(&entry, &source, 0, 4096, &memo).expect("read");
+                assert!(got.as_slice() == &data[..4096]);
+            }
+            assert_eq!(reads.load(Ordering::Relaxed), 0, "never the source");
+            let (asked, held) = if not_in_ram { (3, 0) } else { (1, 1) };
+            assert_eq!(
+                lower.gets.load(Ordering::Relaxed),
+                asked,
+                "not_in_ram {not_in_ram}"
+            );
+            assert_eq!(entry.cached_blocks(), held);
+        }
+    }
+
     /// Many threads reading the same blocks at once: each block is read from the source once
     /// (single flight), every reader gets its bytes, and the slots end consistent.
     #[test]

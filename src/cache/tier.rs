@@ -61,6 +61,9 @@ pub mod faulty {
         pub lose: AtomicBool,
         /// Flip a byte of every block `get` returns.
         pub damage: AtomicBool,
+        /// Say that the RAM tier must not keep what `get` returns (a cluster tier with
+        /// `--cluster-keep-hits off`).
+        pub not_in_ram: AtomicBool,
         /// Gets answered.
         pub gets: AtomicU64,
     }
@@ -73,6 +76,7 @@ pub mod faulty {
                 refuse: AtomicBool::new(false),
                 lose: AtomicBool::new(false),
                 damage: AtomicBool::new(false),
+                not_in_ram: AtomicBool::new(false),
                 gets: AtomicU64::new(0),
             }
         }
@@ -106,6 +110,10 @@ pub mod faulty {
 
         fn has_room(&self, bytes: u64) -> bool {
             !self.refuse.load(Ordering::Relaxed) && self.inner.has_room(bytes)
+        }
+
+        fn hits_kept_in_ram(&self) -> bool {
+            !self.not_in_ram.load(Ordering::Relaxed)
         }
     }
 

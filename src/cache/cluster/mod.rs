@@ -22,6 +22,7 @@ use std::collections::HashSet;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::sync_channel;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -87,6 +88,9 @@ pub struct ClusterTier {
     budget: Arc<MemoryBudget>,
     packer: Arc<Packer>,
     damaged: Mutex<HashSet<String>>,
+    /// How many keys `damaged` holds: offers look in it only when there are some, so the
+    /// usual offer takes no lock.
+    damaged_keys: AtomicUsize,
     lookups: WorkerPool,
     writers: WorkerPool,
     map: Option<JoinHandle<()>>,
@@ -121,6 +125,7 @@ impl ClusterTier {
             budget,
             packer,
             damaged: Mutex::new(HashSet::new()),
+            damaged_keys: AtomicUsize::new(0),
             lookups: WorkerPool::new("prepfs-cluster-get", LOOKUP_THREADS, LOOKUP_QUEUE)?,
             writers: WorkerPool::new("prepfs-cluster-put", WRITE_THREADS, WRITE_QUEUE)?,
             map: Some(map),
@@ -227,6 +232,7 @@ impl Tier for ClusterTier {
                 let mut damaged = self.damaged.lock();
                 if damaged.len() < DAMAGED_KEYS {
                     damaged.insert(name);
+                    self.damaged_keys.store(damaged.len(), Ordering::Relaxed);
                 }
                 drop(damaged);
                 self.miss(Some(&self.metrics.corrupt))
@@ -250,7 +256,12 @@ impl Tier for ClusterTier {
             self.metrics.dropped.inc();
             return false;
         };
-        let replace = self.damaged.lock().remove(&name);
+        let replace = self.damaged_keys.load(Ordering::Relaxed) > 0 && {
+            let mut damaged = self.damaged.lock();
+            let found = damaged.remove(&name);
+            self.damaged_keys.store(damaged.len(), Ordering::Relaxed);
+            found
+        };
         let codec = self.packer.last_choice().codec;
         let (remote, health, metrics, block) = (
             self.remote.clone(),
