@@ -74,6 +74,8 @@ struct Scenario {
 /// One run: per epoch, wall seconds, source bytes (all nodes) and cluster hits.
 struct Run {
     epochs: Vec<(f64, u64, u64)>,
+    /// Lookups that timed out, all epochs.
+    timeouts: u64,
     /// What the cluster stored after epoch 1 (dataset bytes), 0 without one.
     stored: u64,
 }
@@ -150,9 +152,10 @@ fn main() {
                 let setup = scenario.setups[k];
                 let run = run_setup(scenario, setup, &slow.mountpoint, &files, &opts);
                 eprintln!(
-                    "round {round} {} / {}: epochs (s, source MiB, cluster hits) {:?}",
+                    "round {round} {} / {}: {} timeouts; epochs (s, source MiB, cluster hits) {:?}",
                     scenario.name,
                     setup.name(),
+                    run.timeouts,
                     run.epochs
                         .iter()
                         .map(|(t, b, h)| (format!("{t:.2}"), b >> 20, *h))
@@ -231,8 +234,17 @@ fn run_setup(
     for g in &groups {
         assert_eq!(g.oom_kills(), 0, "a mount was OOM-killed");
     }
+    let timeouts = if clustered {
+        total(&mounts, "cluster.timeouts")
+    } else {
+        0
+    };
     drop(mounts);
-    Run { epochs, stored }
+    Run {
+        epochs,
+        stored,
+        timeouts,
+    }
 }
 
 /// Waits until the cluster's key count has not changed for a second.
@@ -266,9 +278,9 @@ fn report(
     println!(
         "\n| scenario | setup | Redis maxmemory per node | --cache-mem | epoch 1 s | epochs 2+ s | \
          source MiB per epoch 2+ (all nodes) | ΣC stored MiB | bound 1.05 x max(0, D - ΣC) MiB | \
-         cluster hits per epoch 2+ | epochs 2+ speed-up vs first setup |"
+         cluster hits per epoch 2+ | lookups timed out per run | epochs 2+ speed-up vs first setup |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mib = |b: f64| b / f64::from(1 << 20);
     for (s, scenario) in scenarios.iter().enumerate() {
         let later = |k: usize, f: &dyn Fn(&(f64, u64, u64)) -> f64| {
@@ -293,7 +305,7 @@ fn report(
             };
             let time = later(k, &|e| e.0);
             println!(
-                "| {} | {} | {} MiB | {} MiB | {:.2} | {:.2} | {:.1} | {} | {} | {:.0} | {:.2}x |",
+                "| {} | {} | {} MiB | {} MiB | {:.2} | {:.2} | {:.1} | {} | {} | {:.0} | {:.0} | {:.2}x |",
                 scenario.name,
                 setup.name(),
                 scenario.maxmemory >> 20,
@@ -308,6 +320,7 @@ fn report(
                 },
                 bound,
                 later(k, &|e| e.2 as f64),
+                median(runs.iter().map(|r| r.timeouts as f64).collect()),
                 base / time,
             );
         }

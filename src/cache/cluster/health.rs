@@ -20,6 +20,10 @@ pub const MAX_NODES: usize = 255;
 pub const MIN_BACKOFF: Duration = Duration::from_millis(250);
 /// Longest backoff: a node back after a long outage is probed at least this often.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(8);
+/// Lookups in a row a node may leave unanswered past the timeout before it backs off: one late
+/// answer is a busy link (a block takes 8 ms on 1 Gbit/s, and readers queue behind each other),
+/// three in a row a node that is not answering.
+pub const LATE_TO_FAIL: u32 = 3;
 /// How long a node that refused a write as full gets no more writes: a noeviction cluster frees
 /// memory only when someone deletes keys, so asking it again soon only costs requests.
 pub const FULL_PAUSE: Duration = Duration::from_secs(30);
@@ -31,6 +35,8 @@ const UNKNOWN: u8 = u8::MAX;
 struct Node {
     /// Failures in a row (0: healthy).
     failures: AtomicU32,
+    /// Lookups in a row not answered in time (each answer resets it).
+    late: AtomicU32,
     /// Milliseconds since `Health::epoch` before which requests skip this node.
     down_until: AtomicU64,
     /// Milliseconds since `Health::epoch` before which writes skip this node.
@@ -56,10 +62,16 @@ impl Default for Health {
     }
 }
 
-/// The hash slot of `key` (CRC16-XMODEM mod 16384, as Redis Cluster computes it; prepfs's keys
-/// have no `{tag}`).
+/// The hash slot of `key`, as Redis Cluster computes it: CRC16-XMODEM mod 16384 of its hash tag
+/// (what is between its first `{` and the next `}`, when not empty), else of the whole key.
 pub fn slot(key: &str) -> u16 {
-    crc16::State::<crc16::XMODEM>::calculate(key.as_bytes()) % SLOTS as u16
+    let tag = key
+        .split_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .map(|(tag, _)| tag)
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % SLOTS as u16
 }
 
 impl Health {
@@ -107,7 +119,7 @@ impl Health {
                 .is_ok()
     }
 
-    /// A request for `slot` failed or timed out: its node backs off, twice as long as last time.
+    /// A request for `slot` failed: its node backs off, twice as long as last time.
     /// True when the node was healthy until now (worth one warning).
     pub fn failed(&self, slot: u16) -> bool {
         let node = self.node(slot);
@@ -124,9 +136,23 @@ impl Health {
         failures == 1
     }
 
+    /// A lookup for `slot` was not answered in time: the node backs off (as `failed`) once
+    /// `LATE_TO_FAIL` in a row were. True when that made a healthy node back off.
+    pub fn late(&self, slot: u16) -> bool {
+        let node = self.node(slot);
+        if node.late.fetch_add(1, Ordering::AcqRel) + 1 < LATE_TO_FAIL {
+            return false;
+        }
+        node.late.store(0, Ordering::Relaxed);
+        self.failed(slot)
+    }
+
     /// A request for `slot` was answered. True when its node had been failing (worth a line).
     pub fn answered(&self, slot: u16) -> bool {
         let node = self.node(slot);
+        if node.late.load(Ordering::Relaxed) > 0 {
+            node.late.store(0, Ordering::Relaxed);
+        }
         node.failures.load(Ordering::Relaxed) > 0 && node.failures.swap(0, Ordering::AcqRel) > 0
     }
 
@@ -187,6 +213,15 @@ mod tests {
         );
         assert_eq!(slot("foo"), 12182);
         assert_eq!(slot("bar"), 5061);
+        // Hash tags, from the specification's examples.
+        assert_eq!(slot("{user1000}.following"), slot("user1000"));
+        assert_eq!(
+            slot("foo{}{bar}"),
+            slot("foo{}{bar}"),
+            "empty tag: the whole key"
+        );
+        assert_ne!(slot("foo{}{bar}"), slot("bar"));
+        assert_eq!(slot("foo{{bar}}zap"), slot("{bar"));
     }
 
     #[test]
@@ -210,6 +245,18 @@ mod tests {
         assert!(health.answered(10), "the probe's answer ends the backoff");
         assert!(health.allows(10) && health.allows(10));
         assert!(!health.answered(10));
+    }
+
+    #[test]
+    fn a_late_answer_is_a_busy_link_and_three_in_a_row_a_node_not_answering() {
+        let health = Health::default();
+        health.set_map(&[(0, 16383, 0)], 1);
+        assert!(!health.late(5) && !health.late(5));
+        assert!(!health.answered(5), "an answer in between: not failing");
+        assert!(!health.late(5) && !health.late(5));
+        assert!(health.allows(5), "two late answers in a row: still asked");
+        assert!(health.late(5), "the third backs it off");
+        assert!(!health.allows(5));
     }
 
     #[test]

@@ -184,6 +184,7 @@ impl Tier for ClusterTier {
         if !self.health.allows(slot) {
             return self.miss(Some(&self.metrics.skipped));
         }
+        let tail = record::tail_key(&name);
         // The reply (at most a header and the raw block: a longer value is damaged, and its
         // excess never read) is read into memory by a lookup thread, then decoded here: both
         // charged.
@@ -194,7 +195,13 @@ impl Tier for ClusterTier {
         let (remote, asked) = (self.remote.clone(), name.clone());
         let queued = self.lookups.try_submit(move || {
             let _reply = reply;
-            let _ = tx.send(remote.get(&asked, max));
+            let head = (asked.as_str(), max.min(record::PIECE));
+            let parts = if max > record::PIECE {
+                vec![head, (tail.as_str(), max - record::PIECE)]
+            } else {
+                vec![head]
+            };
+            let _ = tx.send(remote.get(&parts).map(|parts| parts.concat()));
         });
         if !queued {
             return self.miss(Some(&self.metrics.dropped));
@@ -204,7 +211,14 @@ impl Tier for ClusterTier {
         self.metrics.latency.record(started.elapsed());
         let value = match answer {
             Err(_) => {
-                self.node_failed(slot, "did not answer in time");
+                if self.health.late(slot) {
+                    tracing::warn!(
+                        slot,
+                        "a cluster node left {} lookups in a row unanswered; its blocks come \
+                         from the source while it backs off",
+                        health::LATE_TO_FAIL
+                    );
+                }
                 return self.miss(Some(&self.metrics.timeouts));
             }
             Ok(Err(e)) => {
@@ -272,7 +286,12 @@ impl Tier for ClusterTier {
         let queued = self.writers.try_submit(move || {
             let _work = work;
             let value = record::encode(&name, &block.data, codec);
-            match remote.put(&name, &value, replace) {
+            let tail_key = record::tail_key(&name);
+            let parts = match record::split(&value) {
+                (head, []) => vec![(name.as_str(), head)],
+                (head, tail) => vec![(name.as_str(), head), (tail_key.as_str(), tail)],
+            };
+            match remote.put(&parts, replace) {
                 Ok(stored) => {
                     health.answered(slot);
                     if stored == Stored::Written {

@@ -2,11 +2,12 @@
 //!
 //! Owns: the key (a hash of the dataset id, the file's path relative to the source root, its size
 //! and mtime, and the block index: never dev/ino, which differ between nodes, and never the path
-//! in clear), and the value (a header with the codec, the logical length, a checksum of the
-//! logical bytes and one of the key, then the payload). Decoding checks every field against what
-//! the reader expects before it allocates, and decompresses into a buffer of the expected length
-//! only. Must never accept a value whose checks fail, and never size an allocation by a length the
-//! value claims.
+//! in clear), the value (a header with the codec, the logical length, a checksum of the logical
+//! bytes and one of the key, then the payload), and how a value too large for one of Redis's
+//! allocation classes is split in two keys under one hash tag (`PIECE`). Decoding checks every
+//! field against what the reader expects before it allocates, and decompresses into a buffer of
+//! the expected length only. Must never accept a value whose checks fail, and never size an
+//! allocation by a length the value claims.
 
 use std::path::Path;
 
@@ -23,8 +24,17 @@ const MAGIC: &[u8; 4] = b"PFC1";
 /// smaller), so a lookup reads no more than that.
 pub const HEADER: usize = 4 + 1 + 3 + 4 + 8 + 8;
 
+/// The longest part of a value stored under one key. Redis allocates a string in size classes
+/// (jemalloc's, four per doubling): a full block's value, 1 MiB and a header, would take a
+/// 1.25 MiB allocation (`MEMORY USAGE` 1,310,776 B for a 1,048,604 B value, on Debian's Redis
+/// 7.0), a quarter of the node's memory lost; one under 1 MiB - 16 B takes 1 MiB and 56 B. So a
+/// value longer than this is stored as this much under its key and the rest under `tail_key`,
+/// both in one hash slot (the key's `{tag}`), written together (MSETNX) and read together.
+pub const PIECE: usize = (1 << 20) - 64;
+
 /// The cluster key of block `key` of the file at `path` (relative to the source root) in the
-/// dataset whose id hashes to `dataset`.
+/// dataset whose id hashes to `dataset`: `prepfs:{<hash>}`, the braces a hash tag, so that its
+/// tail key lands in the same slot.
 pub fn key_for(dataset: u64, path: &Path, key: &BlockKey) -> String {
     let mut h = Xxh3::new();
     h.update(&dataset.to_le_bytes());
@@ -33,7 +43,17 @@ pub fn key_for(dataset: u64, path: &Path, key: &BlockKey) -> String {
     h.update(&key.identity.size.to_le_bytes());
     h.update(&key.identity.mtime_ns.to_le_bytes());
     h.update(&(key.index as u64).to_le_bytes());
-    format!("prepfs:{:032x}", h.digest128())
+    format!("prepfs:{{{:032x}}}", h.digest128())
+}
+
+/// The key holding the rest of a value longer than `PIECE` stored at `key`.
+pub fn tail_key(key: &str) -> String {
+    format!("{key}:t")
+}
+
+/// `value` as stored: its first `PIECE` bytes and the rest (empty when it fits one key).
+pub fn split(value: &[u8]) -> (&[u8], &[u8]) {
+    value.split_at(value.len().min(PIECE))
 }
 
 /// The id of a dataset, hashed once.
@@ -129,6 +149,11 @@ mod tests {
             key_for(dataset_id("other"), Path::new("train/a.jpg"), &block(0, 10))
         );
         assert!(!a.contains("train"), "the path is never stored in clear");
+        assert!(
+            a.starts_with("prepfs:{") && a.ends_with('}'),
+            "{a}: one hash tag"
+        );
+        assert_eq!(tail_key(&a), format!("{a}:t"));
     }
 
     #[test]
@@ -155,6 +180,24 @@ mod tests {
                 Err(Damage::Foreign)
             );
         }
+        // A full block's value is split at PIECE; the two parts make it whole again.
+        let full: Vec<u8> = (0..1 << 20).map(|i| (i * 7 % 256) as u8).collect();
+        let value = encode("k", &full, Codec::None);
+        let (head, tail) = split(&value);
+        assert_eq!(
+            (head.len(), tail.len()),
+            (PIECE, HEADER + full.len() - PIECE)
+        );
+        assert_eq!(
+            decode("k", &[head, tail].concat(), full.len()).as_deref(),
+            Ok(&full[..])
+        );
+        assert_eq!(
+            decode("k", head, full.len()),
+            Err(Damage::Corrupt),
+            "tail lost"
+        );
+        assert_eq!(split(b"short"), (&b"short"[..], &b""[..]));
         let mut rng = fastrand::Rng::with_seed(7);
         let random: Vec<u8> = (0..4096).map(|_| rng.u8(..)).collect();
         let value = encode("k", &random, Codec::Zstd(3));

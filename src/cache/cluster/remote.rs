@@ -34,13 +34,16 @@ pub enum RemoteError {
     Failed(String),
 }
 
-/// The requests of the cluster tier, to the real cluster or a test double.
+/// The requests of the cluster tier, to the real cluster or a test double. A request's keys
+/// (a value and its tail) share one hash slot.
 pub trait Remote: Send + Sync {
-    /// Up to `max` bytes of the value at `key` (empty when there is none).
-    fn get(&self, key: &str, max: usize) -> Result<Vec<u8>, RemoteError>;
-    /// Stores `value` at `key`: only if the key has none (`replace` false: SET NX, so one writer
-    /// of a block wins), or over what is there (`replace`: a damaged value).
-    fn put(&self, key: &str, value: &[u8], replace: bool) -> Result<Stored, RemoteError>;
+    /// Up to `max` bytes of the value at each `(key, max)`, in one round trip (empty where there
+    /// is none).
+    fn get(&self, keys: &[(&str, usize)]) -> Result<Vec<Vec<u8>>, RemoteError>;
+    /// Stores each `(key, value)`, all or none: only if none of the keys has a value (`replace`
+    /// false: SET NX or MSETNX, so one writer of a block wins), or over what is there
+    /// (`replace`: a damaged value).
+    fn put(&self, values: &[(&str, &[u8])], replace: bool) -> Result<Stored, RemoteError>;
     /// The slot map: `(first slot, last slot, "host:port" of its primary)`.
     fn slots(&self) -> Result<Vec<(u16, u16, String)>, RemoteError>;
 }
@@ -184,25 +187,39 @@ fn failed(e: redis::RedisError) -> RemoteError {
 }
 
 impl Remote for RedisCluster {
-    fn get(&self, key: &str, max: usize) -> Result<Vec<u8>, RemoteError> {
+    fn get(&self, keys: &[(&str, usize)]) -> Result<Vec<Vec<u8>>, RemoteError> {
         self.with(|c| {
-            redis::cmd("GETRANGE")
-                .arg(key)
-                .arg(0)
-                .arg(max.saturating_sub(1))
-                .query(c)
+            let mut pipe = redis::cluster::cluster_pipe();
+            for &(key, max) in keys {
+                pipe.cmd("GETRANGE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(max.saturating_sub(1));
+            }
+            pipe.query(c)
         })
     }
 
-    fn put(&self, key: &str, value: &[u8], replace: bool) -> Result<Stored, RemoteError> {
+    fn put(&self, values: &[(&str, &[u8])], replace: bool) -> Result<Stored, RemoteError> {
         self.with(|c| {
-            let mut cmd = redis::cmd("SET");
-            cmd.arg(key).arg(value);
-            if !replace {
-                cmd.arg("NX");
-            }
-            let reply: Option<String> = cmd.query(c)?;
-            Ok(if reply.is_some() {
+            let written = match (values, replace) {
+                ([(key, value)], false) => redis::cmd("SET")
+                    .arg(key)
+                    .arg(value)
+                    .arg("NX")
+                    .query::<Option<String>>(c)?
+                    .is_some(),
+                ([(key, value)], true) => {
+                    redis::cmd("SET").arg(key).arg(value).query::<()>(c)?;
+                    true
+                }
+                (_, false) => redis::cmd("MSETNX").arg(values).query::<bool>(c)?,
+                (_, true) => {
+                    redis::cmd("MSET").arg(values).query::<()>(c)?;
+                    true
+                }
+            };
+            Ok(if written {
                 Stored::Written
             } else {
                 Stored::Present
