@@ -11,8 +11,9 @@
 //! bytes per epoch 2+ (all nodes) against the bound 1.05 x max(0, D - ΣC), ΣC being what the
 //! cluster stored, and cluster hits.
 //!
-//! `cargo bench --bench cluster -- [--files N] [--epochs E] [--rounds R] [--mbps M]`; root only
-//! (namespaces, cgroups, FUSE). Bench tooling, never part of prepfs.
+//! `cargo bench --bench cluster -- [--files N] [--epochs E] [--rounds R] [--mbps M]
+//! [--latency-ms MS] [--link-mbit M] [--cluster-timeout T] [--scenarios fits,half,ram>share]`;
+//! root only (namespaces, cgroups, FUSE). Bench tooling, never part of prepfs.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -41,6 +42,12 @@ struct Options {
     rounds: usize,
     mbps: u64,
     latency_ms: u64,
+    /// Each node's link, Mbit/s.
+    link_mbit: u32,
+    /// `--cluster-timeout`, when not prepfs's default.
+    timeout: Option<String>,
+    /// Scenarios to run (all when empty).
+    only: Vec<String>,
 }
 
 /// How the nodes cache.
@@ -89,6 +96,12 @@ fn main() {
         }
         return;
     }
+    let text = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     let value = |flag: &str, default: u64| {
         args.iter()
             .position(|a| a == flag)
@@ -101,6 +114,10 @@ fn main() {
         rounds: value("--rounds", 3) as usize,
         mbps: value("--mbps", 60),
         latency_ms: value("--latency-ms", 2),
+        link_mbit: value("--link-mbit", 1000) as u32,
+        timeout: text("--cluster-timeout"),
+        only: text("--scenarios")
+            .map_or_else(Vec::new, |s| s.split(',').map(str::to_owned).collect()),
     };
     let work = tempfile::Builder::new()
         .prefix("prepfs-cluster-bench-")
@@ -146,6 +163,9 @@ fn main() {
     let mut results: BTreeMap<(usize, usize), Vec<Run>> = BTreeMap::new();
     for round in 0..opts.rounds {
         for (s, scenario) in scenarios.iter().enumerate() {
+            if !opts.only.is_empty() && !opts.only.iter().any(|o| o == scenario.name) {
+                continue;
+            }
             // Interleaved: the setups alternate which goes first.
             let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
             for k in order {
@@ -176,7 +196,11 @@ fn run_setup(
     files: &BTreeMap<String, Vec<u8>>,
     opts: &Options,
 ) -> Run {
-    let cluster = Cluster::start(3, scenario.maxmemory, Link::lan());
+    let link = Link {
+        rate_mbit: opts.link_mbit,
+        ..Link::lan()
+    };
+    let cluster = Cluster::start(3, scenario.maxmemory, link);
     let groups: Vec<MemoryCgroup> = (0..3)
         .map(|_| MemoryCgroup::new(scenario.cache_mem + (128 << 20)))
         .collect();
@@ -198,6 +222,9 @@ fn run_setup(
                     "--cluster-keep-hits",
                     if keep_hits { "on" } else { "off" },
                 ]);
+                if let Some(t) = &opts.timeout {
+                    flags.extend(["--cluster-timeout", t]);
+                }
             }
             mount.mount_prepared(&flags, |command| {
                 cluster.in_node(i, command);
@@ -283,6 +310,9 @@ fn report(
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mib = |b: f64| b / f64::from(1 << 20);
     for (s, scenario) in scenarios.iter().enumerate() {
+        if !results.contains_key(&(s, 0)) {
+            continue;
+        }
         let later = |k: usize, f: &dyn Fn(&(f64, u64, u64)) -> f64| {
             median(
                 results[&(s, k)]
@@ -326,11 +356,14 @@ fn report(
         }
     }
     println!(
-        "\nD = {} MiB ({} files of 1.5 MiB), epochs 2..{}, medians of {} rounds; load {}",
+        "\nD = {} MiB ({} files of 1.5 MiB), epochs 2..{}, medians of {} rounds; links {} Mbit/s, \
+         --cluster-timeout {}; load {}",
         d >> 20,
         opts.files,
         opts.epochs,
         opts.rounds,
+        opts.link_mbit,
+        opts.timeout.as_deref().unwrap_or("default"),
         loadavg()
     );
 }

@@ -185,22 +185,18 @@ impl Tier for ClusterTier {
             return self.miss(Some(&self.metrics.skipped));
         }
         let tail = record::tail_key(&name);
-        // The reply (at most a header and the raw block: a longer value is damaged, and its
-        // excess never read) is read into memory by a lookup thread, then decoded here: both
-        // charged.
-        // Charged as the source read it stands in for would be: at once, whatever the room.
+        // A value is at most a header and the raw block, in one or two keys (see
+        // `record::split`): each key is read up to that much, so a longer value is damaged and
+        // its excess never read. The reply is read into memory by a lookup thread, then decoded
+        // here: charged as the source read it stands in for would be, at once, whatever the
+        // room.
         let max = record::HEADER + len;
-        let reply = self.budget.in_flight(max as u64);
+        let reply = self.budget.in_flight(2 * max as u64);
         let (tx, rx) = sync_channel(1);
         let (remote, asked) = (self.remote.clone(), name.clone());
         let queued = self.lookups.try_submit(move || {
             let _reply = reply;
-            let head = (asked.as_str(), max.min(record::PIECE));
-            let parts = if max > record::PIECE {
-                vec![head, (tail.as_str(), max - record::PIECE)]
-            } else {
-                vec![head]
-            };
+            let parts = [(asked.as_str(), max), (tail.as_str(), max)];
             let _ = tx.send(remote.get(&parts).map(|parts| parts.concat()));
         });
         if !queued {

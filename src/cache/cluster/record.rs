@@ -4,7 +4,7 @@
 //! and mtime, and the block index: never dev/ino, which differ between nodes, and never the path
 //! in clear), the value (a header with the codec, the logical length, a checksum of the logical
 //! bytes and one of the key, then the payload), and how a value too large for one of Redis's
-//! allocation classes is split in two keys under one hash tag (`PIECE`). Decoding checks every
+//! allocation classes is split in two keys under one hash tag (`split`). Decoding checks every
 //! field against what the reader expects before it allocates, and decompresses into a buffer of
 //! the expected length only. Must never accept a value whose checks fail, and never size an
 //! allocation by a length the value claims.
@@ -24,13 +24,49 @@ const MAGIC: &[u8; 4] = b"PFC1";
 /// smaller), so a lookup reads no more than that.
 pub const HEADER: usize = 4 + 1 + 3 + 4 + 8 + 8;
 
-/// The longest part of a value stored under one key. Redis allocates a string in size classes
-/// (jemalloc's, four per doubling): a full block's value, 1 MiB and a header, would take a
-/// 1.25 MiB allocation (`MEMORY USAGE` 1,310,776 B for a 1,048,604 B value, on Debian's Redis
-/// 7.0), a quarter of the node's memory lost; one under 1 MiB - 16 B takes 1 MiB and 56 B. So a
-/// value longer than this is stored as this much under its key and the rest under `tail_key`,
-/// both in one hash slot (the key's `{tag}`), written together (MSETNX) and read together.
-pub const PIECE: usize = (1 << 20) - 64;
+/// Bytes Redis adds around a string value inside its allocation (sds header, terminator),
+/// rounded up; and what a second key costs (its entry, object and name), rounded up.
+const VALUE_OVERHEAD: usize = 64;
+const KEY_COST: usize = 256;
+
+/// The allocation Redis's allocator (jemalloc, Debian's build) gives `n` bytes: from 16 KiB up,
+/// size classes four per doubling (`MEMORY USAGE` on Redis 7.0: a 1,048,604 B value takes
+/// 1,310,776 B, a 1,048,560 B one 1,048,632 B); below, `n` (close enough for what it decides).
+fn allocation(n: usize) -> usize {
+    if n <= 16 << 10 {
+        return n;
+    }
+    let base = 1 << (usize::BITS - 1 - (n - 1).leading_zeros());
+    let step = base / 4;
+    base + (n - base).div_ceil(step) * step
+}
+
+/// The largest size class that is not above `n` (for `n` from 16 KiB up).
+fn class_below(n: usize) -> usize {
+    let base = 1 << (usize::BITS - 1 - n.leading_zeros());
+    let step = base / 4;
+    base + (n - base) / step * step
+}
+
+/// `value` as stored: the part under its key and the part under `tail_key` (empty when it is
+/// stored whole). A value just above a size class (a full block's: 1 MiB and a header) would
+/// waste up to a quarter of its allocation; it is stored as the largest class below it under its
+/// key and the few bytes left under the tail key (both in one hash slot, written together by
+/// MSETNX and read together), whenever that takes less memory than storing it whole.
+pub fn split(value: &[u8]) -> (&[u8], &[u8]) {
+    let len = value.len();
+    if len <= 16 << 10 {
+        return (value, &[]);
+    }
+    let head = class_below(len) - VALUE_OVERHEAD;
+    let split =
+        allocation(head + VALUE_OVERHEAD) + allocation(len - head + VALUE_OVERHEAD) + KEY_COST;
+    if split < allocation(len + VALUE_OVERHEAD) {
+        value.split_at(head)
+    } else {
+        (value, &[])
+    }
+}
 
 /// The cluster key of block `key` of the file at `path` (relative to the source root) in the
 /// dataset whose id hashes to `dataset`: `prepfs:{<hash>}`, the braces a hash tag, so that its
@@ -46,14 +82,9 @@ pub fn key_for(dataset: u64, path: &Path, key: &BlockKey) -> String {
     format!("prepfs:{{{:032x}}}", h.digest128())
 }
 
-/// The key holding the rest of a value longer than `PIECE` stored at `key`.
+/// The key holding the rest of a value stored at `key` in two parts (see `split`).
 pub fn tail_key(key: &str) -> String {
     format!("{key}:t")
-}
-
-/// `value` as stored: its first `PIECE` bytes and the rest (empty when it fits one key).
-pub fn split(value: &[u8]) -> (&[u8], &[u8]) {
-    value.split_at(value.len().min(PIECE))
 }
 
 /// The id of a dataset, hashed once.
@@ -157,6 +188,39 @@ mod tests {
     }
 
     #[test]
+    fn values_just_above_an_allocation_class_are_split_and_others_kept_whole() {
+        // Sizes measured with MEMORY USAGE on Redis 7.0 (see `allocation`).
+        assert_eq!(allocation(1_048_604), 1_310_720);
+        // A string's own header and terminator: 10 bytes (sdshdr32).
+        assert_eq!(allocation(1_048_560 + 10), 1 << 20);
+        assert_eq!(allocation(655_360 + 10), 786_432);
+        assert_eq!(allocation(655_296 + 10), 655_360);
+        let sizes = |len: usize| {
+            let value = vec![0u8; len];
+            let (head, tail) = split(&value);
+            (head.len(), tail.len())
+        };
+        assert_eq!(
+            sizes(HEADER + (1 << 20)),
+            ((1 << 20) - 64, HEADER + 64),
+            "a full block"
+        );
+        assert_eq!(
+            sizes(HEADER + (1 << 19)),
+            ((1 << 19) - 64, HEADER + 64),
+            "half a block"
+        );
+        assert_eq!(sizes(655_296), (655_296, 0), "just under a class: whole");
+        assert_eq!(sizes(1000), (1000, 0), "small: whole");
+        let (head, tail) = sizes(700 << 10);
+        assert_eq!(head + tail, 700 << 10);
+        assert!(
+            allocation(head + 64) + allocation(tail + 64) < allocation((700 << 10) + 64),
+            "split only where it saves memory"
+        );
+    }
+
+    #[test]
     fn a_value_decodes_only_when_whole_and_under_its_own_key() {
         let data: Vec<u8> = (0..300_000u32).map(|i| (i / 1000) as u8).collect();
         for codec in [Codec::None, Codec::Lz4, Codec::Zstd(3)] {
@@ -180,14 +244,11 @@ mod tests {
                 Err(Damage::Foreign)
             );
         }
-        // A full block's value is split at PIECE; the two parts make it whole again.
+        // A full block's value is split below its size class; the two parts make it whole.
         let full: Vec<u8> = (0..1 << 20).map(|i| (i * 7 % 256) as u8).collect();
         let value = encode("k", &full, Codec::None);
         let (head, tail) = split(&value);
-        assert_eq!(
-            (head.len(), tail.len()),
-            (PIECE, HEADER + full.len() - PIECE)
-        );
+        assert_eq!((head.len(), tail.len()), ((1 << 20) - 64, HEADER + 64));
         assert_eq!(
             decode("k", &[head, tail].concat(), full.len()).as_deref(),
             Ok(&full[..])
