@@ -283,9 +283,11 @@ impl Tier for ClusterTier {
             let _work = work;
             let value = record::encode(&name, &block.data, codec);
             let tail_key = record::tail_key(&name);
-            let parts = match record::split(&value) {
-                (head, []) => vec![(name.as_str(), head)],
-                (head, tail) => vec![(name.as_str(), head), (tail_key.as_str(), tail)],
+            // A replacement names the tail key even when this value has no tail: a tail left by
+            // an earlier, split value would spoil it.
+            let parts = match (record::split(&value), replace) {
+                ((head, []), false) => vec![(name.as_str(), head)],
+                ((head, tail), _) => vec![(name.as_str(), head), (tail_key.as_str(), tail)],
             };
             match remote.put(&parts, replace) {
                 Ok(stored) => {

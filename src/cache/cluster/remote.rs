@@ -42,7 +42,7 @@ pub trait Remote: Send + Sync {
     fn get(&self, keys: &[(&str, usize)]) -> Result<Vec<Vec<u8>>, RemoteError>;
     /// Stores each `(key, value)`, all or none: only if none of the keys has a value (`replace`
     /// false: SET NX or MSETNX, so one writer of a block wins), or over what is there
-    /// (`replace`: a damaged value).
+    /// (`replace`: a damaged value; an empty value deletes its key).
     fn put(&self, values: &[(&str, &[u8])], replace: bool) -> Result<Stored, RemoteError>;
     /// The slot map: `(first slot, last slot, "host:port" of its primary)`.
     fn slots(&self) -> Result<Vec<(u16, u16, String)>, RemoteError>;
@@ -209,13 +209,14 @@ impl Remote for RedisCluster {
                     .arg("NX")
                     .query::<Option<String>>(c)?
                     .is_some(),
-                ([(key, value)], true) => {
-                    redis::cmd("SET").arg(key).arg(value).query::<()>(c)?;
-                    true
-                }
                 (_, false) => redis::cmd("MSETNX").arg(values).query::<bool>(c)?,
                 (_, true) => {
-                    redis::cmd("MSET").arg(values).query::<()>(c)?;
+                    let (gone, kept): (Vec<_>, Vec<_>) =
+                        values.iter().partition(|(_, v)| v.is_empty());
+                    for (key, _) in gone {
+                        redis::cmd("DEL").arg(key).query::<()>(c)?;
+                    }
+                    redis::cmd("MSET").arg(kept).query::<()>(c)?;
                     true
                 }
             };

@@ -62,7 +62,11 @@ impl Remote for Fake {
             return Ok(Stored::Present);
         }
         for (key, value) in parts {
-            values.insert((*key).to_owned(), value.to_vec());
+            if value.is_empty() {
+                values.remove(*key);
+            } else {
+                values.insert((*key).to_owned(), value.to_vec());
+            }
         }
         Ok(Stored::Written)
     }
@@ -185,6 +189,22 @@ fn a_full_block_of_incompressible_bytes_is_stored_in_two_keys_and_read_whole() {
     fake.values.lock().retain(|key, _| !key.ends_with(":t"));
     assert!(tier.get(&key(0), &path(), &(0..10)).is_none());
     assert_eq!(tier.metrics().corrupt.get(), 1);
+    // A stale tail beside a value stored whole (another node wrote it compressed) spoils it
+    // until the replacement, which removes the tail.
+    let compressible = block(5);
+    let name = record::key_for(record::dataset_id("test"), &path(), &key(0));
+    let whole = record::encode(&name, &compressible.data, Codec::Lz4);
+    fake.values.lock().insert(name.clone(), whole);
+    fake.values
+        .lock()
+        .insert(record::tail_key(&name), b"stale".to_vec());
+    assert!(tier.get(&key(0), &path(), &(0..10)).is_none());
+    assert_eq!(tier.metrics().corrupt.get(), 2);
+    assert!(tier.put(&key(0), &path(), &compressible));
+    settle(&fake, 5);
+    assert!(!fake.values.lock().contains_key(&record::tail_key(&name)));
+    let got = tier.get(&key(0), &path(), &(0..10)).expect("whole again");
+    assert_eq!(got.data, compressible.data);
 }
 
 #[test]
