@@ -1,13 +1,13 @@
 //! `BlockFetcher`: the one way a block reaches a reader, the RAM tier, or the tiers below it.
 //!
 //! Owns: the tier order (RAM first, then the staging buffer, the disk tier, the cluster tier,
-//! then the source),
-//! single-flight fetching (concurrent readers of one block share one fetch, whatever asked first:
-//! a reader or prefetch), admission (a block fetched for a reader is kept by the RAM tier if it
-//! has room, else by the disk tier; one fetched ahead goes to RAM, else to staging; every block
-//! read from the source is also offered to the disk and cluster tiers), reading from the source (charged to
-//! the memory budget while in flight, verified to be of the version asked for), and what a full
-//! cache reads: only the bytes asked for. Must never serve bytes that failed their checksum or
+//! then the source), single-flight fetching (concurrent readers of one block share one fetch,
+//! whatever asked first: a reader or prefetch), admission (a block fetched for a reader is kept by
+//! the RAM tier if it has room, else by the disk tier; one fetched ahead goes to RAM, else to
+//! staging; every block read from the source is also offered to the disk and cluster tiers; a
+//! tier may say its hits stay out of RAM), reading from the source (charged to the memory budget
+//! while in flight, verified to be of the version asked for), and what a full cache reads: only
+//! the bytes asked for. Must never serve bytes that failed their checksum or
 //! belong to another version, never hold a lock while fetching, and never let two fetches of one
 //! block run at once.
 
