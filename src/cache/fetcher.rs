@@ -42,6 +42,9 @@ pub enum Prefetched {
     Staged,
     /// Neither the RAM tier nor the staging buffer has room.
     NoRoom,
+    /// A tier below did not answer in time and may hold the block: left to its readers, who ask
+    /// it again, rather than read from the source ahead of them.
+    Late,
 }
 
 /// Who asked for a fetch, which decides where the block is kept.
@@ -248,7 +251,8 @@ impl BlockFetcher {
             return Ok(Prefetched::NoRoom);
         }
         match self.shared(entry, index, source, Asker::Prefetch) {
-            None => Ok(Prefetched::Present),
+            None if entry.is_stored(index) => Ok(Prefetched::Present),
+            None => Ok(Prefetched::Late),
             Some(Err(e)) => Err(e),
             Some(Ok(_)) if entry.is_stored(index) => Ok(Prefetched::Fetched),
             Some(Ok(_)) if self.staging.contains(entry.identity(), index) => Ok(Prefetched::Staged),
@@ -332,7 +336,7 @@ impl BlockFetcher {
                 return Ok(ReadBytes::Shared(block, range));
             }
             self.metrics.misses.inc();
-            if let Some((block, _)) = self.in_lower(&key, entry.path(), &range) {
+            if let (Some((block, _)), _) = self.in_lower(&key, entry.path(), &range) {
                 return Ok(ReadBytes::Shared(block, range));
             }
             self.metrics.admission_rejected.inc();
@@ -387,12 +391,20 @@ impl BlockFetcher {
         let whole = 0..(span.end - span.start) as usize;
         // `keep`: the block may be kept at all; `in_ram`: by the RAM tier too (else only
         // staged for the reader a prefetch fetched it for).
-        let below = self
-            .in_tier(self.staging.as_ref(), &key, entry.path(), &whole)
-            .map(|block| (block, true))
-            .or_else(|| self.in_lower(&key, entry.path(), &whole));
+        let (below, late) = match self.in_tier(self.staging.as_ref(), &key, entry.path(), &whole) {
+            Some(block) => (Some((block, true)), false),
+            None => self.in_lower(&key, entry.path(), &whole),
+        };
         let (result, keep, in_ram) = match below {
             Some((block, in_ram)) => (Ok(block), true, in_ram),
+            // A tier below may hold it but did not answer in time: a fetch ahead of the readers
+            // leaves the block to them (a reader waiting on this flight asks again) rather than
+            // reading the source for it.
+            None if late && asker == Asker::Prefetch => {
+                self.flights.remove_if(&key, |f| Arc::ptr_eq(f, &flight));
+                flight.finish(Ok(None));
+                return None;
+            }
             None => match self.read_source(key.identity, span.clone(), source) {
                 Ok((bytes, settled)) => {
                     let block = Arc::new(Block::new(bytes));
@@ -424,18 +436,23 @@ impl BlockFetcher {
         Some(result)
     }
 
-    /// The block from the first tier below staging that holds it intact, and whether the RAM
-    /// tier may keep it too.
+    /// The block from the first tier below staging that holds it intact and whether the RAM
+    /// tier may keep it too; and whether a tier asked missed only because it answered late.
     fn in_lower(
         &self,
         key: &BlockKey,
         path: &Path,
         range: &Range<usize>,
-    ) -> Option<(Arc<Block>, bool)> {
-        self.lower.iter().find_map(|tier| {
-            self.in_tier(tier.as_ref(), key, path, range)
-                .map(|block| (block, tier.hits_kept_in_ram()))
-        })
+    ) -> (Option<(Arc<Block>, bool)>, bool) {
+        let mut late = false;
+        for tier in &self.lower {
+            let (found, was_late) = tier.lookup(key, path, range);
+            late |= was_late;
+            if let Some(block) = found.and_then(|b| self.verified(tier.as_ref(), key, b, range)) {
+                return (Some((block, tier.hits_kept_in_ram())), late);
+            }
+        }
+        (None, late)
     }
 
     /// The block from `tier` if it holds it intact.
@@ -447,6 +464,17 @@ impl BlockFetcher {
         range: &Range<usize>,
     ) -> Option<Arc<Block>> {
         let block = tier.get(key, path, range)?;
+        self.verified(tier, key, block, range)
+    }
+
+    /// `block`, from `tier`, if its bytes in `range` match their checksums.
+    fn verified(
+        &self,
+        tier: &dyn Tier,
+        key: &BlockKey,
+        block: Arc<Block>,
+        range: &Range<usize>,
+    ) -> Option<Arc<Block>> {
         // A tier verifies what it keeps; this catches one that hands back damaged bytes.
         if block::verify(&block.data, &block.sums, range.clone()) {
             Some(block)
@@ -805,6 +833,42 @@ mod tests {
             );
             assert_eq!(entry.cached_blocks(), held);
         }
+    }
+
+    /// A block a tier below did not answer for in time is left to its readers by prefetch (no
+    /// source read ahead of them); a reader reads it from the source.
+    #[test]
+    fn prefetch_leaves_a_block_a_tier_answered_late_for_to_its_readers() {
+        let (fetcher, lower) = chain(64 << 20, 4 << 20, Codec::None);
+        lower.late.store(true, Ordering::Relaxed);
+        let data: Vec<u8> = (0..BLOCK_SIZE as usize).map(|i| (i % 251) as u8).collect();
+        let id = identity(5, 0, data.len());
+        let reads = Arc::new(AtomicU64::new(0));
+        let source = MemFile {
+            opened: id,
+            now: Arc::new(Mutex::new(Versions {
+                identity: id,
+                data: data.clone(),
+            })),
+            reads: reads.clone(),
+        };
+        let entry = fetcher.ram().file(id, Path::new("f"));
+        assert_eq!(fetcher.prefetch(&entry, 0, &source), Ok(Prefetched::Late));
+        assert_eq!(reads.load(Ordering::Relaxed), 0, "no source read ahead");
+        assert_eq!(entry.cached_blocks(), 0);
+        let got = fetcher
+            .read(&entry, &source, 0, 4096, &Unpacked::default())
+            .expect("read");
+        assert!(got.as_slice() == &data[..4096]);
+        assert_eq!(
+            reads.load(Ordering::Relaxed),
+            1,
+            "the reader goes to the source"
+        );
+        assert_eq!(
+            fetcher.prefetch(&entry, 0, &source),
+            Ok(Prefetched::Present)
+        );
     }
 
     /// Many threads reading the same blocks at once: each block is read from the source once

@@ -36,6 +36,17 @@ pub trait Tier: Send + Sync {
     fn put(&self, key: &BlockKey, path: &Arc<Path>, block: &Arc<Block>) -> bool;
     /// Whether a block of `bytes` offered now would be kept (a hint).
     fn has_room(&self, bytes: u64) -> bool;
+    /// Like `get`, and whether a miss was only late: the tier did not answer in time and may
+    /// hold the block (the cluster tier). A fetch ahead of the readers leaves such a block to
+    /// them instead of reading the source for it.
+    fn lookup(
+        &self,
+        key: &BlockKey,
+        path: &Path,
+        range: &Range<usize>,
+    ) -> (Option<Arc<Block>>, bool) {
+        (self.get(key, path, range), false)
+    }
     /// Whether the RAM tier may keep a copy of what this tier hands back (all but a cluster
     /// tier told otherwise: `--cluster-keep-hits off`).
     fn hits_kept_in_ram(&self) -> bool {
@@ -64,6 +75,8 @@ pub mod faulty {
         /// Say that the RAM tier must not keep what `get` returns (a cluster tier with
         /// `--cluster-keep-hits off`).
         pub not_in_ram: AtomicBool,
+        /// Answer every lookup late (a cluster node that did not answer in time).
+        pub late: AtomicBool,
         /// Gets answered.
         pub gets: AtomicU64,
     }
@@ -77,6 +90,7 @@ pub mod faulty {
                 lose: AtomicBool::new(false),
                 damage: AtomicBool::new(false),
                 not_in_ram: AtomicBool::new(false),
+                late: AtomicBool::new(false),
                 gets: AtomicU64::new(0),
             }
         }
@@ -110,6 +124,18 @@ pub mod faulty {
 
         fn has_room(&self, bytes: u64) -> bool {
             !self.refuse.load(Ordering::Relaxed) && self.inner.has_room(bytes)
+        }
+
+        fn lookup(
+            &self,
+            key: &BlockKey,
+            path: &Path,
+            range: &Range<usize>,
+        ) -> (Option<Arc<Block>>, bool) {
+            if self.late.load(Ordering::Relaxed) {
+                return (None, true);
+            }
+            (self.get(key, path, range), false)
         }
 
         fn hits_kept_in_ram(&self) -> bool {

@@ -47,7 +47,7 @@ fn run(shared: &Shared, job: Job) {
                     Ok(Prefetched::Fetched | Prefetched::Staged) => {
                         shared.metrics.blocks.inc();
                     }
-                    Ok(Prefetched::Present) => {}
+                    Ok(Prefetched::Present | Prefetched::Late) => {}
                     Ok(Prefetched::NoRoom) | Err(_) => break,
                 }
             }
@@ -106,7 +106,7 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
                         shared.metrics.blocks.inc();
                         fetched = true;
                     }
-                    Ok(Prefetched::Present) => {}
+                    Ok(Prefetched::Present | Prefetched::Late) => {}
                     Ok(Prefetched::NoRoom) => {
                         no_room = index == 0;
                         break;

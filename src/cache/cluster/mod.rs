@@ -174,15 +174,24 @@ impl Tier for ClusterTier {
         "cluster"
     }
 
-    fn get(&self, key: &BlockKey, path: &Path, _range: &Range<usize>) -> Option<Arc<Block>> {
+    fn get(&self, key: &BlockKey, path: &Path, range: &Range<usize>) -> Option<Arc<Block>> {
+        self.lookup(key, path, range).0
+    }
+
+    fn lookup(
+        &self,
+        key: &BlockKey,
+        path: &Path,
+        _range: &Range<usize>,
+    ) -> (Option<Arc<Block>>, bool) {
         let len = block_len(key);
         if len == 0 {
-            return None;
+            return (None, false);
         }
         let name = record::key_for(self.dataset, path, key);
         let slot = health::slot(&name);
         if !self.health.allows(slot) {
-            return self.miss(Some(&self.metrics.skipped));
+            return (self.miss(Some(&self.metrics.skipped)), false);
         }
         let tail = record::tail_key(&name);
         // A value is at most a header and the raw block, in one or two keys (see
@@ -200,7 +209,8 @@ impl Tier for ClusterTier {
             let _ = tx.send(remote.get(&parts).map(|parts| parts.concat()));
         });
         if !queued {
-            return self.miss(Some(&self.metrics.dropped));
+            // Busy, not absent: a fetch ahead of the readers leaves the block to them.
+            return (self.miss(Some(&self.metrics.dropped)), true);
         }
         let started = Instant::now();
         let answer = rx.recv_timeout(self.timeout);
@@ -215,12 +225,12 @@ impl Tier for ClusterTier {
                         health::LATE_TO_FAIL
                     );
                 }
-                return self.miss(Some(&self.metrics.timeouts));
+                return (self.miss(Some(&self.metrics.timeouts)), true);
             }
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "cluster lookup failed");
                 self.node_failed(slot, "failed");
-                return self.miss(Some(&self.metrics.errors));
+                return (self.miss(Some(&self.metrics.errors)), false);
             }
             Ok(Ok(value)) => value,
         };
@@ -229,10 +239,10 @@ impl Tier for ClusterTier {
         }
         self.metrics.bytes_in.add(value.len() as u64);
         if value.is_empty() {
-            return self.miss(None);
+            return (self.miss(None), false);
         }
         let _decoding = self.budget.in_flight(len as u64);
-        match record::decode(&name, &value, len) {
+        let found = match record::decode(&name, &value, len) {
             Ok(data) => {
                 self.metrics.hits.inc();
                 Some(Arc::new(Block::new(data)))
@@ -247,7 +257,8 @@ impl Tier for ClusterTier {
                 drop(damaged);
                 self.miss(Some(&self.metrics.corrupt))
             }
-        }
+        };
+        (found, false)
     }
 
     fn put(&self, key: &BlockKey, path: &Arc<Path>, block: &Arc<Block>) -> bool {
