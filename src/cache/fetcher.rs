@@ -641,16 +641,16 @@ mod tests {
             let reads = Arc::new(AtomicU64::new(0));
             let make = |rng: &mut fastrand::Rng| -> Vec<u8> {
                 let len = rng.usize(0..(3 * BLOCK_SIZE as usize + 100));
-                // Half compressible, so packed blocks are read too.
-                (0..len)
-                    .map(|i| {
-                        if rng.bool() {
-                            (i / 7) as u8
-                        } else {
-                            rng.u8(..)
-                        }
-                    })
-                    .collect()
+                // Runs of 64 bytes, half of them compressible, so packed blocks are read too.
+                let mut data = vec![0u8; len];
+                for (run, bytes) in data.chunks_mut(64).enumerate() {
+                    if rng.bool() {
+                        bytes.fill((run / 7) as u8);
+                    } else {
+                        rng.fill(bytes);
+                    }
+                }
+                data
             };
             let files: Vec<Arc<Mutex<Versions>>> = (0..3)
                 .map(|f| {
