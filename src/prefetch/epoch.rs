@@ -225,6 +225,9 @@ pub struct EpochTracker {
     repeats: VecDeque<(u64, FileKey)>,
     /// Open number of the first repeat of a long-ago file in this pass, and how many followed.
     old_repeats: Option<(u64, usize)>,
+    /// The pass before `previous`, once a new pass replaced it, for its owner to free
+    /// (`take_retired`: a million-file pass takes milliseconds to free).
+    retired: Option<Pass>,
 }
 
 impl Default for EpochTracker {
@@ -238,6 +241,7 @@ impl Default for EpochTracker {
             opens: 0,
             repeats: VecDeque::new(),
             old_repeats: None,
+            retired: None,
         }
     }
 }
@@ -311,9 +315,14 @@ impl EpochTracker {
                 self.covered += 1;
             }
         }
-        self.previous = Some(ended);
+        self.retired = self.previous.replace(ended);
         self.epoch += 1;
         Opened::NewEpoch
+    }
+
+    /// The pass a new pass retired (the one before the pass that ended), once.
+    pub fn take_retired(&mut self) -> Option<Pass> {
+        self.retired.take()
     }
 
     /// The current epoch, from 1.

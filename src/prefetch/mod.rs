@@ -25,6 +25,7 @@
 //! the depth controller; `fetch` runs one job; `epoch`, `predict`, `hint` and `parked` what the
 //! planner and the jobs use; `diagnosis` and `metrics` what a pass and the mount report.
 
+mod chores;
 pub mod diagnosis;
 pub mod epoch;
 mod fetch;
@@ -375,9 +376,10 @@ impl Prefetcher {
             OrderFile::new(file, mountpoint.to_path_buf(), budget)
         });
         let slot = order_file.as_ref().map(OrderFile::slot);
+        let chores = chores::Chores::start();
         let sets: Vec<SetState> = names
             .into_iter()
-            .map(|name| SetState::new(name, &source, Marks::now(&shared), slot.as_ref()))
+            .map(|name| SetState::new(name, &source, Marks::now(&shared), slot.as_ref(), &chores))
             .collect();
         let (tx, rx) = sync_channel(EVENT_QUEUE);
         let s = shared.clone();

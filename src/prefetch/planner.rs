@@ -5,17 +5,22 @@
 //!
 //! Owns what the planner knows per set and what it decides. Must never fetch (the workers in
 //! `fetch` do), never block an open (events arrive through a channel that drops when full), and
-//! never do work per open that grows with the number of files.
+//! never do work per open that grows with the number of files, nor per pass: what a pass's end
+//! needs in proportion to the set (the remaining-set walks' order and position sets, listings,
+//! freeing the pass that ended) is made or freed by the helper thread (`Chores`), and the
+//! remaining-set walks start once it has answered. Left here: the epoch tracker's one position
+//! set for the pass that ended, made at memory speed.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::Instant;
 
 use serde_json::{Value, json};
 
+use super::chores::Chores;
 use super::diagnosis::{Capacity, diagnose};
 use super::epoch::{EpochTracker, FileKey, Opened, Positions};
 use super::hint::{Hint, OrderFile, OrderSlot, Polled};
@@ -32,16 +37,16 @@ pub(super) struct SetState {
     predictors: Vec<(Box<dyn Predictor>, Score)>,
     /// Identities seen at opens (a fully cached file is not queued again).
     known: HashMap<FileKey, Identity>,
+    /// Sizes of the current pass's files, in its order, and their sum (`None` when one is not
+    /// known): the remaining-set order of the next pass, kept as files come.
+    sizes: Vec<Option<u64>>,
+    working_set: Option<u64>,
     opens: u64,
-    /// Where the remaining-set walks stand: opens ahead in the last pass's order, fetches in
-    /// `by_size` (the last pass's files, smallest first).
-    cursor: usize,
-    fetch_cursor: usize,
-    by_size: Vec<u32>,
-    /// The last pass's files (positions) and `by_size` entries not settled in this pass: the
-    /// remaining-set walks step over each settled file once, not at every open.
-    unplanned: Positions,
-    unfetched: Positions,
+    /// The remaining-set walks of this pass, once the helper has made them.
+    remaining: Option<Remaining>,
+    made: Sender<(u64, Remaining)>,
+    ready: Receiver<(u64, Remaining)>,
+    chores: Chores,
     in_use: &'static str,
     /// Opens per second (moving average) and when the last one came.
     rate: f64,
@@ -51,6 +56,33 @@ pub(super) struct SetState {
     history: VecDeque<Value>,
     /// What kept readers waiting in the last complete pass (`null` before one).
     diagnosis: Value,
+}
+
+/// Where the remaining-set walks of a pass stand: opens ahead in the last pass's order, fetches
+/// in `by_size` (the last pass's files, smallest first). The last pass's files (positions) and
+/// `by_size` entries not settled in this pass are sets of positions: the walks step over each
+/// settled file once, not at every open.
+struct Remaining {
+    by_size: Vec<u32>,
+    unplanned: Positions,
+    unfetched: Positions,
+    cursor: usize,
+    fetch_cursor: usize,
+}
+
+impl Remaining {
+    /// The walks over a pass of files of `sizes` (on the helper thread: linear in the files).
+    fn of(sizes: &[Option<u64>]) -> Remaining {
+        let by_size = predict::smallest_first(sizes);
+        Remaining {
+            unplanned: Positions::all(sizes.len()),
+            unfetched: Positions::all(by_size.len()),
+            // The walk starts after the cursor: at the smallest file.
+            fetch_cursor: by_size.len().saturating_sub(1),
+            cursor: 0,
+            by_size,
+        }
+    }
 }
 
 /// The depth controller: twice the files consumed while one file is fetched (`rate` opens/s x
@@ -66,26 +98,30 @@ impl SetState {
         source: &Arc<dyn Source>,
         marks: Marks,
         hint: Option<&OrderSlot>,
+        chores: &Chores,
     ) -> SetState {
+        let tree = |sorted| Box::new(Tree::new(source.clone(), sorted, chores.clone()));
         let mut predictors: Vec<(Box<dyn Predictor>, Score)> = vec![
             (Box::new(Replay), Score::default()),
-            (Box::new(Tree::new(source.clone(), true)), Score::default()),
-            (Box::new(Tree::new(source.clone(), false)), Score::default()),
+            (tree(true), Score::default()),
+            (tree(false), Score::default()),
         ];
         if let Some(slot) = hint {
             predictors.push((Box::new(Hint::new(slot.clone())), Score::default()));
         }
+        let (made, ready) = channel();
         SetState {
             name,
             tracker: EpochTracker::default(),
             predictors,
             known: HashMap::new(),
+            sizes: Vec::new(),
+            working_set: Some(0),
             opens: 0,
-            cursor: 0,
-            fetch_cursor: 0,
-            by_size: Vec::new(),
-            unplanned: Positions::all(0),
-            unfetched: Positions::all(0),
+            remaining: None,
+            made,
+            ready,
+            chores: chores.clone(),
             in_use: "none",
             rate: 0.0,
             last_open: None,
@@ -96,9 +132,16 @@ impl SetState {
         }
     }
 
-    /// Ends the epoch that just ended: its record and wasted prefetches (the staged leftovers
-    /// go once every set is asked, `retire_staged`).
-    fn close_epoch(&mut self, shared: &Shared, set: SetId) {
+    /// Ends the epoch that just ended, of files of `sizes` (`working_set` bytes when all are
+    /// known): its record, its wasted prefetches (the staged leftovers go once every set is
+    /// asked, `retire_staged`), and the next pass's remaining-set walks, asked of the helper.
+    fn close_epoch(
+        &mut self,
+        shared: &Shared,
+        set: SetId,
+        sizes: Vec<Option<u64>>,
+        working_set: Option<u64>,
+    ) {
         let mut outcomes = shared.outcomes[set].lock();
         let wasted = outcomes.values().filter(|o| **o == Outcome::Done).count();
         outcomes.retain(|_, o| matches!(o, Outcome::InFlight | Outcome::Parked));
@@ -108,22 +151,18 @@ impl SetState {
             p.forget_listings();
             score.new_pass();
         }
+        if let Some(pass) = self.tracker.take_retired() {
+            self.chores.dispose(pass);
+        }
+        if let Some(old) = self.remaining.take() {
+            self.chores.dispose(old);
+        }
         let now = Marks::now(shared);
-        let pass = self.tracker.previous();
-        let files = pass.map_or(0, |p| p.len());
-        // Sizes are known for dataset files (their identities), not for view files.
-        let sizes: Vec<Option<u64>> = pass.map_or_else(Vec::new, |p| {
-            p.order()
-                .iter()
-                .map(|f| self.known.get(f).map(|i| i.size))
-                .collect()
-        });
-        self.by_size = predict::smallest_first(&sizes);
-        self.unplanned = Positions::all(files);
-        self.unfetched = Positions::all(self.by_size.len());
-        // The walk starts after the cursor: at the smallest file.
-        self.fetch_cursor = self.by_size.len().saturating_sub(1);
-        let working_set = pass.and_then(|_| sizes.iter().copied().sum::<Option<u64>>());
+        let files = sizes.len();
+        let (made, epoch) = (self.made.clone(), self.tracker.epoch());
+        self.chores.run(Box::new(move || {
+            let _ = made.send((epoch, Remaining::of(&sizes)));
+        }));
         let figures = now.figures(
             &self.marks,
             self.tracker.epoch() - 1,
@@ -146,14 +185,36 @@ impl SetState {
         if let Some(identity) = event.identity {
             self.known.insert(file.clone(), identity);
         }
+        // Sizes are known for dataset files (their identities), not for view files.
+        let size_of =
+            |known: &HashMap<FileKey, Identity>, f: &FileKey| known.get(f).map(|i| i.size);
         let new_pass = match self.tracker.open(&file) {
             Opened::Repeat | Opened::Straggler => return false,
             Opened::NewEpoch => {
-                self.close_epoch(shared, set);
+                // The new pass began with a few files (bounded repeats).
+                let begun: Vec<Option<u64>> = (self.tracker.current().order().iter())
+                    .map(|f| size_of(&self.known, f))
+                    .collect();
+                let working_set = begun.iter().copied().sum::<Option<u64>>();
+                let ended = std::mem::replace(&mut self.sizes, begun);
+                let ended_set = std::mem::replace(&mut self.working_set, working_set);
+                self.close_epoch(shared, set, ended, ended_set);
                 true
             }
-            Opened::First => false,
+            Opened::First => {
+                let size = size_of(&self.known, &file);
+                self.sizes.push(size);
+                self.working_set = self.working_set.zip(size).map(|(a, b)| a + b);
+                false
+            }
         };
+        while let Ok((epoch, remaining)) = self.ready.try_recv() {
+            if epoch == self.tracker.epoch() {
+                self.remaining = Some(remaining);
+            } else {
+                self.chores.dispose(remaining);
+            }
+        }
         match shared.outcomes[set].lock().remove(&file) {
             Some(Outcome::Done) => shared.metrics.useful.inc(),
             Some(Outcome::InFlight) => shared.metrics.late.inc(),
@@ -285,17 +346,21 @@ impl SetState {
             // misses hidden per byte held), then open the next ones ahead, in any order.
             None if self.tracker.previous().is_some() => {
                 self.in_use = "remaining";
+                // Until the helper has made this pass's walks: nothing yet.
+                let Some(walks) = self.remaining.as_mut() else {
+                    return looked.get();
+                };
                 let fits = |p: &Path| fetcher.has_prefetch_room(first_block(p));
                 // Stragglers joined the last pass since it closed: their positions too.
                 let files = self.tracker.previous().map_or(0, |p| p.len());
-                while self.unplanned.len() < files {
-                    self.unplanned.push();
+                while walks.unplanned.len() < files {
+                    walks.unplanned.push();
                 }
-                self.fetch_cursor = predict::smallest_remaining(
+                walks.fetch_cursor = predict::smallest_remaining(
                     &self.tracker,
-                    &self.by_size,
-                    &mut self.unfetched,
-                    self.fetch_cursor,
+                    &walks.by_size,
+                    &mut walks.unfetched,
+                    walks.fetch_cursor,
                     depth,
                     &judge,
                     &fits,
@@ -304,10 +369,10 @@ impl SetState {
                 let mut opens = Vec::new();
                 let taken: std::collections::HashSet<&std::ffi::OsStr> =
                     next.iter().map(|f| f.as_os_str()).collect();
-                self.cursor = predict::remaining(
+                walks.cursor = predict::remaining(
                     &self.tracker,
-                    &mut self.unplanned,
-                    self.cursor,
+                    &mut walks.unplanned,
+                    walks.cursor,
                     depth.saturating_sub(next.len()),
                     &|p: &Path| {
                         if taken.contains(p.as_os_str()) {

@@ -5,17 +5,19 @@
 //! lists read; `remaining`: any file the last pass read and this one has not, for shuffled
 //! epochs) and `Score`, which measures each predictor's precision and recall online: a
 //! prediction is right when the file is opened within `HORIZON` opens of it. Must never predict
-//! a file the current pass already opened, never do I/O except `Tree` listing directories (on
-//! the planner thread, cached and indexed for the pass), and never do work per open that grows
-//! with the number of files (each walk is capped by `SCAN_PER_PREDICTION` and finds its starting
-//! place by a lookup, not a search).
+//! a file the current pass already opened, never do I/O (`Tree`'s listings are made, sorted and
+//! indexed by the planner's helper, `Chores`, and kept for the pass), and never do work per open
+//! that grows with the number of files (each walk is capped by `SCAN_PER_PREDICTION` and finds
+//! its starting place by a lookup, not a search).
 
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, channel};
 
+use super::chores::Chores;
 use super::epoch::{EpochTracker, FileKey, Positions};
 use crate::source::{Kind, Source};
 
@@ -27,8 +29,11 @@ const RECENT_WEIGHT: f64 = 0.05;
 const TRUSTED: f64 = 0.5;
 /// Listings kept per tree walk before the cache is cleared (bounds memory on huge trees).
 const LISTINGS_KEPT: usize = 4096;
-/// Directories a walk may list for one prediction (bounds planner I/O on sparse trees).
+/// Directories a walk may ask listings of for one prediction (bounds the helper's I/O on sparse
+/// trees).
 const LISTINGS_PER_PREDICTION: usize = 16;
+/// Listings a walk may wait for at once (a hung source's listings stop there).
+const LISTINGS_ASKED: usize = 64;
 /// Candidates a predictor may look at per file it predicts: late in a pass most candidates were
 /// opened already, and the planner runs on every open (bounds its CPU).
 pub const SCAN_PER_PREDICTION: usize = 16;
@@ -48,8 +53,8 @@ pub trait Predictor: Send {
     );
     /// Drops what it cached about the tree (a new pass may see a changed one).
     fn forget_listings(&mut self) {}
-    /// Items it examined beyond the candidates `skip` was asked about (directory entries listed
-    /// and names looked up) since the last call: the planner's work counter.
+    /// Items it examined beyond the candidates `skip` was asked about (directories walked and
+    /// names looked up) since the last call: the planner's work counter.
     fn take_work(&mut self) -> u64 {
         0
     }
@@ -160,51 +165,16 @@ struct Listing {
     dirs: Names,
 }
 
-/// A depth-first walk of the source tree as `os.walk` yields it: a directory's files, then each
-/// subdirectory's walk; names sorted, or in the order the directory lists them.
-pub struct Tree {
-    source: Arc<dyn Source>,
-    sorted: bool,
-    /// By the directory's path as bytes (`FileKey`'s reason: `Path` hashes component by component).
-    listings: HashMap<OsString, Arc<Listing>>,
-    budget: usize,
-    scan: usize,
-    /// Entries listed and names looked up since `take_work`.
-    work: u64,
-    /// The file a walk is looking at, built in place: a walk looks at up to
-    /// `SCAN_PER_PREDICTION` names per file it predicts, without an allocation each.
-    candidate: PathBuf,
-}
-
-impl Tree {
-    /// A walk of `source` in sorted name order, or in listing order.
-    pub fn new(source: Arc<dyn Source>, sorted: bool) -> Tree {
-        Tree {
-            source,
-            sorted,
-            listings: HashMap::new(),
-            budget: 0,
-            scan: 0,
-            work: 0,
-            candidate: PathBuf::new(),
-        }
-    }
-
-    fn listing(&mut self, dir: &Path) -> Option<Arc<Listing>> {
-        if let Some(l) = self.listings.get(dir.as_os_str()) {
-            return Some(l.clone());
-        }
-        if self.budget == 0 {
-            return None;
-        }
-        self.budget -= 1;
+impl Listing {
+    /// Lists `dir` of `source`, sorted by name or in listing order (on the helper thread: a
+    /// million-entry directory takes about a second).
+    fn of(source: &dyn Source, dir: &Path, sorted: bool) -> Option<Listing> {
         let at = if dir.as_os_str().is_empty() {
             Path::new(".")
         } else {
             dir
         };
-        let entries = self.source.list(at).ok()?;
-        self.work += entries.len() as u64;
+        let entries = source.list(at).ok()?;
         let (mut files, mut dirs) = (Vec::new(), Vec::new());
         for e in entries {
             match e.kind {
@@ -213,20 +183,111 @@ impl Tree {
                 Kind::Symlink | Kind::Other => {}
             }
         }
-        if self.sorted {
+        if sorted {
             files.sort_unstable();
             dirs.sort_unstable();
         }
-        if self.listings.len() >= LISTINGS_KEPT {
-            self.listings.clear();
-        }
-        let listing = Arc::new(Listing {
+        Some(Listing {
             files: Names::index(files),
             dirs: Names::index(dirs),
-        });
-        self.listings
-            .insert(dir.as_os_str().to_os_string(), listing.clone());
-        Some(listing)
+        })
+    }
+}
+
+/// A listing made by the helper: the pass it was asked in, the directory, and the listing
+/// (`None` when the source could not list it).
+type Listed = (u64, OsString, Option<Listing>);
+
+/// A depth-first walk of the source tree as `os.walk` yields it: a directory's files, then each
+/// subdirectory's walk; names sorted, or in the order the directory lists them.
+pub struct Tree {
+    source: Arc<dyn Source>,
+    sorted: bool,
+    chores: Chores,
+    /// By the directory's path as bytes (`FileKey`'s reason: `Path` hashes component by component).
+    listings: HashMap<OsString, Arc<Listing>>,
+    /// Directories asked of the helper and not answered yet; answers come through `listed`, and
+    /// those asked before `forget_listings` (an older `pass`) are dropped.
+    asked: HashSet<OsString>,
+    pass: u64,
+    answer: Sender<Listed>,
+    listed: Receiver<Listed>,
+    budget: usize,
+    scan: usize,
+    /// Directories walked and names looked up since `take_work`.
+    work: u64,
+    /// The file a walk is looking at, built in place: a walk looks at up to
+    /// `SCAN_PER_PREDICTION` names per file it predicts, without an allocation each.
+    candidate: PathBuf,
+}
+
+impl Tree {
+    /// A walk of `source` in sorted name order, or in listing order, its listings made by
+    /// `chores`.
+    pub fn new(source: Arc<dyn Source>, sorted: bool, chores: Chores) -> Tree {
+        let (answer, listed) = channel();
+        Tree {
+            source,
+            sorted,
+            chores,
+            listings: HashMap::new(),
+            asked: HashSet::new(),
+            pass: 0,
+            answer,
+            listed,
+            budget: 0,
+            scan: 0,
+            work: 0,
+            candidate: PathBuf::new(),
+        }
+    }
+
+    /// `dir`'s listing once the helper has made it; until then it is asked for (within the
+    /// prediction's budget) and the walk goes without.
+    fn listing(&mut self, dir: &Path) -> Option<Arc<Listing>> {
+        self.take_answers();
+        if let Some(l) = self.listings.get(dir.as_os_str()) {
+            return Some(l.clone());
+        }
+        let key = dir.as_os_str();
+        if self.budget == 0 || self.asked.contains(key) || self.asked.len() >= LISTINGS_ASKED {
+            return None;
+        }
+        self.budget -= 1;
+        let (source, sorted, answer, pass) = (
+            self.source.clone(),
+            self.sorted,
+            self.answer.clone(),
+            self.pass,
+        );
+        let dir = dir.to_path_buf();
+        let asked = self.chores.run(Box::new(move || {
+            let listing = Listing::of(&*source, &dir, sorted);
+            let _ = answer.send((pass, dir.into_os_string(), listing));
+        }));
+        if asked {
+            self.asked.insert(key.to_os_string());
+        }
+        // Chores run in place answer at once.
+        self.take_answers();
+        self.listings.get(key).cloned()
+    }
+
+    /// Keeps the listings the helper has made for this pass.
+    fn take_answers(&mut self) {
+        while let Ok((pass, dir, listing)) = self.listed.try_recv() {
+            if pass != self.pass {
+                self.chores.dispose(listing);
+                continue;
+            }
+            self.asked.remove(&dir);
+            // A directory the source could not list is asked again by a later prediction.
+            let Some(listing) = listing else { continue };
+            if self.listings.len() >= LISTINGS_KEPT {
+                self.chores.dispose(std::mem::take(&mut self.listings));
+            }
+            self.listings.insert(dir, Arc::new(listing));
+        }
     }
 
     /// Files of `dir` after `after` (all when `None`), then the walks of its subdirectories
@@ -281,7 +342,9 @@ impl Predictor for Tree {
     }
 
     fn forget_listings(&mut self) {
-        self.listings.clear();
+        self.chores.dispose(std::mem::take(&mut self.listings));
+        self.asked.clear();
+        self.pass += 1;
     }
 
     fn take_work(&mut self) -> u64 {
@@ -619,7 +682,11 @@ mod tests {
         let (dir, files) = tree(2, 200);
         let mut order = files.clone();
         fastrand::Rng::with_seed(5).shuffle(&mut order);
-        let mut walk = score(&mut Tree::new(source(&dir), true), &[], &order);
+        let mut walk = score(
+            &mut Tree::new(source(&dir), true, Chores::inline()),
+            &[],
+            &order,
+        );
         assert!(walk.precision() < 0.5, "{walk:?}");
         // Whatever the end of the pass made of its recent precision, a new pass starts from
         // the lifetime one.
@@ -653,13 +720,13 @@ mod tests {
     #[test]
     fn sorted_walk_predicts_an_image_folder_pass_across_class_folders() {
         let (dir, files) = tree(5, 200);
-        let mut sorted = Tree::new(source(&dir), true);
+        let mut sorted = Tree::new(source(&dir), true, Chores::inline());
         let s = score(&mut sorted, &[], &files);
         assert!(s.precision() > 0.95, "{s:?}");
         assert!(s.recall() > 0.95, "{s:?}");
         let mut order = files.clone();
         fastrand::Rng::with_seed(5).shuffle(&mut order);
-        let mut sorted = Tree::new(source(&dir), true);
+        let mut sorted = Tree::new(source(&dir), true, Chores::inline());
         let s = score(&mut sorted, &[], &order);
         assert!(s.precision() < SHUFFLED_BOUND, "{s:?}");
     }
@@ -677,7 +744,7 @@ mod tests {
                 listed.push(FileKey::from(Path::new(&d.name).join(e.name).as_path()));
             }
         }
-        let s = score(&mut Tree::new(src, false), &[], &listed);
+        let s = score(&mut Tree::new(src, false, Chores::inline()), &[], &listed);
         assert!(s.precision() > 0.95, "{s:?}");
     }
 
@@ -690,7 +757,11 @@ mod tests {
             std::fs::write(dir.path().join(&rel), b"x").expect("write");
             shards.push(FileKey::from(Path::new(&rel)));
         }
-        let s = score(&mut Tree::new(source(&dir), true), &[], &shards);
+        let s = score(
+            &mut Tree::new(source(&dir), true, Chores::inline()),
+            &[],
+            &shards,
+        );
         assert!(s.recall() > 0.95, "{s:?}");
     }
 
@@ -743,8 +814,8 @@ mod tests {
         let src = source(&dir);
         let mut predictors: Vec<Box<dyn Predictor>> = vec![
             Box::new(Replay),
-            Box::new(Tree::new(src.clone(), true)),
-            Box::new(Tree::new(src, false)),
+            Box::new(Tree::new(src.clone(), true, Chores::inline())),
+            Box::new(Tree::new(src, false, Chores::inline())),
         ];
         let mut tracker = EpochTracker::default();
         let (mut work, mut opens, mut cursor) = (0u64, 0u64, 0usize);
