@@ -82,7 +82,7 @@ pub const PLANNER_SECONDS: Metric = Metric::counter(
 pub const PLANNER_WORK: Metric = Metric::counter(
     "prefetch.planner.work",
     "prefetch_planner_work_total",
-    "Candidate files and directory entries the planner examined for the opens it took.",
+    "Candidate files, names and directories the planner examined for the opens it took (listings are its helper's).",
 );
 /// The planner's depth.
 pub const DEPTH: Metric = Metric::gauge(
