@@ -11,17 +11,16 @@
 //! pixels are offered to it too, and a render that finds the pixels cached runs only the ops after
 //! the decode. Each render draws its one plan (`view::Plan`: the image's size from its header or
 //! its cached pixels, and its seed's crops and flips) once, and every step uses it: the memory
-//! it charges, whether it decodes whole, what the decoder reads, the ops and the size check. For the files prefetch predicts, work is done ahead with spare memory while no
-//! render waits for a thread: their pixels decoded into the cache (with idle CPU), or (when it
-//! keeps none) the render of their next open made and held, at most `AHEAD_RENDERS` for
-//! `AHEAD_PATIENCE`; since an open's seed is a pure function of the view, the path and the open's
-//! count, the open that takes it gets the bytes it would have rendered, provided the image is still
-//! the source version the render was made from (checked by a stat when the open takes it; else the
-//! open renders anew). Must never serve part of a render: a render that fails answers EIO for that
+//! it charges, whether it decodes whole, what the decoder reads, the ops and the size check. For
+//! the files prefetch predicts, work is done ahead (`ahead`); since an open's seed is a pure
+//! function of the view, the path and the open's count, the open that takes a render made ahead
+//! gets the bytes it would have rendered, provided the image is still the source version the
+//! render was made from (checked by a stat when the open takes it; else the open renders anew). Must never serve part of a render: a render that fails answers EIO for that
 //! open, counted by path and logged. Must never read more of a source file than a decode can use: a
 //! file over `MAX_ENCODED_BYTES` is refused unread, and never let a render made ahead wait for
 //! memory or shed anything to get it. Knows nothing of the views' names and trees (`fs::views`).
 
+mod ahead;
 mod sharing;
 
 use std::collections::VecDeque;
@@ -38,7 +37,6 @@ use crate::cache::{BlockFetcher, ReadBytes, Unpacked};
 use crate::error::FsError;
 use crate::inode::{self, Node};
 use crate::memory::{Shed, Work};
-use crate::prefetch::Ahead;
 use crate::source::{Identity, Source, SourceFile};
 use crate::view::limits::MAX_ENCODED_BYTES;
 use crate::view::metrics::{JobFigures, ViewMetrics};
@@ -68,15 +66,6 @@ const RENDER_TURN_PATIENCE: Duration = Duration::from_secs(60);
 /// readers queued behind other renders on a busy machine are not answered EIO as if the source
 /// had hung.
 pub const RENDER_WAIT: Duration = RENDER_TURN_PATIENCE.saturating_add(RENDER_PATIENCE);
-/// Renders made ahead of their opens that may wait to be taken at once: the planner's smallest
-/// queue of predicted files (`prefetch::DEPTH_MIN`) twice over, so a correct prediction keeps
-/// the next opens served while a wrong one holds little memory.
-const AHEAD_RENDERS: usize = 8;
-/// How long a render made ahead waits for its open; past it the prediction was wrong and the
-/// render (and its memory) is dropped. `AHEAD_RENDERS` renders ahead of a reader that opens a
-/// few files per second or more are taken well within it, and a wrong prediction (or a render
-/// for a file whose open came first, now for its next one) holds its place no longer.
-const AHEAD_PATIENCE: Duration = Duration::from_secs(2);
 /// One view of the mount.
 pub struct View {
     /// Its definition.
@@ -539,36 +528,6 @@ impl Views {
         Ok((image, decode, kept))
     }
 
-    /// Decodes the image at `path` (the open `source`) into the decoded-pixel cache ahead of its
-    /// open, unless the cache holds its pixels already or would not keep them now; true when it
-    /// decoded and the cache kept them.
-    fn decode_ahead(&self, path: &Path, source: &dyn SourceFile) -> bool {
-        let identity = source.identity();
-        if self.fetcher.derived().has_decoded(&identity)
-            || !self.fetcher.derived().decoded_choice().1.keeps()
-        {
-            return false;
-        }
-        // Only with memory nobody else wants now: the encoded file, the pixels and their copy.
-        let budget = self.fetcher.budget();
-        let Some(_encoded_room) = encoded_size(source)
-            .ok()
-            .and_then(|size| budget.try_work(size))
-        else {
-            return false;
-        };
-        self.read_image(source, path)
-            .and_then(|encoded| {
-                let (w, h) = render::dimensions(&encoded).map_err(|e| e.to_string())?;
-                let overhead = render::decode_overhead(&encoded, (w, h));
-                let _room = budget
-                    .try_work(2 * u64::from(w) * u64::from(h) * 3 + overhead)
-                    .ok_or("no memory to spare")?;
-                self.decode_and_offer(&encoded, identity, path)
-            })
-            .is_ok_and(|(_, _, kept)| kept)
-    }
-
     /// Whether the stats files may name the image at `path` (the world-readable stats.json is no
     /// way to learn names one could not list): always when only the mount's owner reads the
     /// mount; with `--allow-other`, when every directory from the source root down to it may be
@@ -717,115 +676,9 @@ impl Views {
         xxhash_rust::xxh3::xxh3_64(&key)
     }
 
-    /// Makes ready, while no render waits for a thread, what the next open of `path`'s image in
-    /// view `view` will need: its decoded pixels when the cache keeps them (every later open of
-    /// any view starts from them; only while the CPU is `idle`, since the pixels may never be
-    /// used, and a file passed over is not asked for again), else that open's render itself,
-    /// when the view file (`node()`) is known, with memory nobody else wants now (work that open
-    /// would do anyway when the prediction is right; a wrong one wastes at most `AHEAD_RENDERS`
-    /// renders per `AHEAD_PATIENCE`). Prefetch calls it for the files it predicts, and plans a
-    /// file answered `NotNow` again.
-    pub fn ahead(
-        &self,
-        view: u16,
-        node: impl FnOnce() -> Option<Arc<Node>>,
-        path: &Path,
-        source: &dyn SourceFile,
-        idle: bool,
-    ) -> Ahead {
-        if self.fetcher.derived().decoded_choice().1.keeps() {
-            let decoded = idle && self.renders_waiting() == 0 && self.decode_ahead(path, source);
-            return if decoded { Ahead::Done } else { Ahead::Nothing };
-        }
-        if self.renders_waiting() > 0 {
-            return Ahead::NotNow;
-        }
-        match node() {
-            Some(node) if node.view == Some(view) => self.render_ahead(&node),
-            _ => Ahead::Nothing,
-        }
-    }
-
-    /// Renders the next open of view file `node` now, unless one is made for it already or
-    /// `AHEAD_RENDERS` are; kept until that open takes it, for at most `AHEAD_PATIENCE`. The
-    /// slot is published before the render starts, so an open that comes meanwhile waits for
-    /// it instead of rendering the same tensor again.
-    fn render_ahead(&self, node: &Arc<Node>) -> Ahead {
-        let Some(Ok(view)) = node.view.map(|v| self.get(v)) else {
-            return Ahead::Nothing;
-        };
-        let slot = AheadSlot::default();
-        let count = {
-            let mut ahead = self.ahead.lock();
-            ahead.retain(|a| a.started.elapsed() < AHEAD_PATIENCE);
-            self.held.store(ahead.len(), Ordering::Release);
-            if ahead.iter().any(|a| a.ino == node.ino) {
-                return Ahead::Nothing;
-            }
-            if ahead.len() >= AHEAD_RENDERS {
-                return Ahead::NotNow;
-            }
-            let count = self
-                .sharing
-                .next_count(node.view.unwrap_or_default(), node.ino);
-            ahead.push_back(HeldRender {
-                ino: node.ino,
-                count,
-                slot: slot.clone(),
-                started: Instant::now(),
-            });
-            self.held.store(ahead.len(), Ordering::Release);
-            count
-        };
-        // An open may wait on the slot: it is filled whatever happens, a failure with `None`.
-        let filled = FillOnDrop(slot.clone());
-        let open = ViewOpen {
-            view: node.view.unwrap_or_default(),
-            node: node.clone(),
-            seed: self.seed_of(view, &node.path, count),
-            rendered: OnceLock::new(),
-            ahead: None,
-            shared: None,
-            publish: None,
-        };
-        let rendered = self.render_for(view, &open, Need::Ahead);
-        // No room is a passing reason; a render that failed would fail its open too.
-        let answer = match &rendered {
-            Ok(_) => Ahead::Done,
-            Err(Unrendered::NoRoom(_)) => Ahead::NotNow,
-            Err(Unrendered::Failed(_)) => Ahead::Nothing,
-        };
-        let _ = slot.set(rendered.ok());
-        drop(filled);
-        if answer == Ahead::Done {
-            view.metrics.rendered_ahead.inc();
-        } else {
-            let mut ahead = self.ahead.lock();
-            ahead.retain(|a| !Arc::ptr_eq(&a.slot, &slot));
-            self.held.store(ahead.len(), Ordering::Release);
-        }
-        answer
-    }
-
     /// The jobs reading view `view` and the renders held between them, for the stats.
     pub fn job_figures(&self, view: u16) -> JobFigures {
         self.sharing.figures(view, |r| r.npy.len() as u64)
-    }
-
-    /// The render made (or being made) ahead for the `count`th open of view file `ino`, if
-    /// there is one; any other one for that file is for an open that went by, and is dropped.
-    fn take_ahead(&self, ino: u64, count: u64) -> Option<AheadSlot> {
-        if self.held.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        let mut ahead = self.ahead.lock();
-        ahead.retain(|a| a.started.elapsed() < AHEAD_PATIENCE);
-        let taken = ahead
-            .iter()
-            .position(|a| a.ino == ino)
-            .and_then(|at| ahead.remove(at));
-        self.held.store(ahead.len(), Ordering::Release);
-        taken.filter(|a| a.count == count).map(|a| a.slot)
     }
 }
 
