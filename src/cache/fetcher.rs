@@ -559,6 +559,22 @@ mod tests {
         reads: Arc<AtomicU64>,
     }
 
+    impl MemFile {
+        /// A file holding `data` at version `id`, opened at it, with its count of source reads.
+        fn of(id: Identity, data: &[u8]) -> (MemFile, Arc<AtomicU64>) {
+            let reads = Arc::new(AtomicU64::new(0));
+            let file = MemFile {
+                opened: id,
+                now: Arc::new(Mutex::new(Versions {
+                    identity: id,
+                    data: data.to_vec(),
+                })),
+                reads: reads.clone(),
+            };
+            (file, reads)
+        }
+    }
+
     impl SourceFile for MemFile {
         fn identity(&self) -> Identity {
             self.opened
@@ -755,14 +771,7 @@ mod tests {
             .expect("clock")
             .as_nanos() as i64;
         let id = identity(3, now_ns, data.len());
-        let source = MemFile {
-            opened: id,
-            now: Arc::new(Mutex::new(Versions {
-                identity: id,
-                data: data.clone(),
-            })),
-            reads: Arc::default(),
-        };
+        let (source, _) = MemFile::of(id, &data);
         let entry = fetcher.ram().file(id, Path::new("f"));
         let memo = Unpacked::default();
         for _ in 0..2 {
@@ -800,15 +809,7 @@ mod tests {
             lower.not_in_ram.store(not_in_ram, Ordering::Relaxed);
             let data: Vec<u8> = (0..BLOCK_SIZE as usize).map(|i| (i % 253) as u8).collect();
             let id = identity(4, 0, data.len());
-            let reads = Arc::new(AtomicU64::new(0));
-            let source = MemFile {
-                opened: id,
-                now: Arc::new(Mutex::new(Versions {
-                    identity: id,
-                    data: data.clone(),
-                })),
-                reads: reads.clone(),
-            };
+            let (source, reads) = MemFile::of(id, &data);
             let key = BlockKey {
                 identity: id,
                 index: 0,
@@ -843,15 +844,7 @@ mod tests {
         lower.late.store(true, Ordering::Relaxed);
         let data: Vec<u8> = (0..BLOCK_SIZE as usize).map(|i| (i % 251) as u8).collect();
         let id = identity(5, 0, data.len());
-        let reads = Arc::new(AtomicU64::new(0));
-        let source = MemFile {
-            opened: id,
-            now: Arc::new(Mutex::new(Versions {
-                identity: id,
-                data: data.clone(),
-            })),
-            reads: reads.clone(),
-        };
+        let (source, reads) = MemFile::of(id, &data);
         let entry = fetcher.ram().file(id, Path::new("f"));
         assert_eq!(fetcher.prefetch(&entry, 0, &source), Ok(Prefetched::Late));
         assert_eq!(reads.load(Ordering::Relaxed), 0, "no source read ahead");
