@@ -30,6 +30,7 @@ pub mod diagnosis;
 pub mod epoch;
 mod fetch;
 mod hint;
+mod listing;
 pub mod metrics;
 mod parked;
 mod planner;

@@ -9,7 +9,8 @@
 //! needs in proportion to the set (the remaining-set walks' order and position sets, listings,
 //! freeing the pass that ended) is made or freed by the helper thread (`Chores`), and the
 //! remaining-set walks start once it has answered. Left here: the epoch tracker's one position
-//! set for the pass that ended, made at memory speed.
+//! set for the pass that ended, made at memory speed, and the sweep of the prefetch outcomes
+//! (one per file prefetch looked at in the pass).
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
