@@ -81,8 +81,10 @@ struct Scenario {
 /// One run: per epoch, wall seconds, source bytes (all nodes) and cluster hits.
 struct Run {
     epochs: Vec<(f64, u64, u64)>,
-    /// Lookups that timed out, all epochs.
+    /// Readers' lookups that timed out, all epochs.
     timeouts: u64,
+    /// Prefetch's lookups left to the readers (late or no prefetch lookup thread), all epochs.
+    ahead_late: u64,
     /// What the cluster stored after epoch 1 (dataset bytes), 0 without one.
     stored: u64,
 }
@@ -172,10 +174,12 @@ fn main() {
                 let setup = scenario.setups[k];
                 let run = run_setup(scenario, setup, &slow.mountpoint, &files, &opts);
                 eprintln!(
-                    "round {round} {} / {}: {} timeouts; epochs (s, source MiB, cluster hits) {:?}",
+                    "round {round} {} / {}: {} timeouts, {} prefetch lookups left to the readers; \
+                     epochs (s, source MiB, cluster hits) {:?}",
                     scenario.name,
                     setup.name(),
                     run.timeouts,
+                    run.ahead_late,
                     run.epochs
                         .iter()
                         .map(|(t, b, h)| (format!("{t:.2}"), b >> 20, *h))
@@ -261,16 +265,14 @@ fn run_setup(
     for g in &groups {
         assert_eq!(g.oom_kills(), 0, "a mount was OOM-killed");
     }
-    let timeouts = if clustered {
-        total(&mounts, "cluster.timeouts")
-    } else {
-        0
-    };
+    let figure = |path| if clustered { total(&mounts, path) } else { 0 };
+    let (timeouts, ahead_late) = (figure("cluster.timeouts"), figure("cluster.ahead_late"));
     drop(mounts);
     Run {
         epochs,
         stored,
         timeouts,
+        ahead_late,
     }
 }
 

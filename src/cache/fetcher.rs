@@ -23,7 +23,7 @@ use super::cluster::ClusterTier;
 use super::disk::{self, DiskTier};
 use super::ram::{Derived, RamFile, RamTier, ReadBytes, Unpacked};
 use super::staging::Staging;
-use super::tier::{BlockKey, Tier};
+use super::tier::{Asker, BlockKey, Tier};
 use crate::cache::BLOCK_SIZE;
 use crate::cache::metrics::{CacheFigures, CacheMetrics};
 use crate::error::FsError;
@@ -45,15 +45,6 @@ pub enum Prefetched {
     /// A tier below did not answer in time and may hold the block: left to its readers, who ask
     /// it again, rather than read from the source ahead of them.
     Late,
-}
-
-/// Who asked for a fetch, which decides where the block is kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Asker {
-    /// A reader waits for it: RAM, else the disk tier.
-    Reader,
-    /// Prefetch, ahead of the readers: RAM, else staging.
-    Prefetch,
 }
 
 /// How a fetch ended: the block, or `None` when the RAM tier turned out to hold it already.
@@ -336,7 +327,8 @@ impl BlockFetcher {
                 return Ok(ReadBytes::Shared(block, range));
             }
             self.metrics.misses.inc();
-            if let (Some((block, _)), _) = self.in_lower(&key, entry.path(), &range) {
+            if let (Some((block, _)), _) = self.in_lower(&key, entry.path(), &range, Asker::Reader)
+            {
                 return Ok(ReadBytes::Shared(block, range));
             }
             self.metrics.admission_rejected.inc();
@@ -393,7 +385,7 @@ impl BlockFetcher {
         // staged for the reader a prefetch fetched it for).
         let (below, late) = match self.in_tier(self.staging.as_ref(), &key, entry.path(), &whole) {
             Some(block) => (Some((block, true)), false),
-            None => self.in_lower(&key, entry.path(), &whole),
+            None => self.in_lower(&key, entry.path(), &whole, asker),
         };
         let (result, keep, in_ram) = match below {
             Some((block, in_ram)) => (Ok(block), true, in_ram),
@@ -443,10 +435,11 @@ impl BlockFetcher {
         key: &BlockKey,
         path: &Path,
         range: &Range<usize>,
+        asker: Asker,
     ) -> (Option<(Arc<Block>, bool)>, bool) {
         let mut late = false;
         for tier in &self.lower {
-            let (found, was_late) = tier.lookup(key, path, range);
+            let (found, was_late) = tier.lookup(key, path, range, asker);
             late |= was_late;
             if let Some(block) = found.and_then(|b| self.verified(tier.as_ref(), key, b, range)) {
                 return (Some((block, tier.hits_kept_in_ram())), late);

@@ -22,6 +22,17 @@ pub struct BlockKey {
     pub index: usize,
 }
 
+/// Who asked for a block: a reader waits for it; prefetch fetches it ahead of the readers. The
+/// fetcher keeps a block where its asker needs it; a tier that answers slowly may serve readers
+/// first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asker {
+    /// A reader waits for it.
+    Reader,
+    /// Prefetch, ahead of the readers.
+    Prefetch,
+}
+
 /// One place blocks can be kept below the RAM tier.
 pub trait Tier: Send + Sync {
     /// Short name for logs and stats ("staging", "disk").
@@ -36,14 +47,16 @@ pub trait Tier: Send + Sync {
     fn put(&self, key: &BlockKey, path: &Arc<Path>, block: &Arc<Block>) -> bool;
     /// Whether a block of `bytes` offered now would be kept (a hint).
     fn has_room(&self, bytes: u64) -> bool;
-    /// Like `get`, and whether a miss was only late: the tier did not answer in time and may
-    /// hold the block (the cluster tier). A fetch ahead of the readers leaves such a block to
-    /// them instead of reading the source for it.
+    /// Like `get`, for `asker`, and whether a miss was only late: the tier did not answer in
+    /// time and may hold the block (the cluster tier, which also keeps lookups made ahead of
+    /// the readers from crowding out theirs). A fetch ahead of the readers leaves such a block
+    /// to them instead of reading the source for it.
     fn lookup(
         &self,
         key: &BlockKey,
         path: &Path,
         range: &Range<usize>,
+        _asker: Asker,
     ) -> (Option<Arc<Block>>, bool) {
         (self.get(key, path, range), false)
     }
@@ -131,6 +144,7 @@ pub mod faulty {
             key: &BlockKey,
             path: &Path,
             range: &Range<usize>,
+            _asker: Asker,
         ) -> (Option<Arc<Block>>, bool) {
             if self.late.load(Ordering::Relaxed) {
                 return (None, true);

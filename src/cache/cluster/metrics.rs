@@ -54,6 +54,12 @@ pub const TIMEOUTS: Metric = Metric::counter(
     "cluster_timeouts_total",
     "Lookups not answered within --cluster-timeout; served from the source instead.",
 );
+/// Prefetch's lookups left to the readers.
+pub const AHEAD_LATE: Metric = Metric::counter(
+    "cluster.ahead_late",
+    "cluster_ahead_late_total",
+    "Lookups made ahead of the readers (prefetch) not answered within --cluster-timeout or not sent for want of a prefetch lookup thread; their blocks were left to the readers.",
+);
 /// Damaged values.
 pub const CORRUPT: Metric = Metric::counter(
     "cluster.corrupt",
@@ -110,6 +116,8 @@ pub struct ClusterMetrics {
     pub errors: Counter,
     /// See `TIMEOUTS`.
     pub timeouts: Counter,
+    /// See `AHEAD_LATE`.
+    pub ahead_late: Counter,
     /// See `CORRUPT`.
     pub corrupt: Counter,
     /// See `BYTES_IN`.
@@ -131,6 +139,7 @@ impl ClusterMetrics {
         out.count(&REFUSED, &self.refused);
         out.count(&ERRORS, &self.errors);
         out.count(&TIMEOUTS, &self.timeouts);
+        out.count(&AHEAD_LATE, &self.ahead_late);
         out.count(&CORRUPT, &self.corrupt);
         out.count(&BYTES_IN, &self.bytes_in);
         out.count(&BYTES_OUT, &self.bytes_out);

@@ -3,8 +3,9 @@
 //! the fetcher after the local tiers and before the source.
 //!
 //! Owns: the tier's requests (a lookup waits at most `--cluster-timeout`, then is a miss; an offer
-//! is queued and never waited for), its threads (a bounded lookup pool, a bounded writer pool, the
-//! slot-map thread), the keys and values (`record`), node health (`health`: backoff after
+//! is queued and never waited for), its threads (bounded lookup pools, the readers' and a smaller
+//! one for prefetch, so that lookups ahead of the readers never crowd theirs out; a bounded writer
+//! pool; the slot-map thread), the keys and values (`record`), node health (`health`: backoff after
 //! failures, no writes to full nodes) and the figures (`metrics`). Redis Cluster's hash slots
 //! spread the blocks over its nodes; SET NX lets the first node that fetched a block store it;
 //! nodes run `maxmemory` with `noeviction`, so a full cluster refuses new keys (never-evict by
@@ -33,7 +34,7 @@ use self::health::Health;
 use self::metrics::ClusterMetrics;
 use self::remote::{Remote, RemoteError, Stored};
 use super::ram::Packer;
-use super::tier::{BlockKey, Tier};
+use super::tier::{Asker, BlockKey, Tier};
 use super::{BLOCK_SIZE, Block};
 use crate::memory::MemoryBudget;
 use crate::workers::WorkerPool;
@@ -47,10 +48,21 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// Shortest and longest `--cluster-timeout`.
 pub const TIMEOUT_RANGE: std::ops::RangeInclusive<Duration> =
     Duration::from_millis(2)..=Duration::from_secs(10);
-/// Lookup threads: each waits on the network, so a few more than the readers that miss at once.
+/// Readers' lookup threads: each waits on the network, so a few more than the readers that miss
+/// at once.
 const LOOKUP_THREADS: usize = 8;
-/// Lookups queued beyond the busy threads; a lookup that finds the queue full is a miss at once.
+/// Readers' lookups queued beyond the busy threads; a lookup that finds the queue full is a miss
+/// at once.
 const LOOKUP_QUEUE: usize = 8;
+/// Lookups made ahead of the readers (prefetch) in flight at once, on a thread of their own: a
+/// reader's block shares the node's link with at most this one. The link is what bounds
+/// prefetch from the cluster anyway. Measured on 1 Gbit/s links (8 ms per 1 MiB block): the four
+/// default prefetch threads sharing the readers' pool left 3 to 7 readers' lookups per run of 4
+/// epochs past the 50 ms timeout; two in flight, 0 to 3; one, 1 in 9 runs (BENCHMARKS-HISTORY.md).
+const AHEAD_THREADS: usize = 1;
+/// Prefetch lookups queued beyond that one (each waits at most the timeout); one that finds the
+/// queue full is left to the readers.
+const AHEAD_QUEUE: usize = 3;
 /// Writer threads (each compresses a block, then sends it).
 const WRITE_THREADS: usize = 2;
 /// Offers queued for the writers (a block each, charged to the memory budget); more are dropped.
@@ -91,7 +103,10 @@ pub struct ClusterTier {
     /// How many keys `damaged` holds: offers look in it only when there are some, so the
     /// usual offer takes no lock.
     damaged_keys: AtomicUsize,
+    /// Readers' lookups.
     lookups: WorkerPool,
+    /// Prefetch's lookups.
+    ahead: WorkerPool,
     writers: WorkerPool,
     map: Option<JoinHandle<()>>,
     stop: Arc<(Mutex<bool>, Condvar)>,
@@ -127,6 +142,7 @@ impl ClusterTier {
             damaged: Mutex::new(HashSet::new()),
             damaged_keys: AtomicUsize::new(0),
             lookups: WorkerPool::new("prepfs-cluster-get", LOOKUP_THREADS, LOOKUP_QUEUE)?,
+            ahead: WorkerPool::new("prepfs-cluster-ahead", AHEAD_THREADS, AHEAD_QUEUE)?,
             writers: WorkerPool::new("prepfs-cluster-put", WRITE_THREADS, WRITE_QUEUE)?,
             map: Some(map),
             stop,
@@ -175,7 +191,7 @@ impl Tier for ClusterTier {
     }
 
     fn get(&self, key: &BlockKey, path: &Path, range: &Range<usize>) -> Option<Arc<Block>> {
-        self.lookup(key, path, range).0
+        self.lookup(key, path, range, Asker::Reader).0
     }
 
     fn lookup(
@@ -183,6 +199,7 @@ impl Tier for ClusterTier {
         key: &BlockKey,
         path: &Path,
         _range: &Range<usize>,
+        asker: Asker,
     ) -> (Option<Arc<Block>>, bool) {
         let len = block_len(key);
         if len == 0 {
@@ -203,19 +220,30 @@ impl Tier for ClusterTier {
         let reply = self.budget.in_flight(2 * max as u64);
         let (tx, rx) = sync_channel(1);
         let (remote, asked) = (self.remote.clone(), name.clone());
-        let queued = self.lookups.try_submit(move || {
+        let reader = asker == Asker::Reader;
+        let pool = if reader { &self.lookups } else { &self.ahead };
+        let queued = pool.try_submit(move || {
             let _reply = reply;
             let parts = [(asked.as_str(), max), (tail.as_str(), max)];
             let _ = tx.send(remote.get(&parts).map(|parts| parts.concat()));
         });
         if !queued {
             // Busy, not absent: a fetch ahead of the readers leaves the block to them.
-            return (self.miss(Some(&self.metrics.dropped)), true);
+            let why = if reader {
+                &self.metrics.dropped
+            } else {
+                &self.metrics.ahead_late
+            };
+            return (self.miss(Some(why)), true);
         }
         let started = Instant::now();
         let answer = rx.recv_timeout(self.timeout);
-        self.metrics.latency.record(started.elapsed());
+        if reader {
+            self.metrics.latency.record(started.elapsed());
+        }
         let value = match answer {
+            // Prefetch waits behind its own few threads: its lateness says nothing of the node.
+            Err(_) if !reader => return (self.miss(Some(&self.metrics.ahead_late)), true),
             Err(_) => {
                 if self.health.late(slot) {
                     tracing::warn!(

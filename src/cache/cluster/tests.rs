@@ -240,6 +240,88 @@ fn a_slow_node_never_keeps_a_reader_past_the_timeout_and_is_then_skipped() {
     assert!(!tier.has_room(BLOCK_SIZE), "no node to offer blocks to");
 }
 
+/// Waits (at most 10 s) until `done` holds.
+fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Prefetch's lookups wait on threads of their own: however many it makes at once, a reader's
+/// lookup is sent and answered; those beyond prefetch's threads and queue are left to the
+/// readers at once.
+#[test]
+fn lookups_ahead_of_the_readers_never_take_the_readers_threads() {
+    let fake = Arc::new(Fake::default());
+    let tier = Arc::new(tier(&fake, Duration::from_secs(2)));
+    assert!(tier.put(&key(0), &path(), &block(1)));
+    settle(&fake, 1);
+    fake.delay_ms.store(200, Ordering::SeqCst);
+    // More than the readers' threads and queue would hold, too.
+    let asked = LOOKUP_THREADS + LOOKUP_QUEUE + 1;
+    let ahead: Vec<_> = (0..asked)
+        .map(|_| {
+            let tier = tier.clone();
+            std::thread::spawn(move || tier.lookup(&key(0), &path(), &(0..10), Asker::Prefetch))
+        })
+        .collect();
+    let refused = (asked - AHEAD_THREADS - AHEAD_QUEUE) as u64;
+    until("prefetch's threads busy and the rest refused", || {
+        fake.requests.load(Ordering::SeqCst) == 1 + AHEAD_THREADS as u64
+            && tier.metrics().ahead_late.get() == refused
+    });
+    let (found, late) = tier.lookup(&key(0), &path(), &(0..10), Asker::Reader);
+    assert_eq!(found.map(|b| b.data.clone()), Some(block(1).data.clone()));
+    assert!(!late);
+    let answers: Vec<_> = ahead
+        .into_iter()
+        .map(|t| t.join().expect("a lookup panicked"))
+        .collect();
+    let found = answers.iter().filter(|(b, _)| b.is_some()).count();
+    assert_eq!(
+        found,
+        AHEAD_THREADS + AHEAD_QUEUE,
+        "those sent were answered"
+    );
+    assert!(answers.iter().all(|(b, late)| b.is_some() != *late));
+    assert_eq!(tier.metrics().ahead_late.get(), refused);
+    assert_eq!(
+        tier.metrics().dropped.get(),
+        0,
+        "no reader's lookup dropped"
+    );
+    assert_eq!(tier.metrics().timeouts.get(), 0);
+}
+
+/// A prefetch lookup past the timeout leaves its block to the readers; it waited behind
+/// prefetch's own queue, so it never makes the node back off (a reader's lateness does).
+#[test]
+fn late_lookups_ahead_of_the_readers_never_make_the_node_back_off() {
+    let fake = Arc::new(Fake::default());
+    let tier = tier(&fake, Duration::from_millis(20));
+    assert!(tier.put(&key(0), &path(), &block(1)));
+    settle(&fake, 1);
+    fake.delay_ms.store(300, Ordering::SeqCst);
+    for _ in 0..=health::LATE_TO_FAIL {
+        let (found, late) = tier.lookup(&key(0), &path(), &(0..10), Asker::Prefetch);
+        assert!(found.is_none() && late);
+    }
+    assert_eq!(tier.metrics().timeouts.get(), 0);
+    assert_eq!(
+        tier.metrics().ahead_late.get(),
+        u64::from(health::LATE_TO_FAIL) + 1
+    );
+    assert_eq!(tier.nodes(), (1, 0), "no backoff");
+    fake.delay_ms.store(0, Ordering::SeqCst);
+    let (found, _) = tier.lookup(&key(0), &path(), &(0..10), Asker::Reader);
+    assert!(
+        found.is_some(),
+        "a reader's lookup is still sent and answered"
+    );
+}
+
 #[test]
 fn a_failing_node_costs_misses_and_is_used_again_once_it_answers() {
     let fake = Arc::new(Fake::default());
