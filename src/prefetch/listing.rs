@@ -29,9 +29,9 @@ impl Names {
         Names { names, at }
     }
 
-    /// The names after `name` (all of them when `None`; none when `name` is not there).
-    pub(super) fn after(&self, name: Option<&std::ffi::OsStr>) -> &[OsString] {
-        let start = match name {
+    /// Where the names after `name` start (0 when `None`; the end when `name` is not there).
+    pub(super) fn start_after(&self, name: Option<&std::ffi::OsStr>) -> usize {
+        match name {
             Some(name) => self
                 .at
                 .get(&name_hash(name))
@@ -39,8 +39,22 @@ impl Names {
                 .filter(|&i| self.names.get(i).is_some_and(|n| n == name))
                 .map_or(self.names.len(), |i| i + 1),
             None => 0,
-        };
-        &self.names[start..]
+        }
+    }
+
+    /// The names after `name` (all of them when `None`; none when `name` is not there).
+    pub(super) fn after(&self, name: Option<&std::ffi::OsStr>) -> &[OsString] {
+        &self.names[self.start_after(name)..]
+    }
+
+    /// The name at `i`.
+    pub(super) fn get(&self, i: usize) -> Option<&OsString> {
+        self.names.get(i)
+    }
+
+    /// How many names.
+    pub(super) fn len(&self) -> usize {
+        self.names.len()
     }
 }
 
