@@ -1,10 +1,12 @@
 //! Actions: one factored, discrete choice of every knob the scheduler drives, and the masks that
 //! rule out what this machine cannot do.
 //!
-//! Owns: the action schema (heads, their options, their order in the logits vector). Changing it
-//! changes `SCHEMA_VERSION` in `scheduler::state`, which makes older policy files fall back.
-//! Must never touch a knob itself (`control::knobs` applies actions) and never pick an action
-//! (`scheduler::logits` does).
+//! Owns: the action schema, one table (`HEADS`: every head in logits order with its options'
+//! names), from which the logits layout and its length are derived; it is part of
+//! `scheduler::state::SCHEMA_VERSION`, derived too, so a policy file trained on another table is
+//! refused. Adding a knob is one entry here, its variant of `Head`, and its rule where it acts
+//! (`control::knobs`, the heuristic, the simulator). Must never touch a knob itself
+//! (`control::knobs` applies actions) and never pick an action (`scheduler::logits` does).
 
 use super::codec::Codec;
 
@@ -17,77 +19,122 @@ pub enum Placement {
     Gpu,
 }
 
-/// One head of the factored action: a knob and its options.
+/// One head of the factored action: a knob (its options: `HEADS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Head {
-    /// Decode placement: cpu, gpu.
+    /// Decode placement.
     Decode,
-    /// Augmentation placement: cpu, gpu.
+    /// Augmentation placement.
     Augment,
-    /// Codec of new cache entries: none, lz4, zstd-1, zstd-3.
+    /// Codec of new cache entries: `CODECS`.
     Codec,
     /// Prefetch depth (files queued ahead): `DEPTHS`.
     Depth,
     /// Decode workers, as multiples of the cores: `WORKER_SHARES`.
     Workers,
-    /// Whether view renders keep decoded pixels: off, on.
+    /// Whether view renders keep decoded pixels.
     Decoded,
 }
 
+/// One head as the schema lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadSpec {
+    /// The head (its `as usize` is its place in `HEADS`).
+    pub head: Head,
+    /// A stable snake_case name for stats and artifacts.
+    pub name: &'static str,
+    /// Its options' names, in option order (stats, the action histogram).
+    pub options: &'static [&'static str],
+}
+
+/// The action schema: every head, in logits order.
+pub const HEADS: &[HeadSpec] = &[
+    HeadSpec {
+        head: Head::Decode,
+        name: "decode",
+        options: &["cpu", "gpu"],
+    },
+    HeadSpec {
+        head: Head::Augment,
+        name: "augment",
+        options: &["cpu", "gpu"],
+    },
+    HeadSpec {
+        head: Head::Codec,
+        name: "codec",
+        options: &["none", "lz4", "zstd-1", "zstd-3"],
+    },
+    HeadSpec {
+        head: Head::Depth,
+        name: "prefetch_depth",
+        options: &["4", "16", "64", "128"],
+    },
+    HeadSpec {
+        head: Head::Workers,
+        name: "workers",
+        options: &["0.25x_cores", "0.5x_cores", "1x_cores", "2x_cores"],
+    },
+    HeadSpec {
+        head: Head::Decoded,
+        name: "decoded_cache",
+        options: &["off", "on"],
+    },
+];
+
+/// How many heads.
+pub const HEAD_COUNT: usize = HEADS.len();
+
+/// Length of the logits vector: the options of every head.
+pub const LOGITS: usize = {
+    let mut total = 0;
+    let mut i = 0;
+    while i < HEADS.len() {
+        // Each head's place in the table is its variant's number.
+        assert!(HEADS[i].head as usize == i, "HEADS out of Head's order");
+        assert!(!HEADS[i].options.is_empty(), "a head without options");
+        total += HEADS[i].options.len();
+        i += 1;
+    }
+    total
+};
+
 impl Head {
     /// Every head, in logits order.
-    pub const ALL: [Head; 6] = [
-        Head::Decode,
-        Head::Augment,
-        Head::Codec,
-        Head::Depth,
-        Head::Workers,
-        Head::Decoded,
-    ];
+    pub const ALL: [Head; HEAD_COUNT] = {
+        let mut all = [Head::Decode; HEAD_COUNT];
+        let mut i = 0;
+        while i < HEAD_COUNT {
+            all[i] = HEADS[i].head;
+            i += 1;
+        }
+        all
+    };
+
+    fn spec(self) -> &'static HeadSpec {
+        &HEADS[self as usize]
+    }
 
     /// How many options the head has.
-    pub const fn options(self) -> usize {
-        match self {
-            Head::Decode | Head::Augment | Head::Decoded => 2,
-            Head::Codec | Head::Depth | Head::Workers => 4,
-        }
+    pub fn options(self) -> usize {
+        self.spec().options.len()
     }
 
     /// Where the head's logits start in the logits vector.
     pub fn offset(self) -> usize {
-        Head::ALL
-            .iter()
-            .take_while(|h| **h != self)
-            .map(|h| h.options())
-            .sum()
+        HEADS[..self as usize].iter().map(|h| h.options.len()).sum()
     }
 
     /// A stable snake_case name for stats and artifacts.
     pub fn name(self) -> &'static str {
-        match self {
-            Head::Decode => "decode",
-            Head::Augment => "augment",
-            Head::Codec => "codec",
-            Head::Depth => "prefetch_depth",
-            Head::Workers => "workers",
-            Head::Decoded => "decoded_cache",
-        }
+        self.spec().name
     }
 
-    /// The name of option `i` (stats, the action histogram).
-    pub fn option_name(self, i: usize) -> String {
-        match self {
-            Head::Decode | Head::Augment => ["cpu", "gpu"][i.min(1)].to_owned(),
-            Head::Codec => CODECS[i.min(3)].to_string(),
-            Head::Depth => DEPTHS[i.min(3)].to_string(),
-            Head::Workers => format!("{}x_cores", WORKER_SHARES[i.min(3)]),
-            Head::Decoded => ["off", "on"][i.min(1)].to_owned(),
-        }
+    /// The name of option `i` (stats, the action histogram); out-of-range options clamp.
+    pub fn option_name(self, i: usize) -> &'static str {
+        let options = self.spec().options;
+        options[i.min(options.len() - 1)]
     }
 }
-
-/// Length of the logits vector: the options of every head.
-pub const LOGITS: usize = 2 + 2 + 4 + 4 + 4 + 2;
 
 /// Codec options, from cheapest to best ratio.
 pub const CODECS: [Codec; 4] = [Codec::None, Codec::Lz4, Codec::Zstd(1), Codec::Zstd(3)];
@@ -99,7 +146,7 @@ pub const WORKER_SHARES: [f64; 4] = [0.25, 0.5, 1.0, 2.0];
 
 /// One choice per head, each an option index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Action(pub [u8; 6]);
+pub struct Action(pub [u8; HEAD_COUNT]);
 
 impl Action {
     /// The option chosen for `head`.
@@ -144,8 +191,8 @@ impl Action {
     }
 
     /// Indices into the logits vector of the chosen options, one per head.
-    pub fn logit_indices(&self) -> [usize; 6] {
-        let mut out = [0; 6];
+    pub fn logit_indices(&self) -> [usize; HEAD_COUNT] {
+        let mut out = [0; HEAD_COUNT];
         for (i, head) in Head::ALL.iter().enumerate() {
             out[i] = head.offset() + self.get(*head);
         }
@@ -165,7 +212,7 @@ impl Action {
     pub fn describe(&self) -> Vec<(&'static str, String)> {
         Head::ALL
             .iter()
-            .map(|h| (h.name(), h.option_name(self.get(*h))))
+            .map(|h| (h.name(), h.option_name(self.get(*h)).to_owned()))
             .collect()
     }
 }
@@ -229,6 +276,30 @@ impl Mask {
 mod tests {
     use super::*;
 
+    /// The typed options the knobs apply are the ones the table names.
+    #[test]
+    fn the_table_names_the_options_the_knobs_apply() {
+        let names = |head: Head| (0..head.options()).map(move |i| head.option_name(i));
+        assert!(names(Head::Codec).eq(CODECS.iter().map(|c| c.to_string())));
+        assert!(names(Head::Depth).eq(DEPTHS.iter().map(|d| d.to_string())));
+        assert!(names(Head::Workers).eq(WORKER_SHARES.iter().map(|w| format!("{w}x_cores"))));
+        let placements = |head: Head| {
+            (0..head.options()).map(move |i| {
+                let a = Action::default().with(head, i);
+                match head {
+                    Head::Decode => a.decode(),
+                    _ => a.augment(),
+                }
+            })
+        };
+        assert!(placements(Head::Decode).eq([Placement::Cpu, Placement::Gpu]));
+        assert!(placements(Head::Augment).eq([Placement::Cpu, Placement::Gpu]));
+        assert!(names(Head::Decode).eq(["cpu", "gpu"]));
+        assert!(names(Head::Decoded).eq(["off", "on"]));
+        assert!(!Action::default().decoded() && Action::default().with(Head::Decoded, 1).decoded());
+        assert_eq!(Head::ALL.len(), HEADS.len());
+    }
+
     #[test]
     fn heads_tile_the_logits_vector() {
         let total: usize = Head::ALL.iter().map(|h| h.options()).sum();
@@ -239,7 +310,7 @@ mod tests {
         let a = Action::default().with(Head::Codec, 3).with(Head::Depth, 9);
         assert_eq!(a.codec(), Codec::Zstd(3));
         assert_eq!(a.depth(), 128, "out-of-range options clamp");
-        assert_eq!(a.one_hot().iter().sum::<f32>(), 6.0);
+        assert_eq!(a.one_hot().iter().sum::<f32>(), HEAD_COUNT as f32);
         assert_eq!(Action::default().with(Head::Workers, 0).workers(2), 1);
         assert_eq!(Action::default().with(Head::Workers, 3).workers(2), 4);
     }

@@ -68,7 +68,9 @@ pub enum PolicyError {
     #[error("not a prepfs policy file (format {0:?})")]
     Format(String),
     /// Trained for another state/action schema.
-    #[error("policy schema version {found}, this prepfs needs {SCHEMA_VERSION}")]
+    #[error(
+        "policy trained on schema {found:08x}, this prepfs's is {SCHEMA_VERSION:08x} (its knobs or state features differ): retrain it with `prepfs policy train`"
+    )]
     Schema {
         /// The file's version.
         found: u32,
@@ -193,6 +195,15 @@ mod tests {
         }
     }
 
+    /// A change to the knobs' or the features' table changes the schema: the shipped policy
+    /// must then be trained again (policy/README.md says how).
+    #[test]
+    fn the_shipped_policy_was_trained_on_this_schema() {
+        if let Err(e) = Payload::shipped() {
+            panic!("policy/default.json: {e}");
+        }
+    }
+
     #[test]
     fn a_saved_policy_loads_back_bit_for_bit() {
         let dir = tempfile::tempdir().unwrap();
@@ -210,10 +221,12 @@ mod tests {
             Payload::parse(&edited),
             Err(PolicyError::Checksum)
         ));
-        let newer = text.replace("\"schema_version\": 1", "\"schema_version\": 99");
+        let ours = format!("\"schema_version\": {SCHEMA_VERSION}");
+        assert!(text.contains(&ours));
+        let newer = text.replace(&ours, "\"schema_version\": 99");
         let err = Payload::parse(&newer).unwrap_err();
         assert!(matches!(err, PolicyError::Schema { found: 99 }), "{err}");
-        assert!(err.to_string().contains("schema version 99"));
+        assert!(err.to_string().contains("schema 00000063"), "{err}");
         let other = text.replace(FORMAT, "something-else");
         assert!(matches!(
             Payload::parse(&other),

@@ -228,7 +228,10 @@ pub fn run_show(file: Option<&Path>) -> Result<(), String> {
         ),
     };
     let m = &payload.metadata;
-    println!("{name}: valid (schema {})", super::state::SCHEMA_VERSION);
+    println!(
+        "{name}: valid (schema {:08x})",
+        super::state::SCHEMA_VERSION
+    );
     println!("  trained by:  {}", m.command);
     println!("  prepfs:      {}", m.prepfs_version);
     println!("  decisions:   {}", m.steps);

@@ -255,7 +255,7 @@ impl Scheduler {
                 let options: serde_json::Map<String, Value> = counts
                     .iter()
                     .enumerate()
-                    .map(|(i, c)| (h.option_name(i), json!(c)))
+                    .map(|(i, c)| (h.option_name(i).to_owned(), json!(c)))
                     .collect();
                 (h.name().to_owned(), Value::Object(options))
             })

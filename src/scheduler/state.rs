@@ -1,21 +1,136 @@
 //! What the scheduler sees and how it is scored: an observation (`control::observation`) as a
 //! normalised state vector, and the reward.
 //!
-//! Owns: the state schema and `SCHEMA_VERSION` (of the state and of `control::action`'s
-//! schema), shared by the mount (observations from telemetry) and the simulator (observations
-//! from its model), so a policy trained in one acts in the other. Must never read the machine
-//! itself: `telemetry` and `sim` fill observations.
+//! Owns: the state schema, one table (`FEATURE_TABLE`: each feature's name and how it is taken
+//! from an observation), and `SCHEMA_VERSION`, derived from it and from `control::action`'s
+//! table, shared by the mount (observations from telemetry) and the simulator (observations
+//! from its model), so a policy trained in one acts in the other. Adding a feature is one entry
+//! here (and the observation's field it reads). Must never read the machine itself: `telemetry`
+//! and `sim` fill observations.
 
-use crate::control::action::{Action, LOGITS};
+use crate::control::action::{Action, HEADS, LOGITS};
 use crate::control::observation::Observation;
 
-/// Version of the state and action schema. A policy trained on another version is refused.
-pub const SCHEMA_VERSION: u32 = 1;
+/// One feature of the state: its name (part of the schema) and its value, in 0..=1 (non-finite
+/// inputs become 0).
+pub struct Feature {
+    /// A stable snake_case name.
+    pub name: &'static str,
+    /// The normalised value of an observation.
+    pub of: fn(&Observation) -> f32,
+}
 
-/// Features taken from an observation (the rest of the state is the current action, one-hot).
-pub const FEATURES: usize = 16;
+/// The features taken from an observation, in state order (the rest of the state is the
+/// current action, one-hot).
+pub const FEATURE_TABLE: &[Feature] = &[
+    Feature {
+        name: "cpu_busy",
+        of: |o| unit(o.cpu_busy),
+    },
+    Feature {
+        name: "cpu_prepfs",
+        of: |o| unit(o.cpu_prepfs),
+    },
+    Feature {
+        name: "memory_available",
+        of: |o| unit(o.memory_available),
+    },
+    Feature {
+        name: "gpu_present",
+        of: |o| if o.gpu.is_some() { 1.0 } else { 0.0 },
+    },
+    Feature {
+        name: "gpu_busy",
+        of: |o| unit(o.gpu.unwrap_or_default().busy),
+    },
+    Feature {
+        name: "gpu_memory_free",
+        of: |o| unit(o.gpu.unwrap_or_default().memory_free),
+    },
+    // 1 MB/s .. 10 GB/s
+    Feature {
+        name: "source_bytes_per_s",
+        of: |o| log_scale(o.source_bytes_per_s, 1e6, 1e10),
+    },
+    // 10 µs .. 1 s
+    Feature {
+        name: "source_latency_s",
+        of: |o| log_scale(o.source_latency_s, 1e-5, 1.0),
+    },
+    // 1 .. 100k requests/s
+    Feature {
+        name: "request_rate",
+        of: |o| log_scale(o.request_rate, 1.0, 1e5),
+    },
+    // 10 µs .. 10 s
+    Feature {
+        name: "latency_p50_s",
+        of: |o| log_scale(o.latency_p50_s, 1e-5, 10.0),
+    },
+    Feature {
+        name: "latency_p99_s",
+        of: |o| log_scale(o.latency_p99_s, 1e-5, 10.0),
+    },
+    Feature {
+        name: "stall_share",
+        of: |o| unit(o.stall_share),
+    },
+    Feature {
+        name: "render_queue",
+        of: |o| unit(o.render_queue),
+    },
+    Feature {
+        name: "prefetch_queue",
+        of: |o| unit(o.prefetch_queue),
+    },
+    Feature {
+        name: "cache_fill",
+        of: |o| unit(o.cache_fill),
+    },
+    Feature {
+        name: "hit_rate",
+        of: |o| unit(o.hit_rate),
+    },
+];
+
+/// Features taken from an observation.
+pub const FEATURES: usize = FEATURE_TABLE.len();
 /// Length of the state vector.
 pub const STATE: usize = FEATURES + LOGITS;
+
+/// Version of the state and action schema: a hash (FNV-1a, 32 bits) of every head's name and
+/// options' names and every feature's name, in order, so that no change to either table can
+/// leave it unchanged. A policy trained on another version is refused.
+pub const SCHEMA_VERSION: u32 = {
+    const fn mix(mut hash: u32, text: &str) -> u32 {
+        let bytes = text.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            hash = (hash ^ bytes[i] as u32).wrapping_mul(0x0100_0193);
+            i += 1;
+        }
+        // A separator, so that ("ab", "c") and ("a", "bc") differ.
+        (hash ^ 0xff).wrapping_mul(0x0100_0193)
+    }
+    let mut hash = 0x811c_9dc5;
+    let mut h = 0;
+    while h < HEADS.len() {
+        hash = mix(hash, HEADS[h].name);
+        let mut o = 0;
+        while o < HEADS[h].options.len() {
+            hash = mix(hash, HEADS[h].options[o]);
+            o += 1;
+        }
+        h += 1;
+    }
+    hash = mix(hash, "|");
+    let mut f = 0;
+    while f < FEATURE_TABLE.len() {
+        hash = mix(hash, FEATURE_TABLE[f].name);
+        f += 1;
+    }
+    hash
+};
 
 /// `x` on a log scale from `lo` (0) to `hi` (1), clamped; 0 and below map to 0.
 fn log_scale(x: f64, lo: f64, hi: f64) -> f32 {
@@ -35,29 +150,7 @@ fn unit(x: f64) -> f32 {
 
 /// The normalised features of `obs`, each in 0..=1 (non-finite inputs become 0).
 pub fn features(obs: &Observation) -> [f32; FEATURES] {
-    let gpu = obs.gpu.unwrap_or_default();
-    [
-        unit(obs.cpu_busy),
-        unit(obs.cpu_prepfs),
-        unit(obs.memory_available),
-        if obs.gpu.is_some() { 1.0 } else { 0.0 },
-        unit(gpu.busy),
-        unit(gpu.memory_free),
-        // 1 MB/s .. 10 GB/s
-        log_scale(obs.source_bytes_per_s, 1e6, 1e10),
-        // 10 µs .. 1 s
-        log_scale(obs.source_latency_s, 1e-5, 1.0),
-        // 1 .. 100k requests/s
-        log_scale(obs.request_rate, 1.0, 1e5),
-        // 10 µs .. 10 s
-        log_scale(obs.latency_p50_s, 1e-5, 10.0),
-        log_scale(obs.latency_p99_s, 1e-5, 10.0),
-        unit(obs.stall_share),
-        unit(obs.render_queue),
-        unit(obs.prefetch_queue),
-        unit(obs.cache_fill),
-        unit(obs.hit_rate),
-    ]
+    std::array::from_fn(|i| (FEATURE_TABLE[i].of)(obs))
 }
 
 /// The state vector of `obs`: features, then the knobs as they are (the current action,
@@ -118,6 +211,26 @@ impl RewardWeights {
 mod tests {
     use super::*;
     use crate::control::observation::GpuObservation;
+
+    /// Names are what the schema version is made of: each names one thing.
+    #[test]
+    fn the_schema_tables_name_each_head_option_and_feature_once() {
+        fn unique(names: impl Iterator<Item = &'static str>) -> bool {
+            let mut names: Vec<_> = names.collect();
+            let n = names.len();
+            names.sort_unstable();
+            names.dedup();
+            names.len() == n && names.iter().all(|s| !s.is_empty())
+        }
+        assert!(unique(FEATURE_TABLE.iter().map(|f| f.name)));
+        assert!(unique(HEADS.iter().map(|h| h.name)));
+        assert!(HEADS.iter().all(|h| unique(h.options.iter().copied())));
+        assert_eq!(STATE, FEATURES + LOGITS);
+        assert_ne!(
+            SCHEMA_VERSION, 1,
+            "derived, not the hand-kept version of old"
+        );
+    }
 
     #[test]
     fn features_are_bounded_whatever_the_input() {
