@@ -230,21 +230,29 @@ impl DecodedReason {
     }
 }
 
-/// Whether to keep an image's decoded pixels (`pixels` bytes, decoded in `decode`), when the
-/// scheduler does not hold the knob (`scheduled`); it only holds it in `auto` mode.
+/// How far the auto rule's two sides must differ before it changes its mind: a mount's images
+/// differ in decode time per pixel byte, and a decision that followed each image's would have
+/// renders decode whole images (to offer their pixels) that the next image's decision then
+/// declines.
+pub const DECODED_BAND: f64 = 1.5;
+
+/// Whether to keep decoded pixels, when the scheduler does not hold the knob (`scheduled`; it
+/// only holds it in `auto` mode): `decode_s_per_byte` is the decode time per byte of pixels (the
+/// mount's running average), `kept` the decision so far.
 ///
 /// Under never-evict, memory is spent once, so the question is which use of a byte saves more
 /// time per epoch. A byte of encoded file saves a fetch of one byte (1 / source bandwidth); a
 /// byte of pixels saves `decode / pixels` of decoding. Pixels win when `decode * bandwidth >=
 /// pixels`: with a 50 MB/s source and a 0.6 ms decode of a 560 KB image they lose (30 KB), from
-/// a 2 GB/s source they win (1.2 MB). With no fetch measured yet the source costs nothing seen,
-/// so pixels win. Their size is counted before packing, which favours encoded files a little.
+/// a 2 GB/s source they win (1.2 MB). The decision changes only once the other side wins by
+/// `DECODED_BAND`. With no fetch measured yet the source costs nothing seen, so pixels win.
+/// Their size is counted before packing, which favours encoded files a little.
 pub fn keep_decoded(
     mode: DecodedCaching,
-    decode: std::time::Duration,
-    pixels: u64,
+    decode_s_per_byte: f64,
     source_bytes_per_s: Option<f64>,
     scheduled: Option<bool>,
+    kept: bool,
 ) -> DecodedReason {
     match (mode, scheduled) {
         (DecodedCaching::Auto, Some(true)) => return DecodedReason::SchedulerOn,
@@ -254,10 +262,20 @@ pub fn keep_decoded(
     match mode {
         DecodedCaching::Off => DecodedReason::Off,
         DecodedCaching::On => DecodedReason::On,
-        DecodedCaching::Auto => match source_bytes_per_s {
-            Some(bw) if decode.as_secs_f64() * bw < pixels as f64 => DecodedReason::SourceSlower,
-            _ => DecodedReason::DecodeSlower,
-        },
+        DecodedCaching::Auto => {
+            // Seconds of decoding a byte of pixels saves, per second of fetching a byte.
+            let gain = source_bytes_per_s.map_or(f64::INFINITY, |bw| decode_s_per_byte * bw);
+            let needed = if kept {
+                1.0 / DECODED_BAND
+            } else {
+                DECODED_BAND
+            };
+            if gain >= needed {
+                DecodedReason::DecodeSlower
+            } else {
+                DecodedReason::SourceSlower
+            }
+        }
     }
 }
 
@@ -300,22 +318,42 @@ mod tests {
 
     #[test]
     fn decoded_pixels_are_kept_when_decoding_costs_more_than_fetching() {
-        let decode = std::time::Duration::from_micros(600);
-        let pixels = 500 * 375 * 3;
-        let auto = |bw| keep_decoded(DecodedCaching::Auto, decode, pixels, bw, None);
+        // A 0.6 ms decode of a 500 x 375 RGB image.
+        let per_byte = 600e-6 / (500.0 * 375.0 * 3.0);
+        let auto = |bw| keep_decoded(DecodedCaching::Auto, per_byte, bw, None, false);
         assert_eq!(auto(Some(50e6)), DecodedReason::SourceSlower);
         assert_eq!(auto(Some(2e9)), DecodedReason::DecodeSlower);
         assert_eq!(auto(None), DecodedReason::DecodeSlower);
         assert!(!auto(Some(50e6)).keeps() && auto(Some(2e9)).keeps());
-        let fixed = |mode| keep_decoded(mode, decode, pixels, Some(2e9), Some(true));
+        let fixed = |mode| keep_decoded(mode, per_byte, Some(2e9), Some(true), false);
         assert!(!fixed(DecodedCaching::Off).keeps());
-        assert!(keep_decoded(DecodedCaching::On, decode, pixels, Some(1.0), None).keeps());
-        let held = |on| keep_decoded(DecodedCaching::Auto, decode, pixels, Some(50e6), Some(on));
+        assert!(keep_decoded(DecodedCaching::On, per_byte, Some(1.0), None, false).keeps());
+        let held = |on| keep_decoded(DecodedCaching::Auto, per_byte, Some(50e6), Some(on), false);
         assert_eq!(held(true), DecodedReason::SchedulerOn);
         assert!(held(true).keeps() && !held(false).keeps());
         for reason in DecodedReason::ALL {
             assert_eq!(DecodedReason::ALL[reason as usize], reason);
         }
+    }
+
+    /// Decode costs up to 40% off the break-even point either way never change the decision
+    /// (whichever it was); twice or half of it does.
+    #[test]
+    fn the_decoded_decision_holds_within_its_band() {
+        let bw = 100e6;
+        let even = 1.0 / bw;
+        let auto = |k: f64, kept| {
+            keep_decoded(DecodedCaching::Auto, even * k, Some(bw), None, kept).keeps()
+        };
+        for kept in [true, false] {
+            let mut now = kept;
+            for k in [0.7, 1.3, 0.8, 1.2, 0.69, 1.4, 1.0] {
+                now = auto(k, now);
+                assert_eq!(now, kept, "flipped at {k} x break-even");
+            }
+        }
+        assert!(!auto(0.5, true), "a source twice as fast declines pixels");
+        assert!(auto(2.0, false), "one twice as slow keeps them");
     }
 
     #[test]

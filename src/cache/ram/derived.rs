@@ -37,13 +37,19 @@ pub struct Derived {
     last: AtomicU8,
     /// `may_keep_decoded` calls answered while the auto policy's latest decision declined.
     reasks: AtomicU64,
+    /// Decode seconds per byte of pixels, a running average over the images offered (`f64`
+    /// bits; 0 before the first).
+    decode_cost: AtomicU64,
 }
+
+/// Weight of the latest image in `decode_cost` (an average over ~32 images).
+const DECODE_COST_WEIGHT: f64 = 1.0 / 32.0;
 
 impl Derived {
     /// None yet, charged to the tier's `shared` slice; decoded pixels kept as `mode` says.
     pub(super) fn new(shared: Arc<Shared>, mode: DecodedCaching) -> Derived {
         // Until the first render, stats show what the mode decides with nothing measured yet.
-        let first = policy::keep_decoded(mode, Duration::ZERO, 0, None, None);
+        let first = policy::keep_decoded(mode, 0.0, None, None, true);
         Derived {
             shared,
             decoded: ShardedMap::default(),
@@ -52,6 +58,7 @@ impl Derived {
             knobs: None,
             last: AtomicU8::new(first as u8),
             reasks: AtomicU64::new(0),
+            decode_cost: AtomicU64::new(0),
         }
     }
 
@@ -94,10 +101,10 @@ impl Derived {
         let metrics = &self.shared.metrics;
         let reason = policy::keep_decoded(
             self.mode,
-            decode,
-            len,
+            self.decode_cost(decode, len),
             metrics.source_bytes_per_s(),
             self.knobs.as_ref().and_then(|k| k.decoded()),
+            self.decoded_choice().1.keeps(),
         );
         self.last.store(reason as u8, Ordering::Relaxed);
         if !reason.keeps() {
@@ -200,6 +207,21 @@ impl Derived {
             }
         };
         wanted && self.shared.ledger.has_room(len)
+    }
+
+    /// The running average of decode seconds per byte of pixels, with an image of `len` bytes
+    /// decoded in `decode` taken in. (Renders race on it: one image's share may be lost, never
+    /// the average.)
+    fn decode_cost(&self, decode: Duration, len: u64) -> f64 {
+        let image = decode.as_secs_f64() / len.max(1) as f64;
+        let before = f64::from_bits(self.decode_cost.load(Ordering::Relaxed));
+        let now = if before > 0.0 {
+            before + DECODE_COST_WEIGHT * (image - before)
+        } else {
+            image
+        };
+        self.decode_cost.store(now.to_bits(), Ordering::Relaxed);
+        now
     }
 
     /// The mode of decoded-pixel caching, and the reason of the latest decision.

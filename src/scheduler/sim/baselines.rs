@@ -5,8 +5,6 @@
 //! own beyond the baseline's definition: the heuristic baseline calls `scheduler::heuristic`,
 //! which calls the modules' rules.
 
-use std::time::Duration;
-
 use super::scenario::Scenario;
 use crate::cache::policy::{DecodedCaching, keep_decoded};
 use crate::control::action::{Action, Head, Mask};
@@ -34,10 +32,10 @@ pub fn heuristic_policy(
         scenario.costs.decode_s,
         scenario.costs.pixel_bytes as u64,
     );
-    move |obs: &Observation, _: &Action, mask: &Mask, _: usize| {
+    move |obs: &Observation, current: &Action, mask: &Mask, _: usize| {
         let bw = (obs.source_bytes_per_s > 0.0).then_some(obs.source_bytes_per_s);
-        let decode = Duration::from_secs_f64(decode);
-        let keep = keep_decoded(DecodedCaching::Auto, decode, pixels, bw, None);
+        let per_byte = decode / pixels.max(1) as f64;
+        let keep = keep_decoded(DecodedCaching::Auto, per_byte, bw, None, current.decoded());
         let ctx = Context {
             prefetch_threads: threads,
             keep_decoded: keep.keeps(),
