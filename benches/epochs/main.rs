@@ -167,7 +167,8 @@ const USAGE: &str = "usage: cargo bench --bench epochs -- [--quick] [--files N] 
 [--scenarios sorted,shuffled,fixed,torch,shards] [--staging-mib N] [--prefetch-threads N] \
 [--view-files N] [--rounds N] [--workers N] [--step-ms F] \
 [--pipelines stock,tvio,dali,dali-roi,f32-off,u8-off,f32,u8,u8-ahead,f32-alone,u8-alone] [--jobs 1,3] \
-[--seed N] [--workdir DIR] [--out DIR]\n       cargo bench --bench epochs -- --replot-views   (benches/results/views.json again as a plot)";
+[--seed N] [--workdir DIR] [--out DIR]\n       (results: benches/results, or DIR/quick-results with --quick and DIR/partial-results with \
+--pipelines, DIR being the workdir, unless --out)\n       cargo bench --bench epochs -- --replot-views   (benches/results/views.json again as a plot)";
 
 impl Options {
     fn parse() -> Result<Options, String> {
@@ -208,6 +209,9 @@ impl Options {
             args: args.join(" "),
         };
         let mut out = None;
+        // A run of chosen pipelines only: its results go beside the dataset, not over the full
+        // run's in benches/results (which BENCHMARKS.md's plots and rows are drawn from).
+        let mut chosen = false;
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             if flag == "--quick" {
@@ -244,6 +248,7 @@ impl Options {
                         .map_err(|_| format!("bad value for {flag}: {value}"))?
                 }
                 "--pipelines" => {
+                    chosen = true;
                     o.pipelines = value
                         .split(',')
                         .map(|k| {
@@ -300,6 +305,8 @@ impl Options {
         o.out = out.unwrap_or_else(|| {
             if quick {
                 o.workdir.join("quick-results")
+            } else if chosen {
+                o.workdir.join("partial-results")
             } else {
                 PathBuf::from(RESULTS_DIR)
             }
