@@ -118,16 +118,20 @@ fn block(seed: u8) -> Arc<Block> {
     ))
 }
 
+/// Waits (at most 10 s) until `done` holds.
+fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Waits until the writers have sent what was offered (they never keep a reader waiting).
 fn settle(fake: &Fake, requests: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while fake.requests.load(Ordering::SeqCst) < requests {
-        assert!(
-            Instant::now() < deadline,
-            "the writers never sent the offer"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    until("the writers sent the offer", || {
+        fake.requests.load(Ordering::SeqCst) >= requests
+    });
     std::thread::sleep(Duration::from_millis(20));
 }
 
@@ -238,15 +242,6 @@ fn a_slow_node_never_keeps_a_reader_past_the_timeout_and_is_then_skipped() {
     assert_eq!(tier.metrics().skipped.get(), 21);
     assert_eq!(tier.nodes(), (1, 1));
     assert!(!tier.has_room(BLOCK_SIZE), "no node to offer blocks to");
-}
-
-/// Waits (at most 10 s) until `done` holds.
-fn until(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// Prefetch's lookups wait on threads of their own: however many it makes at once, a reader's
@@ -382,11 +377,7 @@ fn a_full_cluster_is_counted_and_offered_nothing_more() {
     let fake = Arc::new(Fake::default());
     let tier = tier(&fake, DEFAULT_TIMEOUT);
     // The slot map is read by the tier's own thread: wait for it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tier.nodes().0 == 0 {
-        assert!(Instant::now() < deadline, "no slot map");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    until("a slot map", || tier.nodes().0 > 0);
     let before = fake.requests.load(Ordering::SeqCst);
     fake.full.store(true, Ordering::SeqCst);
     assert!(tier.put(&key(0), &path(), &block(1)), "offered");
