@@ -22,7 +22,7 @@ use super::block::{self, Block};
 use super::cluster::ClusterTier;
 use super::disk::{self, DiskTier};
 use super::ram::{Derived, RamFile, RamTier, ReadBytes, Unpacked};
-use super::staging::Staging;
+use super::staging::{Room, Staging};
 use super::tier::{Asker, BlockKey, Tier};
 use crate::cache::BLOCK_SIZE;
 use crate::cache::metrics::{CacheFigures, CacheMetrics};
@@ -238,10 +238,19 @@ impl BlockFetcher {
         }
         let span = entry.block_span(index);
         let len = span.end - span.start;
-        if !entry.fits(len) && !self.staging.has_room(len) {
-            return Ok(Prefetched::NoRoom);
-        }
-        match self.shared(entry, index, source, Asker::Prefetch) {
+        // Room before the source read: the RAM tier's (a hint, taken when the block is stored)
+        // or else staging's, reserved now. Prefetch threads racing for staging's last room once
+        // each read a block and all but one threw theirs away (a tenth more source reads per
+        // shuffled epoch over a dataset twice the budget).
+        let room = if entry.fits(len) {
+            None
+        } else {
+            match self.staging.reserve(len) {
+                Some(room) => Some(room),
+                None => return Ok(Prefetched::NoRoom),
+            }
+        };
+        match self.shared(entry, index, source, Asker::Prefetch, room) {
             None if entry.is_stored(index) => Ok(Prefetched::Present),
             None => Ok(Prefetched::Late),
             Some(Err(e)) => Err(e),
@@ -338,7 +347,7 @@ impl BlockFetcher {
             return Ok(ReadBytes::Owned(bytes));
         }
         loop {
-            match self.shared(entry, index, source, Asker::Reader) {
+            match self.shared(entry, index, source, Asker::Reader, None) {
                 // Stored meanwhile: a hit, unless it failed its checksum and was dropped again.
                 None => match entry.hit(index, range.clone(), memo) {
                     Some(bytes) => return Ok(bytes),
@@ -354,12 +363,15 @@ impl BlockFetcher {
 
     /// Block `index` of `entry`, fetched once however many ask at the same time (the first
     /// fetches and places it, the others wait on its flight); `None` when the RAM tier holds it.
+    /// `room`: staging room prefetch reserved for the block, used if the RAM tier does not keep
+    /// it (given back otherwise).
     fn shared(
         &self,
         entry: &Arc<RamFile>,
         index: usize,
         source: &dyn SourceFile,
         asker: Asker,
+        room: Option<Room<'_>>,
     ) -> Option<Result<Arc<Block>, FsError>> {
         if entry.is_stored(index) {
             return None;
@@ -420,7 +432,7 @@ impl BlockFetcher {
                 // The RAM tier holds these bytes now; the kernel's copy would be a second one.
                 source.drop_page_cache(span);
             } else if asker == Asker::Prefetch {
-                self.staging.put(&key, entry.path(), block);
+                self.staging.stage(&key, entry.path(), block, room);
             }
         }
         self.flights.remove_if(&key, |f| Arc::ptr_eq(f, &flight));
@@ -855,6 +867,48 @@ mod tests {
             fetcher.prefetch(&entry, 0, &source),
             Ok(Prefetched::Present)
         );
+    }
+
+    /// Prefetch reads a block only once it holds room to keep it: a second prefetch that comes
+    /// while the first is reading into staging's last room gets no room and reads nothing (it
+    /// used to read a block too, and one of the two was thrown away).
+    #[test]
+    fn prefetch_reads_only_blocks_it_has_room_to_keep() {
+        let len = 64 << 10;
+        let (fetcher, _) = chain(0, len as u64, Codec::None);
+        let data = vec![9u8; len];
+        let (a, b) = (identity(21, 0, len), identity(22, 0, len));
+        let ((a_source, a_reads), (b_source, b_reads)) =
+            (MemFile::of(a, &data), MemFile::of(b, &data));
+        let (a_entry, b_entry) = (
+            fetcher.ram().file(a, Path::new("a")),
+            fetcher.ram().file(b, Path::new("b")),
+        );
+        let a_held = a_source.now.clone();
+        let reading = a_held.lock();
+        std::thread::scope(|s| {
+            let first = s.spawn(|| fetcher.prefetch(&a_entry, 0, &a_source));
+            while a_reads.load(Ordering::Relaxed) == 0 {
+                std::thread::yield_now();
+            }
+            assert_eq!(
+                fetcher.prefetch(&b_entry, 0, &b_source),
+                Ok(Prefetched::NoRoom)
+            );
+            assert_eq!(
+                b_reads.load(Ordering::Relaxed),
+                0,
+                "no room: no source read"
+            );
+            drop(reading);
+            assert_eq!(first.join().expect("prefetch"), Ok(Prefetched::Staged));
+        });
+        assert_eq!(
+            fetcher.staging().bytes(),
+            len as u64,
+            "the one block staged, charged once"
+        );
+        assert_eq!(a_reads.load(Ordering::Relaxed), 1);
     }
 
     /// Many threads reading the same blocks at once: each block is read from the source once

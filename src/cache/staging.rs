@@ -37,6 +37,25 @@ impl Staged {
     }
 }
 
+/// Staging room reserved for one block being read; given back when dropped unused.
+pub struct Room<'a> {
+    staging: &'a Staging,
+    bytes: u64,
+}
+
+impl Room<'_> {
+    /// The reserved bytes now belong to a staged block, given back with it.
+    fn keep(mut self) {
+        self.bytes = 0;
+    }
+}
+
+impl Drop for Room<'_> {
+    fn drop(&mut self) {
+        self.staging.budget.release(Use::Staging, self.bytes);
+    }
+}
+
 /// The staging buffer.
 pub struct Staging {
     budget: Arc<MemoryBudget>,
@@ -69,6 +88,49 @@ impl Staging {
     /// Whether block `index` of `identity` is staged.
     pub fn contains(&self, identity: Identity, index: usize) -> bool {
         self.blocks.get(&BlockKey { identity, index }).is_some()
+    }
+
+    /// Room for one block of `bytes`, taken from the staging slice now (before the block is
+    /// read), or `None` when the slice has none: prefetch reads a block only once it knows it
+    /// can keep it. The room goes back when dropped unless `stage` used it.
+    pub fn reserve(&self, bytes: u64) -> Option<Room<'_>> {
+        // Lazily: a `Room` made and dropped on refusal would give back bytes never taken.
+        self.budget.admit(Use::Staging, bytes).then(|| Room {
+            staging: self,
+            bytes,
+        })
+    }
+
+    /// Stages `block` in `room` (reserved for it) or, without one, if the slice has room now;
+    /// whether it is staged.
+    pub fn stage(
+        &self,
+        key: &BlockKey,
+        path: &Arc<Path>,
+        block: &Arc<Block>,
+        room: Option<Room<'_>>,
+    ) -> bool {
+        let len = block.data.len() as u64;
+        match room {
+            Some(room) if room.bytes == len => room.keep(),
+            other => {
+                drop(other);
+                if !self.budget.admit(Use::Staging, len) {
+                    return false;
+                }
+            }
+        }
+        let staged = Arc::new(Staged {
+            block: block.clone(),
+            generation: self.generation.load(Ordering::Acquire),
+            path: path.clone(),
+        });
+        let kept = self.blocks.get_or_insert_with(*key, || staged.clone());
+        if !Arc::ptr_eq(&kept, &staged) {
+            // Staged already (by a racing prefetch): one copy is enough.
+            self.budget.release(Use::Staging, len);
+        }
+        true
     }
 
     /// Starts a new pass. Blocks the ending pass staged of files a pass reads (`read`: the
@@ -128,21 +190,7 @@ impl Tier for Staging {
     }
 
     fn put(&self, key: &BlockKey, path: &Arc<Path>, block: &Arc<Block>) -> bool {
-        let len = block.data.len() as u64;
-        if !self.budget.admit(Use::Staging, len) {
-            return false;
-        }
-        let staged = Arc::new(Staged {
-            block: block.clone(),
-            generation: self.generation.load(Ordering::Acquire),
-            path: path.clone(),
-        });
-        let kept = self.blocks.get_or_insert_with(*key, || staged.clone());
-        if !Arc::ptr_eq(&kept, &staged) {
-            // Staged already (by a racing prefetch): one copy is enough.
-            self.budget.release(Use::Staging, len);
-        }
-        true
+        self.stage(key, path, block, None)
     }
 
     fn has_room(&self, bytes: u64) -> bool {
