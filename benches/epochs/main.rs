@@ -365,7 +365,8 @@ pub struct Run {
     pub setup: Setup,
     pub side: Side,
     pub epochs: Vec<Epoch>,
-    /// C: the RAM tier's slice of `--cache-mem`, as the prepfs mount reported it.
+    /// C: the RAM tier's slice of `--cache-mem` after the last epoch, as the prepfs mount
+    /// reported it (the slice grows while staging lends it room prefetch does not use).
     pub cache: Option<u64>,
 }
 
@@ -609,21 +610,19 @@ fn run_epochs(
         },
     )?;
     let mount = match side {
-        // Prefetch only into the cache: a staging buffer would be memory beyond C.
+        // The default mount, prefetch's staging buffer included: what a user gets.
         Side::Prepfs => Some(PrepfsMount::start(
             &group,
             opts,
             &disk.mountpoint,
             Some(setup.cache_mem),
-            &["--prefetch-buffer".into(), "0".into()],
+            &[],
         )?),
         Side::PageCache => None,
     };
     let root = mount
         .as_ref()
         .map_or(disk.mountpoint.as_path(), |m| m.mountpoint.as_path());
-    let cache = mount.as_ref().map(PrepfsMount::cache_slice);
-    let optimum = cache.map(|c| setup.data_bytes.saturating_sub(c));
     let mut session = ReaderSession::start(
         &group,
         python,
@@ -650,6 +649,10 @@ fn run_epochs(
             )
         })?;
         let stats = mount.as_ref().map(PrepfsMount::stats);
+        // The RAM tier's slice now: it grows while staging lends it room prefetch did not use.
+        let optimum = mount
+            .as_ref()
+            .map(|m| setup.data_bytes.saturating_sub(m.cache_slice()));
         let (reads_after, bytes_after) = disk.reads();
         let epoch = Epoch {
             epoch: record.epoch,
@@ -689,6 +692,7 @@ fn run_epochs(
         epochs.push(epoch);
     }
     session.finish()?;
+    let cache = mount.as_ref().map(PrepfsMount::cache_slice);
     if let Some(m) = mount {
         m.stop();
     }
