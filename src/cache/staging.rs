@@ -1,14 +1,15 @@
 //! `Staging`: the prefetch staging buffer, for blocks the never-evict tiers had no room for.
 //!
-//! Owns: blocks the prefetcher fetched ahead of the readers (keyed by file version and block, so
-//! a changed file never finds them), charged to the memory budget's staging slice, and their
-//! lifetime: a block is dropped once a reader has read it to its end; when a new pass begins
-//! (`retire`), blocks staged before the ending pass and blocks of files no pass is reading are
-//! dropped and counted as wasted (a walk that ran past the files the readers read, into a
-//! directory of shards they never open, must not hold the room the next pass needs); and under
-//! memory pressure every block is given back (`Shed`). A `Tier` below RAM: the fetcher asks it
-//! before the disk tier and the source, and only prefetch offers it blocks. Must never admit
-//! past its slice and never hand out bytes that fail their checksum.
+//! Owns: blocks the prefetcher fetched ahead of the readers (keyed by file version and block, so a
+//! changed file never finds them), charged to the memory budget's staging slice, and their
+//! lifetime: room is reserved for a block before prefetch reads it (`reserve`), so a read ahead
+//! never finds the slice full after the fact; a block is dropped once a reader has read it to its
+//! end; when a new pass begins (`retire`), blocks staged before the ending pass and blocks of files
+//! no pass is reading are dropped and counted as wasted (a walk that ran past the files the readers
+//! read, into a directory of shards they never open, must not hold the room the next pass needs);
+//! and under memory pressure every block is given back (`Shed`). A `Tier` below RAM: the fetcher
+//! asks it before the disk tier and the source, and only prefetch offers it blocks. Must never
+//! admit past its slice and never hand out bytes that fail their checksum.
 
 use std::ops::Range;
 use std::path::Path;
