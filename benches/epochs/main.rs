@@ -365,8 +365,7 @@ pub struct Run {
     pub setup: Setup,
     pub side: Side,
     pub epochs: Vec<Epoch>,
-    /// C: the RAM tier's slice of `--cache-mem` after the last epoch, as the prepfs mount
-    /// reported it (the slice grows while staging lends it room prefetch does not use).
+    /// C: the RAM tier's slice of `--cache-mem`, as the prepfs mount reported it.
     pub cache: Option<u64>,
 }
 
@@ -623,6 +622,8 @@ fn run_epochs(
     let root = mount
         .as_ref()
         .map_or(disk.mountpoint.as_path(), |m| m.mountpoint.as_path());
+    let cache = mount.as_ref().map(PrepfsMount::cache_slice);
+    let optimum = cache.map(|c| setup.data_bytes.saturating_sub(c));
     let mut session = ReaderSession::start(
         &group,
         python,
@@ -649,10 +650,6 @@ fn run_epochs(
             )
         })?;
         let stats = mount.as_ref().map(PrepfsMount::stats);
-        // The RAM tier's slice now: it grows while staging lends it room prefetch did not use.
-        let optimum = mount
-            .as_ref()
-            .map(|m| setup.data_bytes.saturating_sub(m.cache_slice()));
         let (reads_after, bytes_after) = disk.reads();
         let epoch = Epoch {
             epoch: record.epoch,
@@ -692,7 +689,6 @@ fn run_epochs(
         epochs.push(epoch);
     }
     session.finish()?;
-    let cache = mount.as_ref().map(PrepfsMount::cache_slice);
     if let Some(m) = mount {
         m.stop();
     }

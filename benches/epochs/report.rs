@@ -290,7 +290,7 @@ fn markdown(opts: &Options, manifest: &Manifest, runs: &[Run]) -> String {
          page cache dropped before each run. Memory: one cgroup per run holding the reader (and \
          the prepfs daemon), limit = M + the reader's measured working set, M = {:.2} x D; prepfs \
          --cache-mem = M - the daemon's measured working set - {} MiB kept free for the kernel's side of reads in flight, at most \
-         the limit less prepfs's 64 MiB headroom, of which the RAM tier gets C after the last epoch (the rest is prepfs's working memory for \
+         the limit less prepfs's 64 MiB headroom, of which the RAM tier gets C (the rest is prepfs's working memory for \
          reads in flight and prefetch's staging buffer, a default mount's). Epochs 2+ are medians.\n\n",
         manifest.files,
         mb(manifest.file_bytes as f64),

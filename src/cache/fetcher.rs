@@ -240,7 +240,7 @@ impl BlockFetcher {
         let len = span.end - span.start;
         // Room before the source read: the RAM tier's (a hint, taken when the block is stored)
         // or else staging's, reserved now. Prefetch threads racing for staging's last room once
-        // each read a block and all but one threw theirs away (a tenth more source reads per
+        // each read a block and all but one threw theirs away (a third more source reads per
         // shuffled epoch over a dataset twice the budget).
         let room = if entry.fits(len) {
             None
