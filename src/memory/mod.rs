@@ -1,21 +1,20 @@
 //! The one hard memory budget (`--cache-mem`): every byte prepfs holds for data is charged here.
 //!
-//! Owns: the budget's split into three slices and what each may hold, the charges against them,
-//! and giving memory back. The **cache** slice holds the never-evict RAM tier (file blocks,
-//! decoded pixels, and each cached file's own bookkeeping); the **staging** slice holds prefetched
-//! blocks the cache had no room for; the **work** slice is for data in motion: reads in flight,
-//! renders being made, and rendered view files waiting to be read. Cache and staging admit only
-//! within their slice (so a full cache never starves prefetch, and neither starves the work in
-//! flight); work may use any free byte under the limit. Staging's free room may be moved to the
-//! cache for good (`lend_staging`: prefetch asks once it knows staging saves nothing), never
-//! back. Reads in flight are always charged and
-//! never wait (there is at most one per I/O, prefetch and render thread); a render that finds no
-//! room first sheds what can be fetched again (registered `Shed`s: staging first, then decoded
-//! pixels nobody is reading), then waits for room within a patience of its own, then fails. Under
-//! memory pressure (see `pressure`) admission to cache and staging stops and everything that can
-//! be shed is shed. Must never hand out more than the limit for anything but reads in flight,
-//! never evict a cached file block to make room, and never block a FUSE thread (only renders
-//! wait, on their own threads).
+//! Owns: the budget's split into three slices and what each may hold, the charges against them, and
+//! giving memory back. The **cache** slice holds the never-evict RAM tier (file blocks, decoded
+//! pixels, and each cached file's own bookkeeping); the **staging** slice holds prefetched blocks
+//! the cache had no room for; the **work** slice is for data in motion: reads in flight, renders
+//! being made, and rendered view files waiting to be read. Cache and staging admit only within
+//! their slice (so a full cache never starves prefetch, and neither starves the work in flight);
+//! work may use any free byte under the limit. Staging's free room may be moved to the cache for
+//! good (`lend_staging`: prefetch asks once it knows staging saves nothing), never back. Reads in
+//! flight are always charged and never wait (there is at most one per I/O, prefetch and render
+//! thread); a render that finds no room first sheds what can be fetched again (registered `Shed`s:
+//! staging first, then decoded pixels nobody is reading), then waits for room within a patience of
+//! its own, then fails. Under memory pressure (see `pressure`) admission to cache and staging stops
+//! and everything that can be shed is shed. Must never hand out more than the limit for anything
+//! but reads in flight, never evict a cached file block to make room, and never block a FUSE thread
+//! (only renders wait, on their own threads).
 
 pub mod limits;
 pub mod metrics;
