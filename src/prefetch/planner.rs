@@ -49,11 +49,6 @@ pub(super) struct SetState {
     ready: Receiver<(u64, Remaining)>,
     chores: Chores,
     in_use: &'static str,
-    /// This pass's plans, and how many of them the remaining set made (no predictor trusted).
-    plans: u64,
-    unpredicted: u64,
-    /// Whether most plans of the pass that ended last were the remaining set's.
-    ended_unpredicted: bool,
     /// Opens per second (moving average) and when the last one came.
     rate: f64,
     last_open: Option<Instant>,
@@ -129,9 +124,6 @@ impl SetState {
             ready,
             chores: chores.clone(),
             in_use: "none",
-            plans: 0,
-            unpredicted: 0,
-            ended_unpredicted: false,
             rate: 0.0,
             last_open: None,
             epoch_started: Instant::now(),
@@ -205,8 +197,6 @@ impl SetState {
                     .map(|f| size_of(&self.known, f))
                     .collect();
                 let working_set = begun.iter().copied().sum::<Option<u64>>();
-                self.ended_unpredicted = 2 * self.unpredicted > self.plans;
-                (self.plans, self.unpredicted) = (0, 0);
                 let ended = std::mem::replace(&mut self.sizes, begun);
                 let ended_set = std::mem::replace(&mut self.working_set, working_set);
                 self.close_epoch(shared, set, ended, ended_set);
@@ -258,8 +248,6 @@ impl SetState {
         let mut work = looked.get();
         if shared.enabled {
             work += self.plan(shared, set, &file);
-            self.plans += 1;
-            self.unpredicted += u64::from(self.in_use == "remaining");
         }
         for (predictor, _) in &mut self.predictors {
             work += predictor.take_work();
@@ -470,20 +458,6 @@ fn retire_staged(shared: &Shared, sets: &[SetState]) {
         .retire(|file| sets.iter().any(|s| s.reads(file)));
 }
 
-/// A pass in an order no predictor followed has ended: the default staging slice's free room
-/// goes to the cache. In such an order a staged block only moves a source read earlier (once),
-/// while a cached one saves a read every epoch (measured over a shuffled dataset twice the
-/// budget: device bytes per epoch 396 -> 384 MB, the cache then held all the cgroup allowed).
-fn lend_staging(shared: &Shared) {
-    let moved = shared.fetcher.ram().budget().lend_staging();
-    if moved > 0 {
-        tracing::info!(
-            bytes = moved,
-            "passes repeat in an order no predictor follows: the prefetch staging buffer's room goes to the cache (give --prefetch-buffer to keep it)"
-        );
-    }
-}
-
 pub(super) fn plan(
     shared: &Shared,
     mut sets: Vec<SetState>,
@@ -502,11 +476,7 @@ pub(super) fn plan(
                 if let Some(state) = sets.get_mut(set) {
                     let cpu = crate::cache::thread_cpu();
                     if state.opened(shared, set, event) {
-                        let unpredicted = state.ended_unpredicted;
                         retire_staged(shared, &sets);
-                        if unpredicted && shared.lends_staging {
-                            lend_staging(shared);
-                        }
                     }
                     shared.metrics.planned.inc();
                     let spent = crate::cache::thread_cpu().saturating_sub(cpu);
