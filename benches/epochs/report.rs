@@ -39,29 +39,23 @@ pub fn targets(runs: &[Run]) -> Vec<Target> {
         find(runs, Reader::Plain, Side::PageCache),
         find(runs, Reader::Plain, Side::Prepfs),
     ) {
-        let optimum = pf.optimum_misses().unwrap_or(0) as f64;
-        let ratio = warm(pf, |e| e.device_bytes as f64) / optimum.max(1.0);
-        out.push(Target {
-            name: format!(
-                "plain, epochs 2+: prepfs device bytes / (D - C) (page cache: {:.2})",
-                warm(pc, |e| e.device_bytes as f64) / optimum.max(1.0)
-            ),
-            measured: ratio,
-            bound: "<= 1.05".into(),
-            met: ratio <= 1.05,
-        });
+        // Device bytes per epoch 2+ against a never-evict optimum, the page cache's beside them.
+        let bytes_over = |optimum: u64, of: &str, bound: f64| {
+            let per = |run: &Run| warm(run, |e| e.device_bytes as f64) / (optimum as f64).max(1.0);
+            Target {
+                name: format!(
+                    "plain, epochs 2+: prepfs device bytes / ({of}) (page cache: {:.2})",
+                    per(pc)
+                ),
+                measured: per(pf),
+                bound: format!("<= {bound:.2}"),
+                met: per(pf) <= bound,
+            }
+        };
+        out.push(bytes_over(pf.optimum_misses().unwrap_or(0), "D - C", 1.05));
         // Issue 38: the whole budget serves a shuffled dataset twice the memory.
-        let optimum = pf.setup.data_bytes.saturating_sub(pf.setup.cache_mem) as f64;
-        let ratio = warm(pf, |e| e.device_bytes as f64) / optimum.max(1.0);
-        out.push(Target {
-            name: format!(
-                "plain, epochs 2+: prepfs device bytes / (D - --cache-mem) (page cache: {:.2})",
-                warm(pc, |e| e.device_bytes as f64) / optimum.max(1.0)
-            ),
-            measured: ratio,
-            bound: "<= 1.10".into(),
-            met: ratio <= 1.10,
-        });
+        let budget_optimum = pf.setup.data_bytes.saturating_sub(pf.setup.cache_mem);
+        out.push(bytes_over(budget_optimum, "D - --cache-mem", 1.10));
         let ratio = warm(pf, |e| e.seconds) / warm(pc, |e| e.seconds).max(1e-9);
         out.push(Target {
             name: "plain, epochs 2+: prepfs epoch time / page cache".into(),
