@@ -12,7 +12,7 @@
 //! Must never do I/O or block: it is plain data driven by the prefetch planner.
 
 use std::cell::Cell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::Arc;
@@ -95,7 +95,7 @@ pub enum Opened {
 #[derive(Debug, Default, Clone)]
 pub struct Pass {
     order: Vec<FileKey>,
-    position: HashMap<FileKey, usize>,
+    position: foldhash::HashMap<FileKey, usize>,
 }
 
 impl Pass {

@@ -4,7 +4,6 @@
 //! sorting and indexing a million-entry directory takes about a second. Must never be made on
 //! the planner thread.
 
-use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::Path;
 
@@ -17,12 +16,12 @@ pub(super) struct Names {
     names: Vec<OsString>,
     /// Position of each name by the xxh3 of its bytes (a colliding name keeps the first one's
     /// slot and is then not found: one prediction missed, never a wrong one).
-    at: HashMap<u64, u32>,
+    at: foldhash::HashMap<u64, u32>,
 }
 
 impl Names {
     fn index(names: Vec<OsString>) -> Names {
-        let mut at = HashMap::with_capacity(names.len());
+        let mut at = foldhash::HashMap::with_capacity_and_hasher(names.len(), Default::default());
         for (i, n) in names.iter().enumerate() {
             at.entry(name_hash(n)).or_insert(i as u32);
         }

@@ -36,7 +36,7 @@ mod parked;
 mod planner;
 pub mod predict;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -278,7 +278,7 @@ struct Shared {
     /// Demand reads waiting on the source now (the pool's lane runs half its jobs meanwhile).
     demand: Arc<AtomicUsize>,
     /// Per set: files queued or fetched ahead in this pass.
-    outcomes: Vec<Mutex<HashMap<FileKey, Outcome>>>,
+    outcomes: Vec<Mutex<foldhash::HashMap<FileKey, Outcome>>>,
     /// Seconds a file prefetch takes (moving average, f64 bits).
     file_seconds: AtomicU64,
     depth: AtomicUsize,

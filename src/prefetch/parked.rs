@@ -9,7 +9,7 @@
 //! a file of another version than the one its open saw (`take` compares identities and closes a
 //! mismatch), and never hold more than its capacity of descriptors.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -24,7 +24,7 @@ pub const MAX_CAPACITY: usize = 4096;
 
 #[derive(Default)]
 struct Slots {
-    files: HashMap<FileKey, (u64, Arc<dyn SourceFile>)>,
+    files: foldhash::HashMap<FileKey, (u64, Arc<dyn SourceFile>)>,
     /// Parking order, oldest first: (generation, path); entries whose file was taken or parked
     /// again since are skipped.
     order: VecDeque<(u64, FileKey)>,

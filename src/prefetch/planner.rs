@@ -12,7 +12,7 @@
 //! set for the pass that ended, made at memory speed, and the sweep of the prefetch outcomes
 //! (one per file prefetch looked at in the pass).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -25,7 +25,7 @@ use super::chores::Chores;
 use super::diagnosis::{Capacity, diagnose};
 use super::epoch::{EpochTracker, FileKey, Opened, Positions};
 use super::hint::{Hint, OrderFile, OrderSlot, Polled};
-use super::predict::{self, HORIZON, Predictor, Replay, Score, Tree, Verdict};
+use super::predict::{self, Predictor, Replay, SCORED, Score, Tree, Verdict};
 use super::{
     DEPTH_MAX, DEPTH_MIN, EWMA, Event, HISTORY, Job, Marks, Outcome, STATUS_EVERY, SetId, Shared,
 };
@@ -37,7 +37,7 @@ pub(super) struct SetState {
     tracker: EpochTracker,
     predictors: Vec<(Box<dyn Predictor>, Score)>,
     /// Identities seen at opens (a fully cached file is not queued again).
-    known: HashMap<FileKey, Identity>,
+    known: foldhash::HashMap<FileKey, Identity>,
     /// Sizes of the current pass's files, in its order, and their sum (`None` when one is not
     /// known): the remaining-set order of the next pass, kept as files come.
     sizes: Vec<Option<u64>>,
@@ -115,7 +115,7 @@ impl SetState {
             name,
             tracker: EpochTracker::default(),
             predictors,
-            known: HashMap::new(),
+            known: Default::default(),
             sizes: Vec::new(),
             working_set: Some(0),
             opens: 0,
@@ -187,8 +187,9 @@ impl SetState {
             self.known.insert(file.clone(), identity);
         }
         // Sizes are known for dataset files (their identities), not for view files.
-        let size_of =
-            |known: &HashMap<FileKey, Identity>, f: &FileKey| known.get(f).map(|i| i.size);
+        let size_of = |known: &foldhash::HashMap<FileKey, Identity>, f: &FileKey| {
+            known.get(f).map(|i| i.size)
+        };
         let new_pass = match self.tracker.open(&file) {
             Opened::Repeat | Opened::Straggler => return false,
             Opened::NewEpoch => {
@@ -233,17 +234,14 @@ impl SetState {
             looked.set(looked.get() + 1);
             current.contains(p)
         };
+        let predicts = Score::predicts_after(self.opens);
         for (predictor, score) in &mut self.predictors {
             score.opened(&file, self.opens);
-            let mut out = Vec::new();
-            predictor.predict(
-                &self.tracker,
-                &file,
-                HORIZON as usize / 2,
-                &opened_now,
-                &mut out,
-            );
-            score.predicted(&out, self.opens);
+            if predicts {
+                let mut out = Vec::new();
+                predictor.predict(&self.tracker, &file, SCORED as usize, &opened_now, &mut out);
+                score.predicted(&out, self.opens);
+            }
         }
         let mut work = looked.get();
         if shared.enabled {
@@ -368,7 +366,7 @@ impl SetState {
                     &mut next,
                 );
                 let mut opens = Vec::new();
-                let taken: std::collections::HashSet<&std::ffi::OsStr> =
+                let taken: foldhash::HashSet<&std::ffi::OsStr> =
                     next.iter().map(|f| f.as_os_str()).collect();
                 walks.cursor = predict::remaining(
                     &self.tracker,

@@ -10,8 +10,8 @@
 //! that grows with the number of files (each walk is capped by `SCAN_PER_PREDICTION`, finds its
 //! starting place by a lookup, not a search, and steps over each file the pass opened once).
 
+use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,6 +24,11 @@ use crate::source::Source;
 
 /// Opens within which a prediction must come true to count as right.
 pub const HORIZON: u64 = 16;
+/// How a predictor is scored: after every `SCORED`th open it predicts the next `SCORED` files.
+/// Its predictions then tile the opens (an order that is followed is right for every open) for
+/// one walk per `SCORED` opens instead of one per open: scoring every predictor after each open
+/// was most of the planner's CPU at 100,000 files.
+pub const SCORED: u64 = HORIZON / 2;
 /// Weight of the latest open in a predictor's recent recall (an average over ~20 opens).
 const RECENT_WEIGHT: f64 = 0.05;
 /// Recent recall and precision a predictor needs before its order is followed.
@@ -142,10 +147,10 @@ pub struct Tree {
     sorted: bool,
     chores: Chores,
     /// By the directory's path as bytes (`FileKey`'s reason: `Path` hashes component by component).
-    listings: HashMap<OsString, Walked>,
+    listings: foldhash::HashMap<OsString, Walked>,
     /// Directories asked of the helper and not answered yet; answers come through `listed`, and
     /// those asked before `forget_listings` (an older `pass`) are dropped.
-    asked: HashSet<OsString>,
+    asked: foldhash::HashSet<OsString>,
     pass: u64,
     answer: Sender<Listed>,
     listed: Receiver<Listed>,
@@ -167,8 +172,8 @@ impl Tree {
             source,
             sorted,
             chores,
-            listings: HashMap::new(),
-            asked: HashSet::new(),
+            listings: Default::default(),
+            asked: Default::default(),
             pass: 0,
             answer,
             listed,
@@ -481,7 +486,7 @@ pub fn smallest_first(sizes: &[Option<u64>]) -> Vec<u32> {
 #[derive(Debug, Default)]
 pub struct Score {
     /// Predicted files not yet opened, with the open count by which they must be.
-    outstanding: HashMap<FileKey, u64>,
+    outstanding: foldhash::HashMap<FileKey, u64>,
     deadlines: VecDeque<(u64, FileKey)>,
     /// Predictions that came true.
     pub hits: u64,
@@ -496,6 +501,12 @@ pub struct Score {
 }
 
 impl Score {
+    /// Whether the predictor predicts after the `now`th open (`SCORED`; the first open counts
+    /// as 1): after the first, so that a pass's second open is predicted already.
+    pub fn predicts_after(now: u64) -> bool {
+        now.saturating_sub(1) % SCORED == 0
+    }
+
     /// Scores an open of `file` (the `now`th open), before the next predictions are added.
     pub fn opened(&mut self, file: &Path, now: u64) {
         self.opens += 1;
@@ -572,7 +583,7 @@ mod tests {
     use crate::source::{Kind, LocalSource};
 
     /// Scores `predictor` over `trace` (after `history` passes fed to the tracker first),
-    /// predicting `HORIZON / 2` files after each open as the planner does.
+    /// predicting `SCORED` files after every `SCORED`th open as the planner does.
     fn score(predictor: &mut dyn Predictor, history: &[Vec<FileKey>], trace: &[FileKey]) -> Score {
         let mut tracker = EpochTracker::default();
         for pass in history {
@@ -585,12 +596,15 @@ mod tests {
             let now = i as u64 + 1;
             tracker.open(f);
             score.opened(f, now);
+            if !Score::predicts_after(now) {
+                continue;
+            }
             let seen = tracker.current().clone();
             let mut out = Vec::new();
             predictor.predict(
                 &tracker,
                 f,
-                HORIZON as usize / 2,
+                SCORED as usize,
                 &|p| seen.contains(p),
                 &mut out,
             );
@@ -789,9 +803,10 @@ mod tests {
                     current.contains(p)
                 };
                 for p in &mut predictors {
-                    for n in [HORIZON as usize / 2, PLANNED_DEPTH] {
-                        p.predict(&tracker, f, n, &skip, &mut Vec::new());
+                    if Score::predicts_after(opens) {
+                        p.predict(&tracker, f, SCORED as usize, &skip, &mut Vec::new());
                     }
+                    p.predict(&tracker, f, PLANNED_DEPTH, &skip, &mut Vec::new());
                     work += p.take_work();
                 }
                 // Each file taken is settled (fetched) by the next open.
@@ -843,7 +858,7 @@ mod tests {
         // and the remaining set): late in a shuffled pass each file the pass opened is stepped
         // over once per walk, not once per prediction (it was 177 items per open at 6,000 files
         // before the tree walks kept their listings' unopened files).
-        let cap = (4 * (HORIZON as usize / 2 + PLANNED_DEPTH)) as f64;
+        let cap = (4 * (SCORED as usize + PLANNED_DEPTH)) as f64;
         assert!(large <= cap, "{large:.0} items per open");
     }
 
