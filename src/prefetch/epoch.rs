@@ -99,6 +99,16 @@ pub struct Pass {
 }
 
 impl Pass {
+    /// An empty pass with room for `files` without growing: a pass of a million files that grew
+    /// its position map as it went rehashed ~900,000 names at once, on the planner thread, late
+    /// in the pass (the 4,096-open event queue overflowed meanwhile).
+    fn with_capacity(files: usize) -> Pass {
+        Pass {
+            order: Vec::with_capacity(files),
+            position: foldhash::HashMap::with_capacity_and_hasher(files, Default::default()),
+        }
+    }
+
     fn add(&mut self, file: &FileKey) -> bool {
         if self.position.contains_key(file) {
             return false;
@@ -301,7 +311,8 @@ impl EpochTracker {
         // The new pass began with the old repeats, and with any double-open-looking repeat just
         // before them (its first file may have been among the last ones of this pass).
         let from = since.saturating_sub(RECENT_MIN as u64);
-        let mut next = Pass::default();
+        // The next pass most likely opens the same files.
+        let mut next = Pass::with_capacity(self.current.len());
         for (_, f) in self.repeats.drain(..).filter(|(n, _)| *n >= from) {
             next.add(&f);
         }

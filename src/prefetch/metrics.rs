@@ -70,7 +70,7 @@ pub const DECODED_AHEAD: Metric = Metric::counter(
 pub const PLANNED: Metric = Metric::counter(
     "prefetch.planner.opens",
     "prefetch_planner_opens_total",
-    "Opens the planner took in (scored its predictors and planned after).",
+    "Opens the planner took in (recorded and scored; of a backlog, a set plans after its latest).",
 );
 /// CPU the planner spent on them.
 pub const PLANNER_SECONDS: Metric = Metric::counter(

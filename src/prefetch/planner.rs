@@ -1,7 +1,7 @@
 //! The planner thread: one `SetState` per file set (the source tree, each view), which takes
 //! each open from the bounded event channel, feeds the epoch tracker and scores the predictors,
 //! and replaces the set's queued files with the best predictor's next ones (or the remaining
-//! set's); and the depth controller. Publishes each set's status for stats.json.
+//! set's), once per backlog of opens (after its latest); and the depth controller. Publishes each set's status for stats.json.
 //!
 //! Owns what the planner knows per set and what it decides. Must never fetch (the workers in
 //! `fetch` do), never block an open (events arrive through a channel that drops when full), and
@@ -27,7 +27,8 @@ use super::epoch::{EpochTracker, FileKey, Opened, Positions};
 use super::hint::{Hint, OrderFile, OrderSlot, Polled};
 use super::predict::{self, Predictor, Replay, SCORED, Score, Tree, Verdict};
 use super::{
-    DEPTH_MAX, DEPTH_MIN, EWMA, Event, HISTORY, Job, Marks, Outcome, STATUS_EVERY, SetId, Shared,
+    DEPTH_MAX, DEPTH_MIN, EVENT_QUEUE, EWMA, Event, HISTORY, Job, Marks, Outcome, STATUS_EVERY,
+    SetId, Shared,
 };
 use crate::source::{Identity, Source};
 
@@ -180,8 +181,9 @@ impl SetState {
         self.epoch_started = Instant::now();
     }
 
-    /// Takes an open of `set`'s file; true when it began a new pass.
-    fn opened(&mut self, shared: &Shared, set: SetId, event: Event) -> bool {
+    /// Takes an open of `set`'s file, and plans after it when `plan` (see `plan`'s backlog);
+    /// true when it began a new pass.
+    fn opened(&mut self, shared: &Shared, set: SetId, event: Event, plan: bool) -> bool {
         let file = event.file;
         if let Some(identity) = event.identity {
             self.known.insert(file.clone(), identity);
@@ -194,9 +196,13 @@ impl SetState {
             Opened::Repeat | Opened::Straggler => return false,
             Opened::NewEpoch => {
                 // The new pass began with a few files (bounded repeats).
-                let begun: Vec<Option<u64>> = (self.tracker.current().order().iter())
-                    .map(|f| size_of(&self.known, f))
-                    .collect();
+                // With room for as many files as the pass that ended (grown as it goes, a
+                // million-entry vector is copied at once on this thread).
+                let files = self.tracker.previous().map_or(0, |p| p.len());
+                let mut begun = Vec::with_capacity(files);
+                begun.extend(
+                    (self.tracker.current().order().iter()).map(|f| size_of(&self.known, f)),
+                );
                 let working_set = begun.iter().copied().sum::<Option<u64>>();
                 let ended = std::mem::replace(&mut self.sizes, begun);
                 let ended_set = std::mem::replace(&mut self.working_set, working_set);
@@ -244,7 +250,7 @@ impl SetState {
             }
         }
         let mut work = looked.get();
-        if shared.enabled {
+        if shared.enabled && plan {
             work += self.plan(shared, set, &file);
         }
         for (predictor, _) in &mut self.predictors {
@@ -470,17 +476,32 @@ pub(super) fn plan(
         }
         match events.recv_timeout(STATUS_EVERY) {
             Ok(event) => {
-                let set = event.set;
-                if let Some(state) = sets.get_mut(set) {
-                    let cpu = crate::cache::thread_cpu();
-                    if state.opened(shared, set, event) {
+                let cpu = crate::cache::thread_cpu();
+                // A backlog (opens that came while the last one was planned) is taken in whole:
+                // every open is recorded (its pass, the predictors' scores) and a set plans once,
+                // after its latest open, since a plan replaces the one before. A pass's first
+                // opens can cost far more than most (the remaining-set walks settle up to their
+                // scan cap per plan), and opens must not be dropped meanwhile.
+                let mut batch = vec![event];
+                while batch.len() < EVENT_QUEUE
+                    && let Ok(event) = events.try_recv()
+                {
+                    batch.push(event);
+                }
+                let of_set: Vec<SetId> = batch.iter().map(|e| e.set).collect();
+                for (i, event) in batch.into_iter().enumerate() {
+                    let set = event.set;
+                    let latest = !of_set[i + 1..].contains(&set);
+                    if let Some(state) = sets.get_mut(set)
+                        && state.opened(shared, set, event, latest)
+                    {
                         retire_staged(shared, &sets);
                     }
-                    shared.metrics.planned.inc();
-                    let spent = crate::cache::thread_cpu().saturating_sub(cpu);
-                    shared.metrics.planner_ns.add(spent);
-                    dirty = true;
                 }
+                shared.metrics.planned.add(of_set.len() as u64);
+                let spent = crate::cache::thread_cpu().saturating_sub(cpu);
+                shared.metrics.planner_ns.add(spent);
+                dirty = true;
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
