@@ -184,7 +184,12 @@ impl SetState {
     /// Takes an open of `set`'s file, and plans after it when `plan` (see `plan`'s backlog);
     /// true when it began a new pass.
     fn opened(&mut self, shared: &Shared, set: SetId, event: Event, plan: bool) -> bool {
-        let file = event.file;
+        // The key `known` holds for this file, if any: every pass and map then shares one copy
+        // of its name instead of one per open.
+        let file = match self.known.get_key_value(&event.file) {
+            Some((key, _)) => key.clone(),
+            None => event.file,
+        };
         if let Some(identity) = event.identity {
             self.known.insert(file.clone(), identity);
         }

@@ -504,7 +504,7 @@ impl Score {
     /// Whether the predictor predicts after the `now`th open (`SCORED`; the first open counts
     /// as 1): after the first, so that a pass's second open is predicted already.
     pub fn predicts_after(now: u64) -> bool {
-        now.saturating_sub(1) % SCORED == 0
+        now.saturating_sub(1).is_multiple_of(SCORED)
     }
 
     /// Scores an open of `file` (the `now`th open), before the next predictions are added.
