@@ -1,7 +1,8 @@
 //! The planner thread: one `SetState` per file set (the source tree, each view), which takes
 //! each open from the bounded event channel, feeds the epoch tracker and scores the predictors,
 //! and replaces the set's queued files with the best predictor's next ones (or the remaining
-//! set's), once per backlog of opens (after its latest); and the depth controller. Publishes each set's status for stats.json.
+//! set's), once per backlog of opens (after its latest); and the depth controller. Publishes
+//! each set's status for stats.json.
 //!
 //! Owns what the planner knows per set and what it decides. Must never fetch (the workers in
 //! `fetch` do), never block an open (events arrive through a channel that drops when full), and
@@ -46,6 +47,8 @@ pub(super) struct SetState {
     opens: u64,
     /// The remaining-set walks of this pass, once the helper has made them.
     remaining: Option<Remaining>,
+    /// The last open of a backlog not planned after yet (see `plan`).
+    owed: Option<FileKey>,
     made: Sender<(u64, Remaining)>,
     ready: Receiver<(u64, Remaining)>,
     chores: Chores,
@@ -121,6 +124,7 @@ impl SetState {
             working_set: Some(0),
             opens: 0,
             remaining: None,
+            owed: None,
             made,
             ready,
             chores: chores.clone(),
@@ -181,7 +185,7 @@ impl SetState {
         self.epoch_started = Instant::now();
     }
 
-    /// Takes an open of `set`'s file, and plans after it when `plan` (see `plan`'s backlog);
+    /// Takes an open of `set`'s file, and plans after it when `plan` (the latest of a `backlog`);
     /// true when it began a new pass.
     fn opened(&mut self, shared: &Shared, set: SetId, event: Event, plan: bool) -> bool {
         // The key `known` holds for this file, if any: every pass and map then shares one copy
@@ -198,7 +202,17 @@ impl SetState {
             known.get(f).map(|i| i.size)
         };
         let new_pass = match self.tracker.open(&file) {
-            Opened::Repeat | Opened::Straggler => return false,
+            Opened::Repeat | Opened::Straggler => {
+                // A backlog that ends in a repeat still plans, after its last first open.
+                if plan
+                    && shared.enabled
+                    && let Some(last) = self.owed.take()
+                {
+                    let work = self.plan(shared, set, &last);
+                    shared.metrics.planner_work.add(work);
+                }
+                return false;
+            }
             Opened::NewEpoch => {
                 // The new pass began with a few files (bounded repeats).
                 // With room for as many files as the pass that ended (grown as it goes, a
@@ -255,7 +269,10 @@ impl SetState {
             }
         }
         let mut work = looked.get();
-        if shared.enabled && plan {
+        if !plan {
+            self.owed = Some(file);
+        } else if shared.enabled {
+            self.owed = None;
             work += self.plan(shared, set, &file);
         }
         for (predictor, _) in &mut self.predictors {
@@ -467,6 +484,24 @@ fn retire_staged(shared: &Shared, sets: &[SetState]) {
         .retire(|file| sets.iter().any(|s| s.reads(file)));
 }
 
+/// `first` and the opens queued behind it (at most a full queue's), each with whether it is its
+/// set's latest in them: the one to plan after.
+fn backlog(first: Event, events: &Receiver<Event>) -> Vec<(Event, bool)> {
+    let mut batch = vec![first];
+    while batch.len() < EVENT_QUEUE
+        && let Ok(event) = events.try_recv()
+    {
+        batch.push(event);
+    }
+    let of_set: Vec<SetId> = batch.iter().map(|e| e.set).collect();
+    (batch.into_iter().enumerate())
+        .map(|(i, event)| {
+            let latest = !of_set[i + 1..].contains(&event.set);
+            (event, latest)
+        })
+        .collect()
+}
+
 pub(super) fn plan(
     shared: &Shared,
     mut sets: Vec<SetState>,
@@ -487,23 +522,16 @@ pub(super) fn plan(
                 // after its latest open, since a plan replaces the one before. A pass's first
                 // opens can cost far more than most (the remaining-set walks settle up to their
                 // scan cap per plan), and opens must not be dropped meanwhile.
-                let mut batch = vec![event];
-                while batch.len() < EVENT_QUEUE
-                    && let Ok(event) = events.try_recv()
-                {
-                    batch.push(event);
-                }
-                let of_set: Vec<SetId> = batch.iter().map(|e| e.set).collect();
-                for (i, event) in batch.into_iter().enumerate() {
+                let backlog = backlog(event, events);
+                shared.metrics.planned.add(backlog.len() as u64);
+                for (event, latest) in backlog {
                     let set = event.set;
-                    let latest = !of_set[i + 1..].contains(&set);
                     if let Some(state) = sets.get_mut(set)
                         && state.opened(shared, set, event, latest)
                     {
                         retire_staged(shared, &sets);
                     }
                 }
-                shared.metrics.planned.add(of_set.len() as u64);
                 let spent = crate::cache::thread_cpu().saturating_sub(cpu);
                 shared.metrics.planner_ns.add(spent);
                 dirty = true;
@@ -518,5 +546,43 @@ pub(super) fn plan(
             published = Instant::now();
             dirty = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::sync_channel;
+
+    fn open(set: SetId, name: &str) -> Event {
+        Event {
+            set,
+            file: FileKey::from(Path::new(name)),
+            identity: None,
+        }
+    }
+
+    #[test]
+    fn a_backlog_is_taken_whole_and_each_set_plans_after_its_latest_open() {
+        let (tx, rx) = sync_channel(EVENT_QUEUE);
+        for (set, name) in [(0, "b"), (1, "x"), (0, "c"), (1, "y"), (1, "z")] {
+            tx.send(open(set, name)).expect("queued");
+        }
+        let got: Vec<(SetId, String, bool)> = backlog(open(0, "a"), &rx)
+            .into_iter()
+            .map(|(e, latest)| (e.set, e.file.to_string_lossy().into_owned(), latest))
+            .collect();
+        let want = [
+            (0, "a", false),
+            (0, "b", false),
+            (1, "x", false),
+            (0, "c", true),
+            (1, "y", false),
+            (1, "z", true),
+        ]
+        .map(|(s, n, l)| (s, n.to_owned(), l));
+        assert_eq!(got, want);
+        // Nothing queued: the one open plans.
+        assert!(backlog(open(0, "d"), &rx).iter().all(|(_, latest)| *latest));
     }
 }
