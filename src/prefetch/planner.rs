@@ -14,6 +14,7 @@
 //! (one per file prefetch looked at in the pass).
 
 use std::collections::VecDeque;
+use std::collections::hash_map::Entry;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -47,7 +48,7 @@ pub(super) struct SetState {
     opens: u64,
     /// The remaining-set walks of this pass, once the helper has made them.
     remaining: Option<Remaining>,
-    /// The last open of a backlog not planned after yet (see `plan`).
+    /// The last first open of a backlog not planned after yet (see `backlog`).
     owed: Option<FileKey>,
     made: Sender<(u64, Remaining)>,
     ready: Receiver<(u64, Remaining)>,
@@ -189,14 +190,24 @@ impl SetState {
     /// true when it began a new pass.
     fn opened(&mut self, shared: &Shared, set: SetId, event: Event, plan: bool) -> bool {
         // The key `known` holds for this file, if any: every pass and map then shares one copy
-        // of its name instead of one per open.
-        let file = match self.known.get_key_value(&event.file) {
-            Some((key, _)) => key.clone(),
-            None => event.file,
+        // of its name instead of one per open (one lookup either way).
+        let file = match event.identity {
+            Some(identity) => match self.known.entry(event.file) {
+                Entry::Occupied(mut seen) => {
+                    seen.insert(identity);
+                    seen.key().clone()
+                }
+                Entry::Vacant(new) => {
+                    let key = new.key().clone();
+                    new.insert(identity);
+                    key
+                }
+            },
+            None => match self.known.get_key_value(&event.file) {
+                Some((key, _)) => key.clone(),
+                None => event.file,
+            },
         };
-        if let Some(identity) = event.identity {
-            self.known.insert(file.clone(), identity);
-        }
         // Sizes are known for dataset files (their identities), not for view files.
         let size_of = |known: &foldhash::HashMap<FileKey, Identity>, f: &FileKey| {
             known.get(f).map(|i| i.size)
