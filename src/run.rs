@@ -8,9 +8,9 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -134,7 +134,14 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
         .map_err(|e| mount_error(format!("cannot start I/O threads: {e}")))?;
     let (fs, requests) = (Arc::new(daemon.fs), daemon.requests);
     let fuse = &cfg.fuse;
-    let adapter = Adapter::new(fs.clone(), requests, fuse.passthrough, fuse.source_timeout);
+    let (ready, answering) = std::sync::mpsc::sync_channel(1);
+    let adapter = Adapter::new(
+        fs.clone(),
+        requests,
+        fuse.passthrough,
+        fuse.source_timeout,
+        ready,
+    );
 
     let options = vec![
         MountOption::RO,
@@ -185,7 +192,7 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
         _pressure: pressure,
         _forgetter: forgetter,
     };
-    if let Err(e) = wait_until_answering(&cfg.mountpoint) {
+    if let Err(e) = wait_until_answering(&answering) {
         let _ = mounted.unmount();
         return Err(mount_error(e));
     }
@@ -227,20 +234,17 @@ fn explain_mount_error(e: &std::io::Error) -> String {
     }
 }
 
-fn wait_until_answering(mountpoint: &Path) -> Result<(), String> {
-    let probe = mountpoint
-        .join(crate::inode::CONTROL_DIR_NAME)
-        .join("stats.json");
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        match std::fs::metadata(&probe) {
-            Ok(_) => return Ok(()),
-            Err(e) if Instant::now() > deadline => {
-                return Err(format!(
-                    "mount did not answer within {READY_TIMEOUT:?}: {e}"
-                ));
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+/// Waits for the kernel's INIT to reach the session: from then on the mount answers. The daemon
+/// never asks its own mount (a stat there would be a request it must answer itself: killed
+/// while it waited, it would hang in the kernel, unkillable, holding the mount).
+fn wait_until_answering(answering: &mpsc::Receiver<()>) -> Result<(), String> {
+    match answering.recv_timeout(READY_TIMEOUT) {
+        Ok(()) => Ok(()),
+        Err(mpsc::RecvTimeoutError::Timeout) => Err(format!(
+            "the kernel did not start the mount within {READY_TIMEOUT:?}"
+        )),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            Err("the FUSE session ended before the mount started".into())
         }
     }
 }

@@ -47,6 +47,9 @@ impl Filesystem for Adapter {
                 self.shared.passthrough.store(false, Ordering::Relaxed);
             }
         }
+        if let Some(ready) = self.ready.take() {
+            let _ = ready.try_send(());
+        }
         Ok(())
     }
 

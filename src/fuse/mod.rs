@@ -17,8 +17,8 @@
 //! (every decision is the core's) and never call the source from a FUSE thread, but for
 //! `Fs::open_at_once`'s stat of a local filesystem.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -98,6 +98,8 @@ pub struct Adapter {
     requests: Arc<RequestPool>,
     /// Longest a request may wait on the source before it is answered EIO.
     patience: Duration,
+    /// Told once, when the kernel's INIT arrives: from then on the mount answers.
+    ready: Option<mpsc::SyncSender<()>>,
 }
 
 /// A reply that can carry an error: every kind the pool's requests answer with.
@@ -136,6 +138,7 @@ impl Adapter {
         requests: Arc<RequestPool>,
         passthrough: bool,
         patience: Duration,
+        ready: mpsc::SyncSender<()>,
     ) -> Adapter {
         Adapter {
             shared: Arc::new(Shared {
@@ -145,6 +148,7 @@ impl Adapter {
             }),
             requests,
             patience,
+            ready: Some(ready),
         }
     }
 
