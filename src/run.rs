@@ -134,7 +134,7 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
         .map_err(|e| mount_error(format!("cannot start I/O threads: {e}")))?;
     let (fs, requests) = (Arc::new(daemon.fs), daemon.requests);
     let fuse = &cfg.fuse;
-    let (ready, answering) = std::sync::mpsc::sync_channel(1);
+    let (ready, answering) = mpsc::sync_channel(1);
     let adapter = Adapter::new(
         fs.clone(),
         requests,

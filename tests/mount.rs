@@ -853,7 +853,8 @@ fn a_daemon_killed_during_start_up_exits() {
 /// the mount's device minor in /proc/self/mountinfo), mounting fusectl if it is not.
 fn abort_fuse_connection(mnt: &Path) {
     let connections = Path::new("/sys/fs/fuse/connections");
-    if fs::read_dir(connections).map_or(true, |mut d| d.next().is_none()) {
+    let listed = fs::read_dir(connections).is_ok_and(|mut d| d.next().is_some());
+    if !listed {
         let _ = std::process::Command::new("mount")
             .args(["-t", "fusectl", "none"])
             .arg(connections)

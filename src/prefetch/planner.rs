@@ -496,8 +496,6 @@ fn retire_staged(shared: &Shared, sets: &[SetState]) {
         .retire(|file| sets.iter().any(|s| s.reads(file)));
 }
 
-/// `first` and the opens queued behind it (at most a full queue's), each with whether it is its
-/// set's latest in them: the one to plan after.
 /// How long the planner rests after a backlog before it takes the next. A reader's open wakes a
 /// planner waiting on the channel (a futex wake on the FUSE thread, a context switch): under a
 /// stream of cached opens (B2) that was once per open, and the daemon's CPU per file fell from
@@ -506,6 +504,8 @@ fn retire_staged(shared: &Shared, sets: &[SetState]) {
 /// longer than that to fetch.
 const PLAN_BEAT: Duration = Duration::from_millis(1);
 
+/// `first` and the opens queued behind it (at most a full queue's), each with whether it is its
+/// set's latest in them: the one to plan after.
 fn backlog(first: Event, events: &Receiver<Event>) -> Vec<(Event, bool)> {
     let mut batch = vec![first];
     while batch.len() < EVENT_QUEUE
