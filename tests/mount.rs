@@ -823,16 +823,7 @@ fn a_daemon_killed_during_start_up_exits() {
             100 * (round % 10) * (round / 10 % 4 + 1),
         ));
         child.kill().expect("SIGKILL the daemon");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let exited = loop {
-            if child.try_wait().expect("wait").is_some() {
-                break true;
-            }
-            if Instant::now() > deadline {
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let exited = common::exit_within(&mut child, Duration::from_secs(10)).is_some();
         if !exited {
             // Leave nothing hung behind the failure: the daemon then exits, the mount can go.
             abort_fuse_connection(&t.mnt);

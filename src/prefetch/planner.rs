@@ -15,7 +15,6 @@
 //! (one per file prefetch looked at in the pass).
 
 use std::collections::VecDeque;
-use std::collections::hash_map::Entry;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -193,17 +192,12 @@ impl SetState {
         // The key `known` holds for this file, if any: every pass and map then shares one copy
         // of its name instead of one per open (one lookup either way).
         let file = match event.identity {
-            Some(identity) => match self.known.entry(event.file) {
-                Entry::Occupied(mut seen) => {
-                    seen.insert(identity);
-                    seen.key().clone()
-                }
-                Entry::Vacant(new) => {
-                    let key = new.key().clone();
-                    new.insert(identity);
-                    key
-                }
-            },
+            Some(identity) => self
+                .known
+                .entry(event.file)
+                .insert_entry(identity)
+                .key()
+                .clone(),
             None => match self.known.get_key_value(&event.file) {
                 Some((key, _)) => key.clone(),
                 None => event.file,

@@ -170,18 +170,26 @@ impl TestMount {
     pub fn unmount(&mut self) -> Option<std::process::ExitStatus> {
         let mut child = self.child.take()?;
         let _ = prepfs().arg("umount").arg(&self.mnt).output();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
-                return child.wait().ok();
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        exit_within(&mut child, Duration::from_secs(20)).or_else(|| {
+            let _ = child.kill();
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).output();
+            child.wait().ok()
+        })
+    }
+}
+
+/// `child`'s exit status once it has exited, waiting at most `limit`; `None` if it is still
+/// running then.
+pub fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
         }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
