@@ -61,14 +61,24 @@ fn gpu_transforms_equal_cpu_transforms_on_random_images() {
             let (executor, specs) = (executor.clone(), specs.clone());
             std::thread::spawn(move || {
                 let mut rng = fastrand::Rng::with_seed(t);
-                let mut compared = 0;
+                let (mut compared, mut refused) = (0, 0);
                 for round in 0..60 {
                     let (w, h) = (rng.u32(1..1200), rng.u32(1..1200));
                     let image = random_image(&mut rng, w, h);
                     for spec in specs.iter() {
                         let seed = rng.u64(..);
+                        let plan = match Plan::new(spec, (w, h), seed) {
+                            Ok(plan) => plan,
+                            Err(too_large) => {
+                                // Past the pixel limits (resize(256) of a 3x1000 image): refused
+                                // before any executor runs, with the CPU's own error.
+                                let cpu = render::transform(spec, &image, seed).err();
+                                assert_eq!(cpu, Some(too_large), "{w}x{h} {}", spec.text);
+                                refused += 1;
+                                continue;
+                            }
+                        };
                         let want = render::transform(spec, &image, seed).expect("cpu").npy;
-                        let plan = Plan::new(spec, (w, h), seed).expect("plan");
                         let got = executor.transform(spec, &image, &plan).expect("gpu").npy;
                         assert!(
                             got == want,
@@ -79,14 +89,17 @@ fn gpu_transforms_equal_cpu_transforms_on_random_images() {
                         compared += 1;
                     }
                 }
-                compared
+                (compared, refused)
             })
         })
         .collect();
-    let compared: usize = threads.into_iter().map(|t| t.join().expect("thread")).sum();
+    let (compared, refused) = threads
+        .into_iter()
+        .map(|t| t.join().expect("thread"))
+        .fold((0, 0), |(c, r), (tc, tr)| (c + tc, r + tr));
     let c = &gpu.counters;
     println!(
-        "compared {compared} renders (busy GPU: {}); on the GPU {}, CPU fallbacks {}, launches {}",
+        "compared {compared} renders, {refused} refused alike (busy GPU: {}); on the GPU {}, CPU fallbacks {}, launches {}",
         std::env::var("PREPFS_GPU_BUSY").unwrap_or_default() == "1",
         c.transforms.load(Ordering::Relaxed),
         c.transform_fallbacks.load(Ordering::Relaxed),
