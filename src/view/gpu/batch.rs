@@ -1,7 +1,7 @@
 //! Gathering concurrent render requests into batches for one device thread: render workers
 //! submit a job and wait; the device thread takes the first job, then whatever else arrives
-//! within a short deadline (up to a count and a cost limit), runs them as one batch, and answers
-//! each job.
+//! until the queue has been quiet for a moment or a short deadline passes (up to a count and a
+//! cost limit), runs them as one batch, and answers each job.
 //!
 //! Owns the bounded queue, the gathering rule and the device thread's lifetime (named, stopped
 //! when the batcher is dropped). Must never run a job itself, drop a job unanswered (a caller
@@ -18,6 +18,11 @@ pub struct Gathering {
     /// Longest wait for more jobs after the first: a few ms, small next to a render on the CPU
     /// (~1 ms) times the workers waiting, and long enough to fill a launch.
     pub deadline: Duration,
+    /// The batch closes once no job has arrived for this long: jobs that come together (a
+    /// decode batch's answers, each going on to its transform) share a launch, while a lone
+    /// job does not wait out the deadline for company that is not coming. Jobs arriving while
+    /// a batch runs queue up and form the next one, so batches still grow with the load.
+    pub quiet: Duration,
     /// Most jobs per batch.
     pub max_jobs: usize,
     /// Most summed cost per batch (a job alone may exceed it: it runs alone).
@@ -97,8 +102,8 @@ impl<J: Send + 'static, R: Send + 'static> Batcher<J, R> {
     }
 }
 
-/// The next batch: blocks for a first job, then gathers until the deadline, the count or the
-/// cost limit. A job that would pass the cost limit is held for the next batch. `None` when
+/// The next batch: blocks for a first job, then gathers until the queue is quiet, the deadline,
+/// the count or the cost limit. A job that would pass the cost limit is held for the next batch. `None` when
 /// the queue is closed and nothing is held.
 fn gather<J, R>(
     rx: &Receiver<Envelope<J, R>>,
@@ -114,11 +119,13 @@ fn gather<J, R>(
     let mut batch = vec![first];
     let deadline = Instant::now() + g.deadline;
     while batch.len() < g.max_jobs {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .min(g.quiet);
         let next = match rx.try_recv() {
             Ok(job) => job,
-            Err(_) if left.is_zero() => break,
-            Err(_) => match rx.recv_timeout(left) {
+            Err(_) if wait.is_zero() => break,
+            Err(_) => match rx.recv_timeout(wait) {
                 Ok(job) => job,
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
             },
@@ -151,6 +158,7 @@ mod tests {
     fn gathering(max_jobs: usize, max_cost: u64) -> Gathering {
         Gathering {
             deadline: Duration::from_millis(200),
+            quiet: Duration::from_millis(200),
             max_jobs,
             max_cost,
             queue: 64,
@@ -214,6 +222,32 @@ mod tests {
             gather(&rx, &mut held, &g, |c| *c).is_none(),
             "closed and empty"
         );
+    }
+
+    #[test]
+    fn a_batch_closes_once_the_queue_is_quiet_not_at_the_deadline() {
+        let (tx, rx) = sync_channel(8);
+        let (reply, _answers) = sync_channel::<u32>(8);
+        let g = Gathering {
+            deadline: Duration::from_secs(60),
+            quiet: Duration::from_millis(20),
+            ..gathering(10, u64::MAX)
+        };
+        tx.send((1u32, reply.clone())).expect("queued");
+        tx.send((2, reply.clone())).expect("queued");
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            tx.send((3, reply)).expect("queued");
+            tx // kept open: only the quiet gap can close the batch
+        });
+        let mut held = None;
+        let started = Instant::now();
+        let batch = gather(&rx, &mut held, &g, |_| 1).expect("a batch");
+        let jobs: Vec<u32> = batch.into_iter().map(|e| e.0).collect();
+        assert!(jobs.starts_with(&[1, 2]), "{jobs:?}");
+        // 20 ms of quiet closes it; only a batch that waited for the deadline takes a minute.
+        assert!(started.elapsed() < Duration::from_secs(30));
+        drop(sender.join().expect("sender"));
     }
 
     #[test]

@@ -44,6 +44,11 @@ const MAX_JOBS: usize = 512;
 /// How long the device thread waits to fill a batch after its first job: a CPU render takes
 /// ~1 ms per core, so a few ms gathers the render pool's concurrent requests.
 const GATHER: Duration = Duration::from_millis(2);
+/// A batch closes once no job came for this long: jobs that arrive together (one decode batch's
+/// images going on to their transforms, within tens of µs) share a launch, and a lone job is not
+/// held for the rest of `GATHER`. Measured on an H200 (8 DataLoader workers, 4 cores; with the
+/// blocking waits below): 565 images/s when every render waited out two gathers, 1,240 with it.
+const QUIET: Duration = Duration::from_micros(200);
 /// Jobs queued beyond the batch being gathered (render workers block on their job, so this
 /// only bounds bursts).
 const QUEUE: usize = 1024;
@@ -552,6 +557,12 @@ impl GpuExecutor {
             Ok(ctx) => ctx,
             Err(e) => return Err(fail(report, format!("CUDA context: {e}"))),
         };
+        // Threads waiting for the GPU sleep instead of spinning (the driver's default spins
+        // while the process has fewer contexts than CPUs): behind a training job's kernels a
+        // wait can be long, and the CPU is what the GPU path is for saving.
+        if let Err(e) = ctx.set_blocking_synchronize() {
+            tracing::warn!(error = %e, "the GPU threads will spin while they wait for the GPU");
+        }
         let (major, minor) = ctx.compute_capability().unwrap_or((0, 0));
         report.device = Some(format!(
             "{} (compute {major}.{minor})",
@@ -588,6 +599,7 @@ impl GpuExecutor {
         };
         let gathering = Gathering {
             deadline: GATHER,
+            quiet: QUIET,
             max_jobs: MAX_JOBS * LANES,
             max_cost: (LANES * sizes.src.min(sizes.dst)) as u64,
             queue: QUEUE,
@@ -656,6 +668,7 @@ fn open_decoder(
     };
     let gathering = Gathering {
         deadline: GATHER,
+        quiet: QUIET,
         max_jobs: MAX_JOBS,
         max_cost: bytes / 4, // encoded bytes; decoded images are ~10x larger
         queue: QUEUE,
