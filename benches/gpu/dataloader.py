@@ -1,10 +1,12 @@
 """The GPU benchmark of issue 8: images/s of a training view read by a PyTorch DataLoader,
 side by side in one run:
 
-  prepfs-gpu   DataLoader over MNT_GPU/.prepfs/views/train (prepfs --gpu on)
-  prepfs-cpu   DataLoader over MNT_CPU/.prepfs/views/train (prepfs --gpu off)
-  torchvision  DataLoader of raw JPEG bytes, then torchvision.io.decode_jpeg(device='cuda')
-               and v2 RandomResizedCrop(224) + RandomHorizontalFlip + Normalize on the GPU
+  --prepfs LABEL MNT PID   (repeated) DataLoader over MNT/.prepfs/views/train, served by the
+                           prepfs daemon PID (check.sh: prepfs-gpu with --gpu on, prepfs-cpu
+                           with --gpu off, and prepfs-gpu-baseline for an older build)
+  torchvision-gpu          DataLoader of raw JPEG bytes, then torchvision.io.decode_jpeg(
+                           device='cuda') and v2 RandomResizedCrop(224) + RandomHorizontalFlip +
+                           Normalize on the GPU
 
 Each pipeline runs one warm-up epoch, then a timed epoch; CPU seconds are read from /proc for
 the loader (with its workers) and for the prepfs daemon. Writes JSON to --out and prints a
@@ -67,7 +69,9 @@ class Jpeg(torch.utils.data.Dataset):
         return len(self.paths)
 
     def __getitem__(self, i):
-        return torchvision.io.read_file(self.paths[i])
+        # A numpy array travels to the loader by value: a batch of tensors would take a file
+        # descriptor each, and 256 of them in flight ran out of descriptors (EBADF on dup).
+        return np.fromfile(self.paths[i], dtype=np.uint8)
 
 
 def loader(dataset, args, collate=None):
@@ -112,10 +116,7 @@ def measure(name, batches, consume, daemon=None):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--images", required=True)
-    p.add_argument("--mount-gpu", required=True)
-    p.add_argument("--mount-cpu", required=True)
-    p.add_argument("--pid-gpu", type=int, required=True)
-    p.add_argument("--pid-cpu", type=int, required=True)
+    p.add_argument("--prepfs", nargs=3, action="append", default=[], metavar=("LABEL", "MNT", "PID"))
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--out", required=True)
@@ -127,12 +128,9 @@ def main():
         return batch.shape[0]
 
     runs = []
-    for name, mnt, pid in [
-        ("prepfs-gpu", args.mount_gpu, args.pid_gpu),
-        ("prepfs-cpu", args.mount_cpu, args.pid_cpu),
-    ]:
+    for name, mnt, pid in args.prepfs:
         ds = Npy(os.path.join(mnt, ".prepfs/views/train"))
-        runs.append(measure(name, loader(ds, args), to_gpu, daemon=pid))
+        runs.append(measure(name, loader(ds, args), to_gpu, daemon=int(pid)))
         print(json.dumps(runs[-1]), flush=True)
 
     mean = torch.tensor([0.485, 0.456, 0.406], device=dev).view(3, 1, 1)
@@ -140,7 +138,7 @@ def main():
     augment = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()])
 
     def decode_on_gpu(batch):
-        images = torchvision.io.decode_jpeg(batch, device=dev)
+        images = torchvision.io.decode_jpeg([torch.from_numpy(b) for b in batch], device=dev)
         out = torch.stack([augment(im) for im in images]).float().div_(255).sub_(mean).div_(std)
         return out.shape[0]
 
@@ -150,14 +148,15 @@ def main():
 
     with open(args.out, "w") as f:
         json.dump(runs, f, indent=2)
-    cpu_path = next(r for r in runs if r["pipeline"] == "prepfs-cpu")
-    print("\n| pipeline | images/s | CPU ms/image (all) | prepfs CPU ms/image | vs prepfs-cpu CPU cost |")
+    cpu_path = next((r for r in runs if r["pipeline"] == "prepfs-cpu"), None)
+    print(f"\n{args.workers} DataLoader workers, batches of {args.batch}")
+    print("| pipeline | images/s | CPU ms/image (all) | prepfs CPU ms/image | vs prepfs-cpu CPU cost |")
     print("|---|---|---|---|---|")
     for r in runs:
-        share = r["cpu_ms_per_image"] / cpu_path["cpu_ms_per_image"]
+        share = f"{100 * r['cpu_ms_per_image'] / cpu_path['cpu_ms_per_image']:.0f}%" if cpu_path else "-"
         print(
             f"| {r['pipeline']} | {r['images_per_s']:.0f} | {r['cpu_ms_per_image']:.3f} "
-            f"| {r['prepfs_cpu_ms_per_image']:.3f} | {100 * share:.0f}% |"
+            f"| {r['prepfs_cpu_ms_per_image']:.3f} | {share} |"
         )
 
 
