@@ -103,8 +103,8 @@ impl<J: Send + 'static, R: Send + 'static> Batcher<J, R> {
 }
 
 /// The next batch: blocks for a first job, then gathers until the queue is quiet, the deadline,
-/// the count or the cost limit. A job that would pass the cost limit is held for the next batch. `None` when
-/// the queue is closed and nothing is held.
+/// the count or the cost limit. A job that would pass the cost limit is held for the next batch.
+/// `None` when the queue is closed and nothing is held.
 fn gather<J, R>(
     rx: &Receiver<Envelope<J, R>>,
     held: &mut Option<Envelope<J, R>>,
