@@ -16,7 +16,9 @@
 #   PREBUILT=DIR benches/gpu/check.sh    check with DIR's binaries, no cargo
 #
 # BASELINE=PATH benches a second prepfs binary beside this one (prepfs-gpu-baseline), for a
-# before/after on the same machine in one run; BENCH_BUSY=0 skips the busy-GPU benchmark.
+# before/after on the same machine in one run; BENCH_BUSY=0 skips the busy-GPU benchmark;
+# VIEW=train=... benches another view (its name must stay `train`), MOUNT_ARGS adds options to
+# every mount (`--decoded-cache off`: every epoch decodes, on nvJPEG for the GPU mount).
 # Reports land in $OUT (default target/gpu-check): report.md, the step logs, bench-*.json,
 # stats-*.json. Images and mounts go to $WORK (default $OUT/work). Needs root (FUSE mounts) and a
 # Python with CUDA torch + torchvision (PREPFS_CUDA_PYTHON, a venv or prefix, default
@@ -112,14 +114,14 @@ PREPFS_GPU_BUSY=1 step "GPU tests, busy GPU" gpu_tests gpu-busy-tests gpu_transf
 say "4. DataLoader benchmark ($IMAGES images, $WORKERS workers, cores $CORES, busy GPU: ${BENCH_BUSY:-1}, then idle)"
 data=$WORK/images
 step "make images" "$PY" benches/gpu/make_images.py "$data" "$IMAGES"
-view="train=decode,random_resized_crop(224),hflip,normalize(imagenet)"
+view=${VIEW:-"train=decode,random_resized_crop(224),hflip,normalize(imagenet)"}
 bench() {  # $1: label. Mounts prepfs-gpu, prepfs-cpu (and prepfs-gpu-baseline: $BASELINE).
   local rc=0 pids=() mounts=() args=() label bin gpu
   for m in prepfs-gpu:$PREPFS:on prepfs-cpu:$PREPFS:off ${BASELINE:+prepfs-gpu-baseline:$BASELINE:on}; do
     IFS=: read -r label bin gpu <<<"$m"
     mkdir -p "$WORK/$label"
     taskset -c "$CORES" "$bin" mount "$data" "$WORK/$label" -f --view "$view" --gpu "$gpu" \
-      --gpu-mem "$GPU_MEM" >"$OUT/$label-$1.log" 2>&1 &
+      --gpu-mem "$GPU_MEM" ${MOUNT_ARGS:-} >"$OUT/$label-$1.log" 2>&1 &
     pids+=($!) mounts+=("$WORK/$label") args+=(--prepfs "$label" "$WORK/$label" $!)
   done
   for mnt in "${mounts[@]}"; do
