@@ -506,7 +506,7 @@ impl Fs {
             }
             *last = Some(identity);
         }
-        let cached = self.fetcher.ram().file(identity, &node.path);
+        let cached = self.fetcher.ram().file(identity, node.path.clone());
         if intent == Intent::Read {
             self.prefetcher.opened(0, &node.path, Some(identity));
         }

@@ -107,8 +107,9 @@ pub struct Node {
     pub ino: u64,
     /// The parent directory's inode number (the root is its own parent).
     pub parent: u64,
-    /// Path relative to the source root (`.` for the root).
-    pub path: PathBuf,
+    /// Path relative to the source root (`.` for the root); shared with what keeps the path
+    /// beyond the node (the RAM tier's entry, prefetch's keys), so it is stored once.
+    pub path: Arc<Path>,
     /// Kind when the node was created; a kind change in the source makes a new node.
     pub kind: Kind,
     /// The identity seen by the most recent open, to detect a changed source file.
@@ -257,7 +258,7 @@ fn new_node(ino: u64, parent: u64, path: PathBuf, kind: Kind, view: Option<u16>)
     Arc::new(Node {
         ino,
         parent,
-        path,
+        path: Arc::from(path),
         kind,
         last_identity: Mutex::new(None),
         view,
@@ -341,7 +342,7 @@ impl InodeTable {
         }
         let ino = tables.next;
         tables.next += 1;
-        let path = if parent.path == Path::new(".") {
+        let path = if *parent.path == *Path::new(".") {
             PathBuf::from(source_name)
         } else {
             parent.path.join(source_name)
@@ -512,7 +513,7 @@ mod tests {
         let again = table.intern(&root, OsStr::new("a"), Kind::Directory);
         assert_eq!(a.ino, again.ino);
         let file = table.intern(&a, OsStr::new("f"), Kind::File);
-        assert_eq!(file.path, Path::new("a/f"));
+        assert_eq!(*file.path, *Path::new("a/f"));
         let replaced = table.intern(&root, OsStr::new("a"), Kind::File);
         assert_ne!(
             replaced.ino, a.ino,

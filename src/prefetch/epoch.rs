@@ -21,9 +21,36 @@ use std::sync::Arc;
 /// of its name (`OsStr`), not by `Path`'s component-wise rules: the planner hashes and compares
 /// keys on every open, and `Path::hash` parsing components was a third of its CPU at 100,000
 /// files. The paths come from the mount's own names, so two spellings of one file never meet.
-/// Maps keyed by it are looked up with `path.as_os_str()`.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FileKey(Arc<OsStr>);
+/// Maps keyed by it are looked up with `path.as_os_str()`. The path is shared: a key made from an
+/// inode's path (`From<&Arc<Path>>`) holds that node's allocation, not a copy.
+#[derive(Clone)]
+pub struct FileKey(Arc<Path>);
+
+impl PartialEq for FileKey {
+    fn eq(&self, other: &FileKey) -> bool {
+        self.0.as_os_str() == other.0.as_os_str()
+    }
+}
+
+impl Eq for FileKey {}
+
+impl std::hash::Hash for FileKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.as_os_str().hash(state);
+    }
+}
+
+impl PartialOrd for FileKey {
+    fn partial_cmp(&self, other: &FileKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for FileKey {
+    fn cmp(&self, other: &FileKey) -> std::cmp::Ordering {
+        self.0.as_os_str().cmp(other.0.as_os_str())
+    }
+}
 
 impl std::fmt::Debug for FileKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -33,7 +60,20 @@ impl std::fmt::Debug for FileKey {
 
 impl From<&Path> for FileKey {
     fn from(path: &Path) -> FileKey {
-        FileKey(Arc::from(path.as_os_str()))
+        FileKey(Arc::from(path))
+    }
+}
+
+impl From<&Arc<Path>> for FileKey {
+    fn from(path: &Arc<Path>) -> FileKey {
+        FileKey(path.clone())
+    }
+}
+
+impl FileKey {
+    /// The path, shared.
+    pub fn shared(&self) -> &Arc<Path> {
+        &self.0
     }
 }
 
@@ -41,7 +81,7 @@ impl std::ops::Deref for FileKey {
     type Target = Path;
 
     fn deref(&self) -> &Path {
-        Path::new(&*self.0)
+        &self.0
     }
 }
 
@@ -53,7 +93,7 @@ impl AsRef<Path> for FileKey {
 
 impl std::borrow::Borrow<OsStr> for FileKey {
     fn borrow(&self) -> &OsStr {
-        &self.0
+        self.0.as_os_str()
     }
 }
 

@@ -411,7 +411,7 @@ impl Prefetcher {
 
     /// Tells the planner that a reader opened `file` of set `set` (at version `identity`, when
     /// the open knows it).
-    pub fn opened(&self, set: SetId, file: &Path, identity: Option<Identity>) {
+    pub fn opened(&self, set: SetId, file: &Arc<Path>, identity: Option<Identity>) {
         let Some(tx) = &self.events else { return };
         let event = Event {
             set,

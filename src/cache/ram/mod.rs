@@ -246,15 +246,15 @@ impl RamTier {
     }
 
     /// The cache entry of one file version, created empty on first use. `path` (relative to the
-    /// source root) is recorded in disk entries.
-    pub fn file(&self, identity: Identity, path: &Path) -> Arc<RamFile> {
+    /// source root) is recorded in disk entries; an `Arc` passed in is shared, not copied.
+    pub fn file(&self, identity: Identity, path: impl Into<Arc<Path>>) -> Arc<RamFile> {
         self.files.get_or_insert_with(identity, || {
             Arc::new(RamFile::new(
                 identity,
                 Content::Source,
                 identity.size,
                 None,
-                Arc::from(path),
+                path.into(),
                 self.shared.clone(),
             ))
         })
