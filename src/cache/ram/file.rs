@@ -138,11 +138,17 @@ pub struct RamFile {
     /// Bytes of this entry's own bookkeeping, charged to the budget while it lives.
     overhead: u64,
     layout: OnceLock<Layout>,
-    /// Multi-block raw files only; `Some(None)` when the memfd could not be created.
-    memfd: OnceLock<Option<MemfdBody>>,
+    /// Multi-block raw files only; `Some(None)` when the memfd could not be created. Boxed, so
+    /// the many files that never have one carry a pointer, not its state.
+    memfd: OnceLock<Option<Box<MemfdPart>>>,
     ram: Arc<Shared>,
     admitted_bytes: AtomicU64,
     present: AtomicUsize,
+}
+
+/// What only a file whose bytes live in a memfd has.
+struct MemfdPart {
+    body: MemfdBody,
     /// Set once every block was verified against the memfd after completion.
     verified_complete: AtomicBool,
     /// What the FUSE adapter registered for passthrough (its backing id), opaque here; released
@@ -177,8 +183,6 @@ impl RamFile {
             ram,
             admitted_bytes: AtomicU64::new(0),
             present: AtomicUsize::new(0),
-            verified_complete: AtomicBool::new(false),
-            backing: Mutex::new(None),
         }
     }
 
@@ -214,11 +218,12 @@ impl RamFile {
         self.ram.ledger.tally(self.content)
     }
 
+    fn memfd_part(&self) -> Option<&MemfdPart> {
+        self.memfd.get().and_then(Option::as_deref)
+    }
+
     fn memfd_bytes(&self) -> Option<&[u8]> {
-        self.memfd
-            .get()
-            .and_then(Option::as_ref)
-            .map(MemfdBody::bytes)
+        self.memfd_part().map(|part| part.body.bytes())
     }
 
     /// The bytes of the file block `index` covers.
@@ -447,16 +452,21 @@ impl RamFile {
             return None;
         }
         let stored = if self.uses_memfd() {
-            let body = self.memfd.get_or_init(|| {
-                MemfdBody::create(self.len as usize)
+            let part = self.memfd.get_or_init(|| {
+                let body = MemfdBody::create(self.len as usize)
                     .inspect_err(
                         |e| tracing::warn!(error = %e, "cannot create a memfd; file not cached"),
                     )
-                    .ok()
+                    .ok()?;
+                Some(Box::new(MemfdPart {
+                    body,
+                    verified_complete: AtomicBool::new(false),
+                    backing: Mutex::new(None),
+                }))
             });
-            match body
+            match part
                 .as_ref()
-                .map(|b| b.write_at(&block.data, self.block_span(index).start))
+                .map(|p| p.body.write_at(&block.data, self.block_span(index).start))
             {
                 Some(Ok(())) => Stored::Memfd(Arc::from(&*block.sums)),
                 failed => {
@@ -604,7 +614,9 @@ impl RamFile {
         let ledger = &self.ram.ledger;
         ledger.count_block(self.content, stored.codec(), span.end - span.start, false);
         drop(stored);
-        self.verified_complete.store(false, Ordering::Release);
+        if let Some(part) = self.memfd_part() {
+            part.verified_complete.store(false, Ordering::Release);
+        }
         let before = self.present.fetch_sub(1, Ordering::AcqRel);
         if before == self.slots.len() {
             self.tally().complete.fetch_sub(1, Ordering::Relaxed);
@@ -622,8 +634,8 @@ impl RamFile {
         if !self.uses_memfd() || !self.is_complete() {
             return None;
         }
-        let body = self.memfd.get()?.as_ref()?;
-        if !self.verified_complete.load(Ordering::Acquire) {
+        let part = self.memfd_part()?;
+        if !part.verified_complete.load(Ordering::Acquire) {
             for index in 0..self.slots.len() {
                 let Some(Stored::Memfd(sums)) =
                     self.slots.with(index, |s| s.stored.clone()).flatten()
@@ -631,16 +643,16 @@ impl RamFile {
                     return None;
                 };
                 let span = self.block_span(index);
-                let data = &body.bytes()[span.start as usize..span.end as usize];
+                let data = &part.body.bytes()[span.start as usize..span.end as usize];
                 if !block::verify(data, &sums, 0..data.len()) {
                     self.ram.metrics.integrity_errors.inc();
                     self.drop_block(index);
                     return None;
                 }
             }
-            self.verified_complete.store(true, Ordering::Release);
+            part.verified_complete.store(true, Ordering::Release);
         }
-        Some(body.fd())
+        Some(part.body.fd())
     }
 
     /// Counts an open the kernel serves by passthrough as a hit of every block: its reads never
@@ -655,13 +667,12 @@ impl RamFile {
         &self,
         register: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<T>,
     ) -> std::io::Result<Arc<T>> {
-        let mut slot = self.backing.lock();
+        let not_complete = || std::io::Error::other("cache entry is not complete");
+        let mut slot = self.memfd_part().ok_or_else(not_complete)?.backing.lock();
         if let Some(existing) = slot.clone().and_then(|b| b.downcast::<T>().ok()) {
             return Ok(existing);
         }
-        let fd = self
-            .passthrough_fd()
-            .ok_or_else(|| std::io::Error::other("cache entry is not complete"))?;
+        let fd = self.passthrough_fd().ok_or_else(not_complete)?;
         let made = Arc::new(register(fd)?);
         *slot = Some(made.clone());
         Ok(made)
@@ -681,9 +692,9 @@ impl RamFile {
                 });
             }
             Some(Stored::Memfd(_)) => {
-                if let Some(body) = self.memfd.get().and_then(Option::as_ref) {
-                    let byte = body.bytes()[span.start as usize] ^ 0xff;
-                    let _ = body.write_at(&[byte], span.start);
+                if let Some(part) = self.memfd_part() {
+                    let byte = part.body.bytes()[span.start as usize] ^ 0xff;
+                    let _ = part.body.write_at(&[byte], span.start);
                 }
             }
             Some(Stored::Packed(packed)) => {
