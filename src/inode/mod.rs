@@ -143,6 +143,12 @@ impl Node {
         OsStr::from_bytes(&[name, suffix].concat()).to_owned()
     }
 
+    /// The hash of its name in its parent, as `Names` files it.
+    fn name_hash(&self) -> u64 {
+        let (name, suffix) = self.name_parts();
+        name_hash(self.parent, &[name, suffix])
+    }
+
     /// Whether it is `name` in `parent`.
     fn is_named(&self, parent: u64, name: &[u8]) -> bool {
         let (own, suffix) = self.name_parts();
@@ -184,16 +190,8 @@ impl Names {
                 .get(ino)
                 .is_some_and(|n| n.is_named(node.parent, &full))
         };
-        let rehash = |ino: &u64| {
-            by_ino.get(ino).map_or(0, |n| {
-                let (name, suffix) = n.name_parts();
-                name_hash(n.parent, &[name, suffix])
-            })
-        };
-        match self
-            .0
-            .entry(name_hash(node.parent, &[name, suffix]), named, rehash)
-        {
+        let rehash = |ino: &u64| by_ino.get(ino).map_or(0, |n| n.name_hash());
+        match self.0.entry(node.name_hash(), named, rehash) {
             hashbrown::hash_table::Entry::Occupied(mut slot) if replace => {
                 *slot.get_mut() = node.ino
             }
@@ -206,13 +204,7 @@ impl Names {
 
     /// Drops `node`'s name if it points at `node`.
     fn remove(&mut self, node: &Node) {
-        let (name, suffix) = node.name_parts();
-        if let Ok(slot) = self
-            .0
-            .find_entry(name_hash(node.parent, &[name, suffix]), |ino| {
-                *ino == node.ino
-            })
-        {
+        if let Ok(slot) = self.0.find_entry(node.name_hash(), |ino| *ino == node.ino) {
             slot.remove();
         }
     }
@@ -233,6 +225,11 @@ impl Tables {
             .and_then(|ino| self.by_ino.get(&ino))
             .filter(|node| node.kind == kind)
             .cloned()
+    }
+
+    /// Points `node`'s name at it (`Names::insert`).
+    fn name(&mut self, node: &Node, replace: bool) {
+        self.by_name.insert(&self.by_ino, node, replace);
     }
 }
 
@@ -350,10 +347,7 @@ impl InodeTable {
         let node = new_node(ino, parent.ino, path, kind, parent.view);
         self.charge(&node);
         tables.by_ino.insert(ino, node.clone());
-        let Tables {
-            by_ino, by_name, ..
-        } = &mut *tables;
-        by_name.insert(by_ino, &node, true);
+        tables.name(&node, true);
         node
     }
 
@@ -397,10 +391,7 @@ impl InodeTable {
             self.charge(node);
             slot.insert(node.clone());
         }
-        let Tables {
-            by_ino, by_name, ..
-        } = &mut *tables;
-        by_name.insert(by_ino, node, false);
+        tables.name(node, false);
     }
 
     /// The kernel forgot `nlookup` lookups of `ino`; once none is left the node leaves the table
