@@ -80,16 +80,12 @@ say "0. the machine"
   timeout 30 find /usr/lib /usr/local /opt \( -name 'libnvjpeg*.so*' -o -name 'libnvrtc.so*' -o -name 'libcuda.so*' \) 2>/dev/null | head -20
 } | tee -a "$OUT/report.md"
 
-if [ -n "${PREBUILT:-}" ]; then
-  PREPFS=$PREBUILT/prepfs LIB_TESTS=$PREBUILT/lib-tests GPU_TESTS=$PREBUILT/gpu-tests
-else
+if [ -z "${PREBUILT:-}" ]; then
   say "build (release, --features cuda)"
-  mapfile -t bins < <(build)
-  [ "${#bins[@]}" = 3 ] || { echo "check.sh: build failed" | tee -a "$OUT/report.md"; exit 1; }
-  PREPFS=${bins[0]}
-  LIB_TESTS=$(printf '%s\n' "${bins[@]}" | grep '/deps/prepfs-')
-  GPU_TESTS=$(printf '%s\n' "${bins[@]}" | grep '/deps/gpu-')
+  PREBUILT=target/gpu-check-bin
+  bash benches/gpu/check.sh --pack "$PREBUILT" >&2 || { echo "check.sh: build failed" | tee -a "$OUT/report.md"; exit 1; }
 fi
+PREPFS=$PREBUILT/prepfs LIB_TESTS=$PREBUILT/lib-tests GPU_TESTS=$PREBUILT/gpu-tests
 
 say "1. feature tests without a GPU (NVRTC compile, mirror == CPU, batcher, placement)"
 lib_tests() { "$LIB_TESTS" view:: >"$OUT/lib-tests.txt" 2>&1; local rc=$?; tail -3 "$OUT/lib-tests.txt" | tee -a "$OUT/report.md"; return $rc; }
