@@ -52,11 +52,7 @@ impl Packed {
     /// `data` compressed with `codec` after the row filter at `lag` (0: none), or `None` when
     /// that does not make it smaller.
     pub fn pack(codec: Codec, lag: usize, data: &[u8]) -> Option<Packed> {
-        let payload = if lag > 0 {
-            codec.compress(&rows::delta(data, lag))?
-        } else {
-            codec.compress(data)?
-        };
+        let payload = compress_rows(codec, lag, data)?;
         Some(Packed {
             codec,
             lag,
@@ -71,6 +67,16 @@ impl Packed {
         let mut bytes = self.codec.decompress(&self.payload, self.len).ok()?;
         rows::undelta(&mut bytes, self.lag);
         (xxh3_64(&bytes) == self.sum).then_some(bytes)
+    }
+}
+
+/// `data` compressed with `codec` after the row filter at `lag` (0: none; see `rows`), or
+/// `None` when that does not make it smaller (always with `Codec::None`).
+pub fn compress_rows(codec: Codec, lag: usize, data: &[u8]) -> Option<Vec<u8>> {
+    if lag > 0 && codec != Codec::None {
+        codec.compress(&rows::delta(data, lag))
+    } else {
+        codec.compress(data)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The on-disk entry format: one file per cached block, self-describing and checksummed.
 //!
 //! Owns: encoding and decoding of entries, and every bound checked before trusting their bytes.
-//! Layout (little endian), version 1:
+//! Layout (little endian), version 2:
 //!
 //! | offset | size | field |
 //! |---|---|---|
@@ -15,23 +15,29 @@
 //! | 24 | 40 | source identity: dev, ino, size, mtime_ns, ctime_ns |
 //! | 64 | 8 | block index |
 //! | 72 | 8 | xxh3 of the logical bytes |
-//! | 80 | 8 | xxh3 of bytes 0..80 and the path |
-//! | 88 | path length | source path, relative to the source root |
-//! | .. | payload length | payload |
+//! | 80 | 4 | the file's image row length (0: none known; see `cache::rows`) |
+//! | 84 | 4 | reserved, 0 |
+//! | 88 | 8 | xxh3 of bytes 0..88 and the path |
+//! | 96 | path length | source path, relative to the source root |
+//! | .. | payload length | payload: the logical bytes, or with a codec, the logical bytes after the row filter at the row length (none at 0), compressed |
 //!
+//! Version 1 (written before the row length was kept) had no bytes 80..88: its header checksum
+//! sits at 80 over bytes 0..80, and its path at 88. Its entries are still read, as unfiltered.
 //! Must never allocate from a length it has not bounded, and never return bytes that were not
 //! verified against the logical checksum. Changing the layout means bumping `FORMAT_VERSION`.
 
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
-use crate::cache::BLOCK_SIZE;
 use crate::cache::codec::{Codec, CodecError};
+use crate::cache::{BLOCK_SIZE, rows};
 use crate::source::Identity;
 
-/// Version of the layout above; entries of any other version are misses.
-pub const FORMAT_VERSION: u16 = 1;
+/// Version of the layout above; entries of any other version but 1 are misses.
+pub const FORMAT_VERSION: u16 = 2;
 /// Bytes before the path.
-pub const HEADER_LEN: usize = 88;
+pub const HEADER_LEN: usize = 96;
+/// Bytes before the path in version 1.
+const HEADER_LEN_V1: usize = 88;
 /// Longest source path an entry records (PATH_MAX).
 pub const MAX_PATH: usize = 4096;
 /// Largest entry file there can be.
@@ -48,7 +54,7 @@ pub enum EntryError {
     #[error("bad magic")]
     BadMagic,
     /// Written by another format version.
-    #[error("format version {0}, expected {FORMAT_VERSION}")]
+    #[error("format version {0}, expected 1 or {FORMAT_VERSION}")]
     Version(u16),
     /// The header's own checksum does not match.
     #[error("header checksum mismatch")]
@@ -85,24 +91,29 @@ pub struct Header {
     pub payload_len: usize,
     /// xxh3 of the logical bytes.
     pub sum: u64,
+    /// The file's image row length (0: none known); a compressed payload was filtered at it.
+    pub rows: usize,
     /// Source path relative to the root.
     pub path: Vec<u8>,
+    /// Where the payload starts.
+    start: usize,
 }
 
 impl Header {
     /// Bytes of the whole entry: header, path and payload.
     pub fn entry_len(&self) -> usize {
-        HEADER_LEN + self.path.len() + self.payload_len
+        self.start + self.payload_len
     }
 }
 
-/// An entry for block `index` of `identity`, whose bytes are `logical`, stored as `payload`
-/// compressed with `codec`.
+/// An entry for block `index` of `identity`, whose bytes are `logical`, stored as `payload`:
+/// the logical bytes themselves with `Codec::None`, else compressed with `codec` after the row
+/// filter at `rows` (the file's row length, 0 for none).
 pub fn encode(
     identity: Identity,
     index: u64,
     path: &[u8],
-    codec: Codec,
+    (codec, rows): (Codec, usize),
     logical: &[u8],
     payload: &[u8],
 ) -> Vec<u8> {
@@ -122,6 +133,8 @@ pub fn encode(
     out.extend_from_slice(&identity.ctime_ns.to_le_bytes());
     out.extend_from_slice(&index.to_le_bytes());
     out.extend_from_slice(&xxh3_64(logical).to_le_bytes());
+    out.extend_from_slice(&(rows.min(BLOCK_SIZE as usize) as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
     let mut sum = Xxh3::new();
     sum.update(&out);
     sum.update(path);
@@ -151,9 +164,11 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, EntryError> {
         return Err(EntryError::BadMagic);
     }
     let version = u16::from_le_bytes([bytes[8], bytes[9]]);
-    if version != FORMAT_VERSION {
-        return Err(EntryError::Version(version));
-    }
+    let (header_len, rows) = match version {
+        1 => (HEADER_LEN_V1, 0),
+        FORMAT_VERSION => (HEADER_LEN, u32_at(bytes, 80)),
+        _ => return Err(EntryError::Version(version)),
+    };
     let (len, payload_len, path_len) = (u32_at(bytes, 12), u32_at(bytes, 16), u32_at(bytes, 20));
     if len > BLOCK_SIZE as usize {
         return Err(EntryError::Absurd("logical length"));
@@ -164,13 +179,16 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, EntryError> {
     if path_len > MAX_PATH {
         return Err(EntryError::Absurd("path length"));
     }
+    if rows > BLOCK_SIZE as usize {
+        return Err(EntryError::Absurd("row length"));
+    }
     let path = bytes
-        .get(HEADER_LEN..HEADER_LEN + path_len)
+        .get(header_len..header_len + path_len)
         .ok_or(EntryError::Truncated)?;
     let mut sum = Xxh3::new();
-    sum.update(&bytes[..80]);
+    sum.update(&bytes[..header_len - 8]);
     sum.update(path);
-    if sum.digest() != u64_at(bytes, 80) {
+    if sum.digest() != u64_at(bytes, header_len - 8) {
         return Err(EntryError::HeaderChecksum);
     }
     Ok(Header {
@@ -186,7 +204,9 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, EntryError> {
         len,
         payload_len,
         sum: u64_at(bytes, 72),
+        rows,
         path: path.to_vec(),
+        start: header_len + path_len,
     })
 }
 
@@ -196,14 +216,16 @@ pub fn decode(bytes: &[u8], identity: &Identity, index: u64) -> Result<Vec<u8>, 
     if header.identity != *identity || header.index != index {
         return Err(EntryError::WrongIdentity);
     }
-    let start = HEADER_LEN + header.path.len();
     let payload = bytes
-        .get(start..start + header.payload_len)
+        .get(header.start..header.entry_len())
         .ok_or(EntryError::Truncated)?;
     if bytes.len() != header.entry_len() {
         return Err(EntryError::Trailing);
     }
-    let logical = header.codec.decompress(payload, header.len)?;
+    let mut logical = header.codec.decompress(payload, header.len)?;
+    if header.codec != Codec::None {
+        rows::undelta(&mut logical, header.rows);
+    }
     if xxh3_64(&logical) != header.sum {
         return Err(EntryError::Checksum);
     }
@@ -224,9 +246,19 @@ mod tests {
         }
     }
 
-    /// Frozen bytes of one version-1 entry. If this test fails, the on-disk format changed:
+    /// Frozen bytes of one version-2 entry. If this test fails, the on-disk format changed:
     /// bump `FORMAT_VERSION` (old caches then become misses instead of being misread) and
     /// update these bytes.
+    const GOLDEN_V2: &str = concat!(
+        "5052455046534300020000000b0000000b00000005000000",
+        "01080000000000002a000000000000000b00000000000000",
+        "15cd853dfe9c9717fbffffffffffffff0300000000000000",
+        "8b98e640eab147d40500000000000000b613dde6655a70fa",
+        "612f622e7868656c6c6f20776f726c64",
+    );
+
+    /// Frozen bytes of one version-1 entry (written by prepfs before the row length was kept):
+    /// still read.
     const GOLDEN_V1: &str = concat!(
         "5052455046534300010000000b0000000b00000005000000",
         "01080000000000002a000000000000000b00000000000000",
@@ -236,16 +268,62 @@ mod tests {
     );
 
     #[test]
-    fn the_format_matches_its_golden_bytes() {
+    fn the_format_matches_its_golden_bytes_and_version_1_is_still_read() {
         let logical = b"hello world";
-        let entry = encode(identity(), 3, b"a/b.x", Codec::None, logical, logical);
+        let entry = encode(identity(), 3, b"a/b.x", (Codec::None, 5), logical, logical);
         let hex: String = entry.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(
-            hex, GOLDEN_V1,
+            hex, GOLDEN_V2,
             "the on-disk entry format changed: bump FORMAT_VERSION in cache/disk/entry.rs and \
-             update GOLDEN_V1"
+             update GOLDEN_V2"
         );
         assert_eq!(decode(&entry, &identity(), 3).as_deref(), Ok(&logical[..]));
+        assert_eq!(decode_header(&entry).map(|h| h.rows), Ok(5));
+        let v1: Vec<u8> = (0..GOLDEN_V1.len() / 2)
+            .map(|i| u8::from_str_radix(&GOLDEN_V1[2 * i..2 * i + 2], 16).expect("hex"))
+            .collect();
+        assert_eq!(decode(&v1, &identity(), 3).as_deref(), Ok(&logical[..]));
+        assert_eq!(decode_header(&v1).map(|h| h.rows), Ok(0));
+    }
+
+    /// Image rows are stored filtered, so they compress as in the RAM tier; the filter is undone
+    /// on the way out.
+    #[test]
+    fn rows_are_filtered_before_compressing_and_restored_exactly() {
+        // A smooth 200-pixel-wide RGB gradient: rows alike, bytes within a row all different.
+        let row = 600;
+        let logical: Vec<u8> = (0..row * 400)
+            .map(|i| ((i % row) * 7 + (i / row) / 3) as u8)
+            .collect();
+        let plain = Codec::Zstd(3).compress(&logical).expect("compressible");
+        let filtered = Codec::Zstd(3)
+            .compress(&rows::delta(&logical, row))
+            .expect("compressible");
+        assert!(
+            filtered.len() < plain.len(),
+            "{} vs {}",
+            filtered.len(),
+            plain.len()
+        );
+        let entry = encode(
+            identity(),
+            0,
+            b"px.npy",
+            (Codec::Zstd(3), row),
+            &logical,
+            &filtered,
+        );
+        assert_eq!(decode(&entry, &identity(), 0), Ok(logical.clone()));
+        // Raw entries are never filtered, whatever the row length says.
+        let raw = encode(
+            identity(),
+            0,
+            b"px.npy",
+            (Codec::None, row),
+            &logical,
+            &logical,
+        );
+        assert_eq!(decode(&raw, &identity(), 0), Ok(logical));
     }
 
     #[test]
@@ -256,7 +334,7 @@ mod tests {
             identity(),
             7,
             b"train/x.npy",
-            Codec::Lz4,
+            (Codec::Lz4, 0),
             &logical,
             &payload,
         );
@@ -276,10 +354,10 @@ mod tests {
         assert_eq!(decode(&longer, &identity(), 7), Err(EntryError::Trailing));
 
         let mut version = good.clone();
-        version[8] = 2;
+        version[8] = 3;
         assert_eq!(
             decode(&version, &identity(), 7),
-            Err(EntryError::Version(2))
+            Err(EntryError::Version(3))
         );
         let mut magic = good.clone();
         magic[0] = b'X';
@@ -295,6 +373,13 @@ mod tests {
         assert_eq!(
             decode(&absurd, &identity(), 7),
             Err(EntryError::Absurd("payload length"))
+        );
+
+        let mut rows = good.clone();
+        rows[80..84].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(
+            decode(&rows, &identity(), 7),
+            Err(EntryError::Absurd("row length"))
         );
 
         let other = Identity {

@@ -1,7 +1,9 @@
 //! The disk tier: cached blocks as files in a cache directory, kept across mounts.
 //!
 //! Owns: the disk budget and free-space floor, the writer thread (entries are compressed per the
-//! codec policy, written to `tmp/` and renamed into place, so only complete entries are ever
+//! codec policy, image rows after the row filter as in the RAM tier (the row length from a
+//! `.npy` header in block 0, kept in every entry so later blocks find it in block 0's entry),
+//! written to `tmp/` and renamed into place, so only complete entries are ever
 //! visible; an entry written while the policy chose less than its best codec is rewritten with the
 //! best once the writer is idle and the policy allows it, as the RAM tier's packer upgrades its
 //! blocks), blocks the writer could not take when they were fetched (its queue full, the scan below
@@ -33,11 +35,11 @@ use rustix::fs as rfs;
 pub use dir::{CacheDir, DiskError};
 use dir::{EntryFile, EntryName, Slot};
 
-use super::block::Block;
+use super::block::{Block, compress_rows};
 use super::codec::{self, Codec};
 use super::ram::{Packer, ReadBytes};
-use super::thread_cpu;
 use super::tier::{BlockKey, Tier};
+use super::{rows, thread_cpu};
 use crate::cache::metrics::{CacheMetrics, DiskGauges};
 use crate::cache::policy::strength;
 use crate::memory::{MemoryBudget, Work};
@@ -547,7 +549,11 @@ impl Inner {
             self.remove(&name);
             return;
         };
-        let packed = codec.compress(&logical);
+        let rows = match header.rows {
+            0 => self.rows_of(identity, index, &logical),
+            known => known,
+        };
+        let packed = compress_rows(codec, rows, &logical);
         self.metrics
             .compress_cpu_ns
             .add(thread_cpu().saturating_sub(started));
@@ -556,7 +562,7 @@ impl Inner {
             *identity,
             index as u64,
             &header.path,
-            codec,
+            (codec, rows),
             &logical,
             &payload,
         );
@@ -646,7 +652,9 @@ impl Inner {
         if self.dir.slot(&name) != Slot::Free {
             return false;
         }
-        let compressible = codec::is_compressible(logical);
+        let rows = self.rows_of(&identity, index, logical);
+        // Image rows compress once filtered, even when the raw bytes look random.
+        let compressible = rows > 0 || codec::is_compressible(logical);
         let codec = if compressible {
             packer.choose().codec
         } else {
@@ -654,7 +662,7 @@ impl Inner {
         };
         let weaker = compressible && strength(codec) < strength(packer.target());
         let started = thread_cpu();
-        let packed = codec.compress(logical);
+        let packed = compress_rows(codec, rows, logical);
         self.metrics
             .compress_cpu_ns
             .add(thread_cpu().saturating_sub(started));
@@ -667,7 +675,7 @@ impl Inner {
             identity,
             index as u64,
             path.as_os_str().as_bytes(),
-            codec,
+            (codec, rows),
             logical,
             payload,
         );
@@ -761,12 +769,28 @@ impl Inner {
         );
     }
 
+    /// The image row length of the file whose block `index` of `identity` holds `logical` (0:
+    /// none known): block 0's `.npy` header says it, and later blocks find it in block 0's
+    /// entry (written first when the file is read from its start, as the RAM tier needs too).
+    fn rows_of(&self, identity: &Identity, index: usize, logical: &[u8]) -> usize {
+        if index == 0 {
+            return rows::npy_row_bytes(logical).unwrap_or(0);
+        }
+        let first = self
+            .dir
+            .open_entry(&EntryName::of(identity, 0))
+            .ok()
+            .flatten();
+        first
+            .and_then(|file| read_header(&file))
+            .filter(|h| h.identity == *identity && h.index == 0)
+            .map_or(0, |h| h.rows)
+    }
+
     /// The logical bytes of entry `name`, open as `file`, when its header is intact and its
     /// source file is still the version it was written for; `None` for anything else.
     fn check_entry(&self, name: &EntryName, file: &EntryFile, validate: &Validate) -> Option<u64> {
-        let mut head = vec![0u8; entry::HEADER_LEN + entry::MAX_PATH];
-        let n = rustix::io::pread(file.fd.as_fd(), &mut head, 0).ok()?;
-        let header = entry::decode_header(&head[..n]).ok()?;
+        let header = read_header(file)?;
         use std::os::unix::ffi::OsStrExt;
         let path = Path::new(std::ffi::OsStr::from_bytes(&header.path));
         let current = validate(path)?;
@@ -775,6 +799,13 @@ impl Inner {
             && EntryName::of(&header.identity, header.index as usize) == *name)
             .then_some(header.len as u64)
     }
+}
+
+/// The header of the entry open as `file`, if intact.
+fn read_header(file: &EntryFile) -> Option<entry::Header> {
+    let mut head = vec![0u8; entry::HEADER_LEN + entry::MAX_PATH];
+    let n = rustix::io::pread(file.fd.as_fd(), &mut head, 0).ok()?;
+    entry::decode_header(&head[..n]).ok()
 }
 
 #[cfg(test)]
@@ -998,6 +1029,105 @@ mod tests {
                 .get(&key, Path::new(""), &(0..1))
                 .expect("entry reads back");
             assert_eq!(&block.data[..], &d[..], "block {index}");
+        }
+    }
+
+    /// Image rows (a uint8 `.npy` array over three blocks) are stored after the row filter, as
+    /// the RAM tier packs them, whether written packed or raw while busy and upgraded later:
+    /// later blocks find the row length in block 0's entry.
+    #[test]
+    fn pixel_arrays_are_stored_filtered_like_the_ram_tier_packs_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (width, height) = (500usize, 800usize);
+        let row = width * 3;
+        let header = {
+            let dict = format!(
+                "{{'descr': '|u1', 'fortran_order': False, 'shape': ({height}, {width}, 3), }}"
+            );
+            let mut h = b"\x93NUMPY\x01\x00".to_vec();
+            let pad = 64 - (10 + dict.len() + 1) % 64;
+            h.extend_from_slice(&((dict.len() + pad + 1) as u16).to_le_bytes());
+            h.extend_from_slice(dict.as_bytes());
+            h.extend(std::iter::repeat_n(b' ', pad));
+            h.push(b'\n');
+            h
+        };
+        assert_eq!(rows::npy_row_bytes(&header), Some(row));
+        // Photo-like: each column its own tone, rows alike but for a little noise, so the bytes
+        // look random along a row and repeat (nearly) a row below.
+        let mut rng = fastrand::Rng::with_seed(7);
+        let tones: Vec<u8> = (0..row).map(|_| rng.u8(..)).collect();
+        let mut file = header.clone();
+        for y in 0..height {
+            file.extend(
+                tones
+                    .iter()
+                    .map(|t| t.wrapping_add((y / 16) as u8 + rng.u8(..2))),
+            );
+        }
+        let blocks: Vec<Vec<u8>> = file
+            .chunks(super::super::BLOCK_SIZE as usize)
+            .map(<[u8]>::to_vec)
+            .collect();
+        assert_eq!(blocks.len(), 2);
+        let filtered: u64 = blocks
+            .iter()
+            .map(|b| {
+                compress_rows(Codec::Zstd(3), row, b)
+                    .expect("compressible")
+                    .len() as u64
+            })
+            .sum();
+        let plain: u64 = blocks
+            .iter()
+            .map(|b| Codec::Zstd(3).compress(b).map_or(b.len(), |p| p.len()) as u64)
+            .sum();
+        assert!(filtered * 2 < plain, "filtered {filtered}, plain {plain}");
+        let path: Arc<Path> = Arc::from(Path::new("px.npy"));
+        let limit = filtered + 2 * (entry::HEADER_LEN + 6) as u64;
+        for (ino, busy) in [(1, false), (2, true)] {
+            let busy = Arc::new(AtomicBool::new(busy));
+            let metrics = Arc::new(CacheMetrics::default());
+            let tier = start(
+                &dir.path().join(format!("c{ino}")),
+                Box::new(|_| None),
+                Box::new(|_, _| None),
+                busy.clone(),
+                &metrics,
+            );
+            wait_until("the scan", || tier.admitting());
+            let identity = Identity {
+                dev: 1,
+                ino,
+                size: file.len() as u64,
+                mtime_ns: 3,
+                ctime_ns: 3,
+            };
+            for (index, b) in blocks.iter().enumerate() {
+                let key = BlockKey { identity, index };
+                assert!(tier.put(&key, &path, &Arc::new(Block::new(b.clone()))));
+                // In order, as a reader from the start would fetch them.
+                wait_until("the write", || {
+                    metrics.disk_writes.get() == index as u64 + 1
+                });
+            }
+            busy.store(false, Ordering::Relaxed);
+            if ino == 2 {
+                wait_until("the upgrades", || metrics.disk_recompressions.get() == 2);
+            }
+            let stored = tier.gauges();
+            assert!(
+                stored.bytes <= limit,
+                "{stored:?}, limit {limit}, busy first: {}",
+                ino == 2
+            );
+            for (index, b) in blocks.iter().enumerate() {
+                let key = BlockKey { identity, index };
+                let read = tier
+                    .get(&key, Path::new(""), &(0..1))
+                    .expect("entry reads back");
+                assert_eq!(&read.data[..], &b[..], "block {index}");
+            }
         }
     }
 }
