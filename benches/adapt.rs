@@ -8,8 +8,10 @@
 //! the view with 2 reader threads (a DataLoader's workers) for three phases: quiet, with
 //! `stress-ng --cpu <cores>` running (installed from Debian if missing), quiet again. Reports
 //! per phase the median images/s and stall seconds over the runs, the time from each change to
-//! the scheduler's first different action, and the CPU time of the `prepfs-scheduler` and
-//! `prepfs-telemetry` threads. Timing is reported, never asserted.
+//! the scheduler's first different action, the share of the phase the policy held the knobs
+//! (with the guard on; `policy-unguarded` runs the same policy with `--policy-guard off`), and
+//! the CPU time of the `prepfs-scheduler` and `prepfs-telemetry` threads. Timing is reported,
+//! never asserted.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -49,8 +51,12 @@ fn args() -> Result<Args, String> {
 }
 
 /// The modes compared, with their extra mount flags.
-const MODES: [(&str, &[&str]); 3] = [
+const MODES: [(&str, &[&str]); 4] = [
     ("policy", &["--scheduler", "policy"]),
+    (
+        "policy-unguarded",
+        &["--scheduler", "policy", "--policy-guard", "off"],
+    ),
     ("heuristic", &["--scheduler", "heuristic"]),
     // Static CPU-only: no scheduler, fixed codec, no decoded pixels.
     (
@@ -162,6 +168,9 @@ struct Phase {
     /// Seconds from the phase's start to the scheduler's first action that differs from the
     /// action in force when it started (`None`: unchanged).
     reacted_s: Option<f64>,
+    /// Share of the phase's stats polls in which the guard let the policy act (`None`: no
+    /// guard).
+    policy_share: Option<f64>,
 }
 
 struct RunResult {
@@ -236,17 +245,24 @@ fn run(
         let action0 = s0["scheduler"]["action"].clone();
         let (n0, t0) = (done.load(Ordering::Relaxed), Instant::now());
         let mut reacted = None;
+        let (mut polls, mut policy_polls, mut guarded) = (0u32, 0u32, false);
         while t0.elapsed().as_secs_f64() < phase {
             std::thread::sleep(Duration::from_millis(100));
-            if reacted.is_none() && stats(mnt)["scheduler"]["action"] != action0 {
+            let s = stats(mnt);
+            if reacted.is_none() && s["scheduler"]["action"] != action0 {
                 reacted = Some(t0.elapsed().as_secs_f64());
             }
+            let acting = &s["scheduler"]["guard"]["acting"];
+            guarded |= acting.is_string();
+            polls += 1;
+            policy_polls += u32::from(acting == "policy");
         }
         let s1 = stats(mnt);
         phases.push(Phase {
             images_per_s: (done.load(Ordering::Relaxed) - n0) as f64 / t0.elapsed().as_secs_f64(),
             stall_s: stall_seconds(&s1) - stall_seconds(&s0),
             reacted_s: reacted,
+            policy_share: guarded.then(|| f64::from(policy_polls) / f64::from(polls.max(1))),
         });
     }
     stop.store(true, Ordering::Relaxed);
@@ -318,19 +334,22 @@ fn bench() -> Result<(), String> {
     }
     let names = ["quiet", "stress-ng", "quiet again"];
     println!(
-        "\n| mode | {} | reacted after (s), per change | scheduler + telemetry CPU |",
+        "\n| mode | {} | reacted after (s), per change | policy acting, per phase | scheduler + telemetry CPU |",
         names
             .iter()
             .map(|n| format!("{n}: img/s, stall s"))
             .collect::<Vec<_>>()
             .join(" | ")
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
+    let (_, static_runs) = results
+        .iter()
+        .find(|(mode, _)| *mode == "static")
+        .ok_or("no static mode")?;
     let base: Vec<f64> = (0..3)
         .map(|p| {
             median(
-                results[2]
-                    .1
+                static_runs
                     .iter()
                     .map(|r| r.phases[p].images_per_s)
                     .collect(),
@@ -361,15 +380,29 @@ fn bench() -> Result<(), String> {
                 times.join("/")
             })
             .collect();
+        let share: Vec<String> = (0..3)
+            .map(|p| {
+                let shares: Vec<f64> = runs
+                    .iter()
+                    .filter_map(|r| r.phases[p].policy_share)
+                    .collect();
+                if shares.is_empty() {
+                    "-".into()
+                } else {
+                    format!("{:.0}%", median(shares) * 100.0)
+                }
+            })
+            .collect();
         let cpu = median(
             runs.iter()
                 .map(|r| (r.scheduler_cpu_s + r.telemetry_cpu_s) / r.seconds * 100.0)
                 .collect(),
         );
         println!(
-            "| {mode} | {} | {} | {cpu:.2}% of a core |",
+            "| {mode} | {} | {} | {} | {cpu:.2}% of a core |",
             cells.join(" | "),
-            reacted.join("; ")
+            reacted.join("; "),
+            share.join(" / ")
         );
     }
     println!(

@@ -305,6 +305,10 @@ struct MountArgs {
     /// With --learn: write the tuned policy here at unmount.
     #[arg(long, value_name = "FILE", requires = "learn")]
     save_policy: Option<PathBuf>,
+    /// With --scheduler policy: hand the knobs to the heuristics while the policy's recent
+    /// reward trails theirs (on), or let the policy act whatever it earns (off).
+    #[arg(long, value_name = "MODE", default_value = "on")]
+    policy_guard: String,
     /// Reward weight per millisecond of median load latency.
     #[arg(long, value_name = "W", default_value_t = RewardWeights::default().alpha)]
     reward_alpha: f64,
@@ -470,6 +474,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 policy,
                 learn,
                 save_policy,
+                policy_guard,
                 reward_alpha,
                 reward_beta,
                 stall_penalty,
@@ -501,6 +506,7 @@ fn dispatch(command: Command) -> Result<(), RunError> {
                 policy: policy.map(absolute),
                 learn,
                 save: save_policy.map(absolute),
+                guard: config::parse_on_off("--policy-guard", &policy_guard)?,
                 reward: config::check_reward(reward_alpha, reward_beta, stall_penalty)?,
                 seed,
             };

@@ -1,11 +1,14 @@
 //! The scheduler through real mounts: knobs changed at random every decision never change a
 //! byte; a broken policy file falls back to the heuristics with a warning; telemetry and the
-//! scheduler's figures appear in stats.json; a build without the `train` feature refuses
-//! training with one line.
+//! scheduler's figures appear in stats.json; the guard lets the heuristics act first and hands
+//! the knobs to the policy once it has measured them; a build without the `train` feature
+//! refuses training with one line.
 
 mod common;
 
 use std::fs;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{TestMount, pattern};
@@ -42,7 +45,16 @@ fn dataset(t: &TestMount) -> Vec<(String, Vec<u8>)> {
 
 /// Waits until `stats` satisfies `ok` (or 15 s), returning the last stats.
 fn wait_for(t: &TestMount, ok: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(15);
+    wait_for_within(t, Duration::from_secs(15), ok)
+}
+
+/// Waits until `stats` satisfies `ok` (or `limit`), returning the last stats.
+fn wait_for_within(
+    t: &TestMount,
+    limit: Duration,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + limit;
     loop {
         let stats = t.stats();
         if ok(&stats) || Instant::now() > deadline {
@@ -160,7 +172,7 @@ fn a_broken_policy_file_warns_and_the_heuristics_decide() {
 fn telemetry_and_the_shipped_policy_show_in_stats() {
     let mut t = TestMount::new();
     let files = dataset(&t);
-    t.mount(&["--scheduler", "policy"]);
+    t.mount(&["--scheduler", "policy", "--policy-guard", "off"]);
     for (name, _) in &files {
         fs::read(t.m(name)).expect("read");
     }
@@ -194,12 +206,55 @@ fn telemetry_and_the_shipped_policy_show_in_stats() {
     assert_eq!(s["mode"], "policy", "{s}");
     assert_eq!(s["policy"]["source"], "shipped", "{s}");
     assert_eq!(s["reason"], "policy", "{s}");
+    assert_eq!(s["guard"], serde_json::Value::Null, "{s}");
     assert_eq!(s["fallbacks"]["total"], 0, "{s}");
     assert!(
         s["decision_latency_us"]["p99"].as_f64().unwrap() < 20_000.0,
         "{s}"
     );
     assert!(s["action"]["codec"].is_string(), "{s}");
+}
+
+/// The guard (on by default): the heuristics act first, over busy intervals only, and the
+/// policy gets the knobs once their reward is measured.
+#[test]
+fn the_guard_measures_the_heuristics_first_then_hands_the_policy_the_knobs() {
+    let mut t = TestMount::new();
+    let files = dataset(&t);
+    t.mount(&["--scheduler", "policy"]);
+    // Before reads: the heuristics keep the knobs (this test's own stats reads are opens, so
+    // they count as busy intervals here; idle ones are the guard's unit tests').
+    let idle = wait_for(&t, |s| s["scheduler"]["decisions"].as_u64() >= Some(3));
+    let g = &idle["scheduler"]["guard"];
+    assert_eq!(g["acting"], "heuristic", "{g}");
+    assert_eq!(idle["scheduler"]["reason"], "guard_heuristic", "{idle}");
+    assert_ne!(idle["cache"]["codec"]["reason"], "scheduler", "{idle}");
+    // Busy: readers loop over the files until the policy has acted in a busy interval.
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (stop, paths) = (
+            stop.clone(),
+            files.iter().map(|(n, _)| t.m(n)).collect::<Vec<_>>(),
+        );
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                for p in &paths {
+                    fs::read(p).expect("read");
+                }
+            }
+        })
+    };
+    let busy = wait_for_within(&t, Duration::from_secs(60), |s| {
+        s["scheduler"]["guard"]["policy_reward"].is_f64()
+    });
+    stop.store(true, Ordering::Relaxed);
+    reader.join().expect("reader");
+    let g = &busy["scheduler"]["guard"];
+    assert!(g["heuristic_reward"].is_f64(), "{g}");
+    assert!(g["policy_reward"].is_f64(), "the policy never acted: {g}");
+    for (name, bytes) in &files {
+        assert_eq!(&fs::read(t.m(name)).expect("read"), bytes, "{name}");
+    }
 }
 
 /// A build without the `train` feature (the default) still checks and runs trained policies

@@ -3,18 +3,20 @@
 //!
 //! Owns: what the policy sees and how it is scored (`state`), the network's inference
 //! (`network`) and the pick from its logits (`logits`), policy files (`artifact`), the heuristic
-//! restated as an action (`heuristic`), the mounted decision loop (`runtime`) and `prepfs
-//! policy` (`commands`). With the `train` cargo feature it also owns training: the simulator
-//! (`sim`), its randomness (`rng`), PPO with burn (`ppo`, `train`), measuring this machine for
-//! the simulator (`calibrate`) and online fine-tuning (`online`); a build without it loads and
-//! runs the shipped policy all the same. The knobs, actions and observations it shares with the
-//! data plane are `control`'s. It only advises: it writes knobs the cache, prefetcher and views
-//! read, and must never sit on a read path.
+//! restated as an action (`heuristic`), the mounted decision loop (`runtime`), who acts in it
+//! while a policy runs (`guard`) and `prepfs policy` (`commands`). With the `train` cargo
+//! feature it also owns training: the simulator (`sim`), its randomness (`rng`), PPO with burn
+//! (`ppo`, `train`), measuring this machine for the simulator (`calibrate`) and online
+//! fine-tuning (`online`); a build without it loads and runs the shipped policy all the same.
+//! The knobs, actions and observations it shares with the data plane are `control`'s. It only
+//! advises: it writes knobs the cache, prefetcher and views read, and must never sit on a read
+//! path.
 
 pub mod artifact;
 #[cfg(feature = "train")]
 pub mod calibrate;
 pub mod commands;
+pub mod guard;
 pub mod heuristic;
 pub mod logits;
 pub mod network;

@@ -1,6 +1,8 @@
 //! Online fine-tuning (`--learn`): the mounted scheduler samples its actions from the policy,
 //! collects the transitions it lives through, and runs a PPO update every `BATCH` decisions
-//! with a tenth of training's learning rate.
+//! with a tenth of training's learning rate. In the guard's turns the heuristics act, and their
+//! actions are kept as transitions too (with the policy's own probability of them as the old
+//! one), so a policy that trails the heuristics is pulled towards what earned more.
 //!
 //! Owns: the transition buffer, the learner, and the tuned policy. Updates run on the
 //! scheduler's thread between decisions (tens of milliseconds every ~50 s), never on a request
@@ -62,23 +64,36 @@ impl Online {
     /// Samples an action for `state` (raw, before normalisation) and remembers it.
     pub fn act(&mut self, state: &[f32; STATE], mask: &Mask) -> Option<Action> {
         let p = &self.payload;
-        let normalised = p.normalisation.apply(state);
-        let (logits, value) = p.network.forward(&normalised);
+        let (logits, _) = p.network.forward(&p.normalisation.apply(state));
         let rng = &mut self.rng;
         let mut draw = || rng.f64();
         let action = pick(&logits, mask, Some(&mut draw))?;
+        self.follow(state, mask, &action);
+        Some(action)
+    }
+
+    /// Remembers `action`, taken for `state` by whoever acted (the policy, or the heuristics in
+    /// the guard's turn), scored by the policy as it is now; one the mask forbids breaks the
+    /// trajectory instead.
+    pub fn follow(&mut self, state: &[f32; STATE], mask: &Mask, action: &Action) {
+        if !mask.admits(action) {
+            self.discard();
+            return;
+        }
+        let p = &self.payload;
+        let normalised = p.normalisation.apply(state);
+        let (logits, value) = p.network.forward(&normalised);
         let lp = log_probs(&logits, mask);
         let log_prob = action.logit_indices().iter().map(|i| lp[*i]).sum();
         self.pending = Some(Transition {
             state: normalised,
             mask: *mask,
-            action,
+            action: *action,
             log_prob,
             value,
             reward: 0.0,
             done: false,
         });
-        Some(action)
     }
 
     /// The reward of the interval after the last action: completes its transition, and updates
@@ -137,14 +152,14 @@ impl Online {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::action::Head;
     use crate::scheduler::artifact::Metadata;
     use crate::scheduler::network::Normalisation;
     use crate::scheduler::ppo::random_network;
     use crate::scheduler::state::RewardWeights;
 
-    #[test]
-    fn a_full_batch_updates_the_policy_and_fallbacks_cut_the_trajectory() {
-        let payload = Payload {
+    fn payload() -> Payload {
+        Payload {
             network: random_network(3),
             normalisation: Normalisation::identity(),
             reward_scale: 1.0,
@@ -155,7 +170,12 @@ mod tests {
                 training: Value::Null,
                 steps: 0,
             },
-        };
+        }
+    }
+
+    #[test]
+    fn a_full_batch_updates_the_policy_and_fallbacks_cut_the_trajectory() {
+        let payload = payload();
         let mut online = Online::new(&payload, 1).unwrap();
         let mask = Mask::new(false, true);
         let mut state = [0.0f32; STATE];
@@ -169,15 +189,49 @@ mod tests {
                 continue;
             }
             // Reward the cheapest codec: the update must move towards it.
-            online.reward(if a.get(crate::control::action::Head::Codec) == 0 {
-                0.0
-            } else {
-                -1.0
-            });
+            online.reward(if a.get(Head::Codec) == 0 { 0.0 } else { -1.0 });
         }
         assert_eq!(online.updates, 1, "{}", online.to_json());
         assert_ne!(online.payload().network, payload.network);
         assert_eq!(online.payload().metadata.steps, BATCH as u64);
         assert!(online.payload().network.validate().is_ok());
+    }
+
+    /// In the guard's turns the heuristics act; their actions are the policy's lessons.
+    #[test]
+    fn the_heuristics_actions_are_learned_from_and_forbidden_ones_cut_the_trajectory() {
+        let payload = payload();
+        let mut online = Online::new(&payload, 2).unwrap();
+        let mask = Mask::new(false, true);
+        let gpu = Action::default().with(Head::Decode, 1);
+        online.follow(&[0.0; STATE], &mask, &gpu);
+        assert!(
+            online.pending.is_none(),
+            "a GPU placement without a GPU is not a lesson"
+        );
+        // The heuristics alternate two codecs; zstd-3 earns more. The policy must come to
+        // prefer it over lz4 more than it did.
+        let state = [0.5f32; STATE];
+        let zstd = Action::default().with(Head::Codec, 3);
+        let lz4 = Action::default().with(Head::Codec, 1);
+        let preference = |o: &Online| {
+            let p = &o.payload;
+            let (logits, _) = p.network.forward(&p.normalisation.apply(&state));
+            let lp = log_probs(&logits, &mask);
+            lp[Head::Codec.offset() + 3] - lp[Head::Codec.offset() + 1]
+        };
+        let before = preference(&online);
+        for i in 0..BATCH {
+            let (action, reward) = if i % 2 == 0 { (zstd, 0.0) } else { (lz4, -1.0) };
+            online.follow(&state, &mask, &action);
+            online.reward(reward);
+        }
+        assert_eq!(online.updates, 1, "{}", online.to_json());
+        assert!(online.payload().network.validate().is_ok());
+        assert!(
+            preference(&online) > before,
+            "{before} -> {}",
+            preference(&online)
+        );
     }
 }

@@ -3,8 +3,10 @@
 //! heuristics when it cannot decide in time or sensibly.
 //!
 //! Owns: the decision loop, its fallbacks (no sample yet, late, invalid or non-finite decision,
-//! no usable policy), the reward it observes, online fine-tuning (`--learn`, in a build with the
-//! `train` feature) and the scheduler's stats document. Must never touch a request path or block a module: knobs are atomics, and
+//! no usable policy), the reward it observes, the guard's turns (`--policy-guard`: the
+//! heuristics act while the policy trails them), online fine-tuning (`--learn`, in a build with
+//! the `train` feature; the policy also learns from the heuristics' turns) and the scheduler's
+//! stats document. Must never touch a request path or block a module: knobs are atomics, and
 //! nothing here is awaited by a reader.
 
 use std::path::PathBuf;
@@ -17,6 +19,7 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use super::artifact::Payload;
+use super::guard::{Actor, Guard};
 use super::heuristic;
 use super::logits::pick;
 #[cfg(feature = "train")]
@@ -79,6 +82,9 @@ pub struct SchedulerOptions {
     pub learn: bool,
     /// Where `--learn` saves the tuned policy at unmount.
     pub save: Option<PathBuf>,
+    /// Whether a policy acts only while its reward keeps up with the heuristics'
+    /// (`--policy-guard`).
+    pub guard: bool,
     /// Reward weights.
     pub reward: RewardWeights,
     /// Seed of random actions (random mode, exploration while learning).
@@ -104,6 +110,7 @@ impl Default for SchedulerOptions {
             policy: None,
             learn: false,
             save: None,
+            guard: true,
             reward: RewardWeights::default(),
             seed: 0,
         }
@@ -128,6 +135,7 @@ enum Reason {
     Policy,
     Random,
     Heuristic,
+    Guard,
     WarmingUp,
     Late,
     Invalid,
@@ -140,6 +148,7 @@ impl Reason {
             Reason::Policy => "policy",
             Reason::Random => "random",
             Reason::Heuristic => "heuristic",
+            Reason::Guard => "guard_heuristic",
             Reason::WarmingUp => "no_sample_yet",
             Reason::Late => "fallback_late",
             Reason::Invalid => "fallback_invalid",
@@ -172,6 +181,7 @@ struct Record {
     histogram: Vec<Vec<u64>>,
     started: Instant,
     learning: Value,
+    guard: Value,
 }
 
 /// The scheduler of one mount; stops (and saves a tuned policy) when dropped.
@@ -214,8 +224,10 @@ impl Scheduler {
             histogram: Head::ALL.iter().map(|h| vec![0; h.options()]).collect(),
             started: Instant::now(),
             learning: Value::Null,
+            guard: Value::Null,
         }));
         let stop = Arc::new(AtomicBool::new(false));
+        let guard = (options.mode == Mode::Policy && options.guard).then(Guard::default);
         let mut decider = Decider {
             options,
             loaded,
@@ -225,6 +237,7 @@ impl Scheduler {
             record: record.clone(),
             rng: fastrand::Rng::new(),
             current: None,
+            guard,
             learner: None,
         };
         decider.rng.seed(decider.options.seed);
@@ -277,6 +290,7 @@ impl Scheduler {
             "decision_latency_us": {"p50": quantile_us(&counts, 0.5), "p99": quantile_us(&counts, 0.99)},
             "histogram": histogram,
             "learning": r.learning,
+            "guard": r.guard,
         })
     }
 }
@@ -329,6 +343,10 @@ impl Online {
         match *self {}
     }
 
+    fn follow(&mut self, _: &[f32; STATE], _: &Mask, _: &Action) {
+        match *self {}
+    }
+
     fn payload(&self) -> &Payload {
         match *self {}
     }
@@ -349,6 +367,8 @@ struct Decider {
     rng: fastrand::Rng,
     /// The action applied last, with the state it answered (`None`: knobs released).
     current: Option<Action>,
+    /// Who acts while a policy runs (`--scheduler policy` with `--policy-guard on`).
+    guard: Option<Guard>,
     /// Online fine-tuning (`--learn` with a usable policy).
     learner: Option<Online>,
 }
@@ -397,6 +417,13 @@ impl Decider {
         if let Some(learner) = &mut self.learner {
             learner.reward(reward);
         }
+        if let Some(guard) = &mut self.guard {
+            let acted = match self.current {
+                Some(_) => Actor::Policy,
+                None => Actor::Heuristic,
+            };
+            guard.observe(acted, reward, obs.request_rate > 0.0);
+        }
         let started = Instant::now();
         let (decision, reason) = self.decide(&state);
         let elapsed = started.elapsed();
@@ -409,13 +436,18 @@ impl Decider {
             Some(a) => self.knobs.apply(a, self.setup.cores),
             None => self.knobs.release(),
         }
+        let described = applied.unwrap_or_else(|| self.heuristic(&obs));
         if applied.is_none()
             && let Some(learner) = &mut self.learner
         {
-            learner.discard(); // the heuristic acted: not the policy's transition
+            if reason == Reason::Guard {
+                // The heuristics act in their turn: the policy learns from what they do.
+                learner.follow(&state, &self.setup.mask, &described);
+            } else {
+                learner.discard(); // a fallback: not a decision anyone chose for this state
+            }
         }
         self.current = applied;
-        let described = applied.unwrap_or_else(|| self.heuristic(&obs));
         let mut r = self.record.lock();
         r.decisions += 1;
         r.latency.record(elapsed);
@@ -440,6 +472,9 @@ impl Decider {
         if let Some(learner) = &self.learner {
             r.learning = learner.to_json();
         }
+        if let Some(guard) = &self.guard {
+            r.guard = guard.to_json();
+        }
     }
 
     /// The action for `state`, or `None` to release the knobs, and why.
@@ -453,6 +488,9 @@ impl Decider {
                 (pick(&[0.0; LOGITS], &mask, Some(&mut draw)), Reason::Random)
             }
             Mode::Policy => {
+                if self.guard.as_ref().map(Guard::actor) == Some(Actor::Heuristic) {
+                    return (None, Reason::Guard);
+                }
                 if let Some(learner) = &mut self.learner {
                     return match learner.act(state, &mask) {
                         Some(a) => (Some(a), Reason::Policy),
