@@ -23,7 +23,6 @@ use crate::cache::{
 use crate::config::MountConfig;
 use crate::control::action::{Action, CODECS, Head, Mask};
 use crate::control::knobs::Knobs;
-use crate::fs::metrics::Op;
 use crate::fs::{Figures, Fs, FsMetrics, FsOptions, Parts, Report, View, Views};
 use crate::inode::InodeTable;
 use crate::memory::{MemoryBudget, MemoryPlan, Shed};
@@ -345,10 +344,13 @@ fn probe(
     Box::new(move || {
         let cache = fetcher.metrics();
         Pipeline {
-            // Opens: one per item a loader fetches (files, shards, view tensors); reads of
-            // passthrough files never reach the daemon, opens always do.
-            requests: metrics.op(Op::Open).requests.get(),
-            latency: metrics.read_latency.counts(),
+            // Opens of items: one per item a loader fetches (files, shards, view tensors; not
+            // the control files); reads of passthrough files never reach the daemon, opens and
+            // releases always do. Latency: an item's open to its release (a sample's load, as
+            // the simulator's requests), not one read call, which is microseconds once the item
+            // is rendered or cached.
+            requests: metrics.item_opens.get(),
+            latency: metrics.load_latency.counts(),
             stall_ns: metrics.fetch_stall_ns.get() + metrics.prep_stall_ns.get(),
             hits: cache.hits.get(),
             misses: cache.misses.get(),

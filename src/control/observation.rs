@@ -20,9 +20,9 @@ pub struct Observation {
     pub source_bytes_per_s: f64,
     /// Median source fetch latency, seconds.
     pub source_latency_s: f64,
-    /// Consumer reads (or view renders) per second.
+    /// Items (source files, view tensors) consumers opened per second.
     pub request_rate: f64,
-    /// Median load latency of a consumer request, seconds.
+    /// Median load latency of an item (its open to its release), seconds.
     pub latency_p50_s: f64,
     /// 99th percentile load latency, seconds.
     pub latency_p99_s: f64,

@@ -91,6 +91,18 @@ pub const READ_LATENCY: Metric = Metric::latency(
     "read_latency_microseconds",
     "Latency of a read request answered by the daemon, microseconds.",
 );
+/// Load latency of an item, open to release.
+pub const LOAD_LATENCY: Metric = Metric::latency(
+    "load_latency_us",
+    "load_latency_microseconds",
+    "Time from the open of an item (a source file or a view tensor) to its release, microseconds: what a loader waits for a sample, and its own reading of it.",
+);
+/// Opens of items.
+pub const ITEM_OPENS: Metric = Metric::counter(
+    "item_opens",
+    "item_opens_total",
+    "Opens of items (source files and view tensors; not control files or directories).",
+);
 /// Opens served by kernel passthrough.
 pub const PASSTHROUGH_OPENS: Metric = Metric::counter(
     "cache.passthrough_opens",
@@ -196,6 +208,10 @@ pub struct FsMetrics {
     pub bytes_served: Counter,
     /// See `READ_LATENCY`.
     pub read_latency: Histogram,
+    /// See `LOAD_LATENCY`.
+    pub load_latency: Histogram,
+    /// See `ITEM_OPENS`.
+    pub item_opens: Counter,
     /// See `PASSTHROUGH_OPENS`.
     pub passthrough_opens: Counter,
     /// See `PASSTHROUGH_PINNED`.
@@ -225,6 +241,8 @@ impl Default for FsMetrics {
             ops: Default::default(),
             bytes_served: Counter::default(),
             read_latency: Histogram::default(),
+            load_latency: Histogram::default(),
+            item_opens: Counter::default(),
             passthrough_opens: Counter::default(),
             passthrough_pinned: Counter::default(),
             passthrough_declined: Counter::default(),
@@ -278,6 +296,8 @@ impl FsMetrics {
         out.seconds(&FETCH_STALL, &self.fetch_stall_ns);
         out.seconds(&PREP_STALL, &self.prep_stall_ns);
         out.latency(&READ_LATENCY, &self.read_latency);
+        out.latency(&LOAD_LATENCY, &self.load_latency);
+        out.count(&ITEM_OPENS, &self.item_opens);
         out.put(&OPEN_HANDLES, now.open_handles as f64);
         out.put(&INODES, now.inodes as f64);
         for op in Op::ALL {

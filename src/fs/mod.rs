@@ -140,6 +140,21 @@ enum Handle {
     Dir(DirSnapshot),
 }
 
+impl Handle {
+    /// Whether it is an item a loader fetches (a source file or a view tensor), not a control
+    /// file or a directory: what telemetry counts as requests and load latency.
+    fn is_item(&self) -> bool {
+        matches!(self, Handle::File(_) | Handle::View(_))
+    }
+}
+
+/// An open handle and when it was opened: an item's load latency runs from its open to its
+/// release.
+struct Open {
+    handle: Handle,
+    since: Instant,
+}
+
 /// The names of a directory as seen at opendir.
 struct DirSnapshot {
     /// The directory itself (interns children); the root stands in for the control directory.
@@ -165,7 +180,7 @@ pub struct Fs {
     views: Arc<Views>,
     /// What the control files show (and the pieces of the mount that run in the background).
     board: Box<dyn Report>,
-    handles: ShardedMap<u64, Arc<Handle>>,
+    handles: ShardedMap<u64, Arc<Open>>,
     next_fh: AtomicU64,
     metrics: Arc<FsMetrics>,
 }
@@ -385,7 +400,7 @@ impl Fs {
 
     /// Where a read of handle `fh` waits if the source hangs: the device of its file version.
     pub fn read_place(&self, fh: u64) -> Place {
-        match self.handles.get(&fh).as_deref() {
+        match self.handles.get(&fh).as_deref().map(|o| &o.handle) {
             Some(Handle::File(reader)) => reader.entry().identity().dev,
             _ => 0,
         }
@@ -587,11 +602,15 @@ impl Fs {
 
     fn add_handle(&self, handle: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles.insert(fh, Arc::new(handle));
+        if handle.is_item() {
+            self.metrics.item_opens.inc();
+        }
+        let since = Instant::now();
+        self.handles.insert(fh, Arc::new(Open { handle, since }));
         fh
     }
 
-    fn handle(&self, fh: u64) -> Result<Arc<Handle>, FsError> {
+    fn handle(&self, fh: u64) -> Result<Arc<Open>, FsError> {
         self.handles.get(&fh).ok_or(FsError::BadHandle)
     }
 
@@ -606,7 +625,7 @@ impl Fs {
             Ok(h) => h,
             Err(e) => return Some(Err(e)),
         };
-        match &*handle {
+        match &handle.handle {
             Handle::File(reader) => {
                 let bytes = reader.read_cached(offset, size)?;
                 reader.read_ahead(&self.prefetcher, offset, u64::from(size));
@@ -623,12 +642,13 @@ impl Fs {
     /// Whether `fh` is an open view file: a read of it may wait for a render turn and the
     /// render's memory (`RENDER_WAIT`) before any wait on the source.
     pub fn is_view_handle(&self, fh: u64) -> bool {
-        self.handle(fh).is_ok_and(|h| matches!(*h, Handle::View(_)))
+        self.handle(fh)
+            .is_ok_and(|h| matches!(h.handle, Handle::View(_)))
     }
 
     /// Answers a read, fetching from the source where the cache misses. May block.
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<ReadBytes, FsError> {
-        match &*self.handle(fh)? {
+        match &self.handle(fh)?.handle {
             Handle::File(reader) => {
                 let waited = Instant::now();
                 let bytes = {
@@ -656,8 +676,11 @@ impl Fs {
 
     /// Forgets a file or directory handle (and a cache entry it leaves holding nothing).
     pub fn release(&self, fh: u64) -> Result<(), FsError> {
-        let handle = self.handles.remove(&fh).ok_or(FsError::BadHandle)?;
-        if let Handle::File(reader) = &*handle {
+        let open = self.handles.remove(&fh).ok_or(FsError::BadHandle)?;
+        if open.handle.is_item() {
+            self.metrics.load_latency.record(open.since.elapsed());
+        }
+        if let Handle::File(reader) = &open.handle {
             self.fetcher.ram().settle(reader.entry());
         }
         Ok(())
@@ -727,8 +750,8 @@ impl Fs {
         offset: u64,
         mut take: impl FnMut(u64, DirItem) -> bool,
     ) -> Result<(), FsError> {
-        let handle = self.handle(fh)?;
-        let Handle::Dir(dir) = &*handle else {
+        let open = self.handle(fh)?;
+        let Handle::Dir(dir) = &open.handle else {
             return Err(FsError::NotDirectory);
         };
         let start = usize::try_from(offset).unwrap_or(usize::MAX);

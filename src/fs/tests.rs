@@ -275,7 +275,7 @@ fn corrupt_block_is_refetched_from_source() {
     for (name, data) in [("small", &small), ("large", &large)] {
         let fh = fs.open(ino_of(&fs, name), Intent::Read).expect("open").fh;
         assert_eq!(&read_all(&fs, fh, data.len() as u64).expect("read"), data);
-        let Handle::File(reader) = &*fs.handle(fh).expect("handle") else {
+        let Handle::File(reader) = &fs.handle(fh).expect("handle").handle else {
             panic!("file handle")
         };
         reader.entry().corrupt_for_test(0);
@@ -443,6 +443,43 @@ fn control_dir_is_reachable_but_not_listed() {
     let text = read_all(&fs, opened.fh, 1 << 20).expect("read stats");
     let json: serde_json::Value = serde_json::from_slice(&text).expect("stats.json parses");
     assert!(json["cache"]["budget_bytes"].as_u64() == Some(1 << 20));
+}
+
+/// What telemetry and the reward count as a sample: items (files, view tensors) from their
+/// open to their release; the control files and directories are not items, so a user polling
+/// stats.json never makes an idle mount look busy.
+#[test]
+fn items_are_timed_from_open_to_release_and_control_files_are_not_items() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("f"), pattern(5_000, 1)).expect("write");
+    let fs = local_fs(dir.path(), 1 << 30);
+    let metrics = fs.metrics();
+    let opened = fs.open(ino_of(&fs, "f"), Intent::Read).expect("open");
+    read_all(&fs, opened.fh, 5_000).expect("read");
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    fs.release(opened.fh).expect("release");
+    assert_eq!(metrics.item_opens.get(), 1);
+    let counts = metrics.load_latency.counts();
+    assert_eq!(counts.iter().sum::<u64>(), 1);
+    let p50_us = crate::metrics::quantile_us(&counts, 0.5);
+    assert!(
+        p50_us >= 30_000.0,
+        "open to release took at least the 30 ms slept: {p50_us}"
+    );
+    for path in [".prepfs/stats.json", ".prepfs/metrics"] {
+        let control = fs
+            .open(ino_of(&fs, path), Intent::Read)
+            .expect("open control");
+        fs.release(control.fh).expect("release control");
+    }
+    let dir_fh = fs.opendir(inode::ROOT).expect("opendir");
+    fs.release(dir_fh).expect("releasedir");
+    assert_eq!(
+        metrics.item_opens.get(),
+        1,
+        "control files and directories are not items"
+    );
+    assert_eq!(metrics.load_latency.counts().iter().sum::<u64>(), 1);
 }
 
 /// Which requests may wait on the source, tree by tree (`Tree::needs_source`): the adapter runs

@@ -42,9 +42,9 @@ const SMOOTHING: f64 = 0.2;
 /// Cumulative counters and current gauges of the pipeline, read from the mount by the sampler.
 #[derive(Debug, Clone, Default)]
 pub struct Pipeline {
-    /// Consumer requests served (reads of files and views).
+    /// Items opened by consumers (source files and view tensors).
     pub requests: u64,
-    /// Bucket counts of the consumer read latency (`Histogram::counts`).
+    /// Bucket counts of the items' load latency, open to release (`Histogram::counts`).
     pub latency: Vec<u64>,
     /// Nanoseconds consumers waited on prepfs (fetch + prep stalls).
     pub stall_ns: u64,
