@@ -237,7 +237,7 @@ mod tests {
         // Both at -10 +- 0.3: within the 5% margin.
         run(&mut g, 3_000, |_| {
             i += 1;
-            -10.0 + if i % 2 == 0 { 0.3 } else { -0.3 }
+            -10.0 + if i.is_multiple_of(2) { 0.3 } else { -0.3 }
         });
         assert_eq!(g.handovers, 0, "{}", g.to_json());
     }
