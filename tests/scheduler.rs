@@ -156,6 +156,7 @@ fn a_broken_policy_file_warns_and_the_heuristics_decide() {
     assert_eq!(s["mode"], "policy", "{s}");
     assert_eq!(s["policy"], serde_json::Value::Null, "{s}");
     assert_eq!(s["reason"], "fallback_no_policy", "{s}");
+    assert_eq!(s["guard"], serde_json::Value::Null, "nothing to guard: {s}");
     assert_eq!(s["fallbacks"]["total"], s["fallbacks"]["no_policy"], "{s}");
     // The heuristics hold: the codec is the cache's own choice.
     assert_ne!(stats["cache"]["codec"]["reason"], "scheduler", "{stats}");

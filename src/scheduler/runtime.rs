@@ -227,7 +227,8 @@ impl Scheduler {
             guard: Value::Null,
         }));
         let stop = Arc::new(AtomicBool::new(false));
-        let guard = (options.mode == Mode::Policy && options.guard).then(Guard::default);
+        // Without a usable policy there is nothing to guard: the fallback says why.
+        let guard = (loaded.is_some() && options.guard).then(Guard::default);
         let mut decider = Decider {
             options,
             loaded,
