@@ -31,6 +31,12 @@ pub const SHED_BYTES: Metric = Metric::counter(
     "memory_shed_bytes_total",
     "Bytes given back under pressure or for a render: staged blocks, unread decoded pixels.",
 );
+/// Heap trims.
+pub const HEAP_TRIMS: Metric = Metric::counter(
+    "memory.heap_trims",
+    "memory_heap_trims_total",
+    "Times the heap's freed pages (drained staging, finished reads and renders) went back to the kernel.",
+);
 /// Renders that waited.
 pub const RENDER_WAITS: Metric = Metric::counter(
     "memory.render_waits",
@@ -65,6 +71,7 @@ impl MemoryGauges {
         out.flag(&PRESSURE, self.pressure);
         out.put(&PRESSURE_EVENTS, self.pressure_events as f64);
         out.put(&SHED_BYTES, self.shed_bytes as f64);
+        out.put(&HEAP_TRIMS, self.heap_trims as f64);
         out.put(&RENDER_WAITS, self.waits as f64);
         out.put(&RENDER_REFUSALS, self.refused as f64);
         for (i, use_) in Use::ALL.into_iter().enumerate() {

@@ -15,6 +15,7 @@
 //! never evict a cached file block to make room, and never block a FUSE thread (only renders
 //! wait, on their own threads).
 
+pub mod heap;
 pub mod limits;
 pub mod metrics;
 pub mod pressure;
@@ -182,6 +183,8 @@ pub struct MemoryGauges {
     pub waits: u64,
     /// Renders refused memory (too large, or no room in time).
     pub refused: u64,
+    /// Times freed heap memory was given back to the kernel.
+    pub heap_trims: u64,
 }
 
 /// The budget of one mount.
@@ -194,6 +197,7 @@ pub struct MemoryBudget {
     shed_bytes: AtomicU64,
     waits: AtomicU64,
     refused: AtomicU64,
+    heap_trims: AtomicU64,
     /// Renders waiting for room; released bytes wake them.
     room: Mutex<usize>,
     freed: Condvar,
@@ -222,6 +226,7 @@ impl MemoryBudget {
             shed_bytes: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            heap_trims: AtomicU64::new(0),
             room: Mutex::new(0),
             freed: Condvar::new(),
             shedders: Mutex::new(Vec::new()),
@@ -245,6 +250,18 @@ impl MemoryBudget {
     /// Bytes charged to `use_` now.
     pub fn used(&self, use_: Use) -> u64 {
         self.used[use_ as usize].load(Ordering::Relaxed)
+    }
+
+    /// Bytes charged to all uses now.
+    pub fn charged(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// Gives the heap's free pages back to the kernel (`heap::trim`), counted in the stats.
+    /// Only for the memory watch's thread: a trim walks the allocator's arenas.
+    pub fn trim_heap(&self) {
+        heap::trim();
+        self.heap_trims.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether `bytes` more for `use_` would be admitted now (a hint: another admission may take
@@ -408,6 +425,7 @@ impl MemoryBudget {
             shed_bytes: load(&self.shed_bytes),
             waits: load(&self.waits),
             refused: load(&self.refused),
+            heap_trims: load(&self.heap_trims),
         }
     }
 }

@@ -4,7 +4,9 @@
 //! Owns: one thread (`prepfs-memory`) that every `EVERY` reads the daemon's cgroup (its memory
 //! that the kernel cannot reclaim, against its limit) or, outside a limited cgroup, the host's
 //! available memory, and turns the budget's pressure on when little is left and off once there is
-//! room again (with hysteresis, so it does not flap). Must never block anything but itself, and
+//! room again (with hysteresis, so it does not flap); on the same beat it hands freed heap pages
+//! back to the kernel when `heap::Trimmer` says so, and as pressure begins (after shedding, so
+//! the shed bytes leave the process). Must never block anything but itself, and
 //! never take memory back from a reader: shedding is the budget's, and it only drops what
 //! nobody is using.
 
@@ -14,6 +16,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::MemoryBudget;
+use super::heap::Trimmer;
 use super::limits::{self, Cgroup, HEADROOM};
 
 /// How often memory is read: a 1 MiB read in flight per thread cannot outrun 100 ms by much.
@@ -57,13 +60,19 @@ impl PressureWatch {
             .name("prepfs-memory".into())
             .spawn(move || {
                 let mut before = false;
+                let mut trimmer = Trimmer::default();
                 while !flag.load(Ordering::Relaxed) {
+                    let mut trim = trimmer.due(budget.charged());
                     if let Some(left) = left(cgroup.as_ref()) {
                         let now = pressing(left, before);
                         if now != before {
                             budget.set_pressure(now);
+                            trim |= now;
                             before = now;
                         }
+                    }
+                    if trim {
+                        budget.trim_heap();
                     }
                     std::thread::sleep(EVERY);
                 }
