@@ -150,8 +150,9 @@ pub struct Options {
     pub prefetch: bool,
     /// The prefetch comparison's scenarios to run (all when empty).
     pub scenarios: Vec<String>,
-    /// Staging buffer of the prefetching mount, taken out of its cache budget.
-    pub staging_bytes: u64,
+    /// Staging buffer of the prefetching mount, taken out of its cache budget (`None`: the
+    /// mount's default, which a shuffled order lends to the cache).
+    pub staging_bytes: Option<u64>,
     /// `--prefetch-threads` of the prefetching mount (its default when `None`).
     pub prefetch_threads: Option<usize>,
     pub seed: u64,
@@ -164,7 +165,7 @@ pub struct Options {
 
 const USAGE: &str = "usage: cargo bench --bench epochs -- [--quick] [--files N] [--epochs N] \
 [--read-mbps N] [--read-iops N] [--mem-ratio F] [--shard-mib N] [--readers plain,torch,shards,views,prefetch] \
-[--scenarios sorted,shuffled,fixed,torch,shards] [--staging-mib N] [--prefetch-threads N] \
+[--scenarios sorted,shuffled,fixed,torch,shards] [--staging-mib N|default] [--prefetch-threads N] \
 [--view-files N] [--rounds N] [--workers N] [--step-ms F] \
 [--pipelines stock,tvio,dali,dali-roi,f32-off,u8-off,f32,u8,u8-ahead,f32-alone,u8-alone] [--jobs 1,3] \
 [--seed N] [--workdir DIR] [--out DIR]\n       (results: benches/results, or DIR/quick-results with --quick and DIR/partial-results with \
@@ -200,7 +201,7 @@ impl Options {
             step_ms: 0.0,
             prefetch: false,
             scenarios: Vec::new(),
-            staging_bytes: prefetch::STAGING,
+            staging_bytes: Some(prefetch::STAGING),
             prefetch_threads: None,
             seed: 1,
             workdir: std::env::var_os("PREPFS_EPOCHS_DIR")
@@ -237,7 +238,8 @@ impl Options {
                 "--shard-mib" => o.shard_bytes = value.parse::<u64>().map_err(bad)? << 20,
                 "--seed" => o.seed = value.parse().map_err(bad)?,
                 "--scenarios" => o.scenarios = value.split(',').map(str::to_owned).collect(),
-                "--staging-mib" => o.staging_bytes = value.parse::<u64>().map_err(bad)? << 20,
+                "--staging-mib" if value == "default" => o.staging_bytes = None,
+                "--staging-mib" => o.staging_bytes = Some(value.parse::<u64>().map_err(bad)? << 20),
                 "--prefetch-threads" => o.prefetch_threads = Some(value.parse().map_err(bad)?),
                 "--view-files" => o.view_files = value.parse().map_err(bad)?,
                 "--rounds" => o.rounds = value.parse().map_err(bad)?,

@@ -301,8 +301,14 @@ fn run_one(
         Variant::PageCache => (0, Vec::new()),
         Variant::NoPrefetch => (budget, vec!["--no-prefetch".into()]),
         Variant::Prefetch | Variant::PrefetchBytesOnly => {
-            let staging = opts.staging_bytes.min(budget / 2);
-            let mut extra = vec!["--prefetch-buffer".into(), staging.to_string()];
+            // `--staging-mib default`: the mount chooses (and may lend it to the cache).
+            let mut extra = match opts.staging_bytes {
+                Some(bytes) => vec![
+                    "--prefetch-buffer".into(),
+                    bytes.min(budget / 2).to_string(),
+                ],
+                None => Vec::new(),
+            };
             if let Some(threads) = opts.prefetch_threads {
                 extra.extend(["--prefetch-threads".into(), threads.to_string()]);
             }

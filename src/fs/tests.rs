@@ -12,6 +12,7 @@ use crate::cache::codec::Codec;
 use crate::cache::policy::DecodedCaching;
 use crate::config::MountConfig;
 use crate::daemon::build;
+use crate::memory::{Staging, Use};
 use crate::source::LocalSource;
 use crate::source::Source;
 use crate::source::faulty::{FaultPlan, FaultySource};
@@ -767,20 +768,22 @@ fn renders_that_read_their_jpeg_scaled_never_render_from_cached_pixels() {
 }
 
 /// `files` files of 64 KiB behind a source that takes 2 ms per read, a 256 KiB cache, a
-/// staging buffer of `staging` bytes, and prefetch (2 threads) following `order_hint` when given.
+/// staging buffer of `staging` bytes (sized as by `--prefetch-buffer`), and prefetch (2 threads)
+/// following `order_hint` when given.
 fn slow_prefetching_fs(
     files: u8,
     staging: u64,
     order_file: Option<std::path::PathBuf>,
 ) -> (tempfile::TempDir, Fs, Arc<FaultPlan>) {
-    slow_prefetching_fs_sized(files, |_| 64 << 10, staging, order_file)
+    slow_prefetching_fs_sized(files, |_| 64 << 10, Staging::Asked(staging), order_file)
 }
 
-/// As `slow_prefetching_fs`, file `fNN` holding `size(NN)` bytes.
+/// As `slow_prefetching_fs`, file `fNN` holding `size(NN)` bytes, and the staging slice the
+/// user asked for or the default one.
 fn slow_prefetching_fs_sized(
     files: u8,
     size: impl Fn(u8) -> usize,
-    staging: u64,
+    staging: Staging,
     order_file: Option<std::path::PathBuf>,
 ) -> (tempfile::TempDir, Fs, Arc<FaultPlan>) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -796,7 +799,11 @@ fn slow_prefetching_fs_sized(
     let mut setup = options(256 << 10);
     setup.config.prefetch.enabled = true;
     setup.config.prefetch.order_file = order_file;
-    setup.plan.staging = staging;
+    (setup.config.prefetch.buffer, setup.plan.staging) = match staging {
+        Staging::Asked(bytes) => (Some(bytes), bytes),
+        Staging::Default(bytes) => (None, bytes),
+        Staging::None => (None, 0),
+    };
     let fs = setup.build(Arc::new(source));
     (dir, fs, plan)
 }
@@ -810,6 +817,83 @@ fn read_pass(fs: &Fs, order: &[u8], want: impl Fn(u8) -> Vec<u8>) {
         fs.release(fh).expect("release");
         std::thread::sleep(Duration::from_millis(3));
     }
+}
+
+/// Reads passes 1 and 2 of 200 files of 8 KiB in `orders` and the first file of pass 3; the
+/// staging slice once the planner has taken that open.
+fn staging_after_two_passes(staging: Staging, orders: [&[u8]; 2]) -> u64 {
+    let (_dir, fs, _plan) = slow_prefetching_fs_sized(200, |_| 8 << 10, staging, None);
+    let want = |i: u8| pattern(8 << 10, i);
+    for order in orders {
+        read_pass(&fs, order, want);
+    }
+    read_pass(&fs, &orders[0][..1], want);
+    status_at_epoch(&fs, 3);
+    let memory = fs.memory();
+    assert_eq!(
+        memory.slice(Use::Cache) + memory.slice(Use::Staging),
+        (256 << 10) + (1 << 20),
+        "staging's room moves to the cache, the budget stays"
+    );
+    memory.slice(Use::Staging)
+}
+
+/// Two orders of 200 files no predictor follows.
+fn shuffled_twice() -> [Vec<u8>; 2] {
+    [3, 4].map(|seed| {
+        let mut order: Vec<u8> = (0..200).collect();
+        fastrand::Rng::with_seed(seed).shuffle(&mut order);
+        order
+    })
+}
+
+/// A pass in an order no predictor follows (the remaining set planned it) gives the default
+/// staging slice's free room to the cache: in such an order a staged block moves a read earlier
+/// once, a cached one saves a read every epoch.
+#[test]
+fn shuffled_passes_give_the_default_staging_room_to_the_cache() {
+    let [first, second] = shuffled_twice();
+    let staging = staging_after_two_passes(Staging::Default(1 << 20), [&first, &second]);
+    assert!(staging < 1 << 20, "staging kept its slice");
+}
+
+/// A shuffled second pass gives the staging room to the cache once it is clearly shuffled (an
+/// eighth of the pass, at least `SHUFFLED_AFTER` plans), not at its end: the rest of that pass
+/// then fills the lent room, and every later pass reads that much less from the source.
+#[test]
+fn a_pass_seen_to_be_shuffled_gives_the_staging_room_before_it_ends() {
+    let [first, second] = shuffled_twice();
+    let (_dir, fs, _plan) =
+        slow_prefetching_fs_sized(200, |_| 8 << 10, Staging::Default(1 << 20), None);
+    let want = |i: u8| pattern(8 << 10, i);
+    read_pass(&fs, &first, want);
+    read_pass(&fs, &second[..120], want);
+    let memory = fs.memory();
+    for _ in 0..100 {
+        if memory.slice(Use::Staging) < 1 << 20 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!(
+        "staging kept its slice 120 opens into a shuffled second pass: {}",
+        fs.prefetcher.status()
+    );
+}
+
+/// Passes in one order keep the default staging slice (prefetch follows them and hides the
+/// source's latency), and a slice the user sized is kept whatever the order.
+#[test]
+fn a_followed_order_or_an_asked_staging_size_keeps_the_staging_slice() {
+    let sorted: Vec<u8> = (0..200).collect();
+    let staging = staging_after_two_passes(Staging::Default(1 << 20), [&sorted, &sorted]);
+    assert_eq!(staging, 1 << 20, "sorted passes");
+    let [shuffled, _] = shuffled_twice();
+    let staging = staging_after_two_passes(Staging::Default(1 << 20), [&shuffled, &shuffled]);
+    assert_eq!(staging, 1 << 20, "one shuffled order, replayed");
+    let [first, second] = shuffled_twice();
+    let staging = staging_after_two_passes(Staging::Asked(1 << 20), [&first, &second]);
+    assert_eq!(staging, 1 << 20, "--prefetch-buffer given");
 }
 
 /// Once a pass has ended, prefetch stages nothing of files the readers never open: a sorted walk
@@ -973,7 +1057,7 @@ fn without_room_for_their_bytes_files_are_opened_ahead_and_never_at_a_stale_vers
 fn shuffled_epochs_stage_the_smallest_remaining_files_first() {
     // 120 files of 2 to 240 KiB, sizes unrelated to names (so no walk predicts the order).
     let size = |i: u8| (1 + (usize::from(i) * 7) % 120) * (2 << 10);
-    let (dir, fs, _plan) = slow_prefetching_fs_sized(120, size, 64 << 10, None);
+    let (dir, fs, _plan) = slow_prefetching_fs_sized(120, size, Staging::Asked(64 << 10), None);
     let local = LocalSource::open(dir.path())
         .expect("source")
         .settled_at_once();

@@ -1,19 +1,20 @@
 //! Giving freed data memory back to the kernel.
 //!
 //! Owns: when to ask the C allocator to return its free pages (`malloc_trim`), decided on the
-//! memory watch's thread from the bytes the budget has charged. Staged blocks, reads in flight
-//! and renders are heap memory; once freed, glibc keeps their pages in its arenas, so after a full
-//! staging slice drains the daemon still holds its high-water mark, resident and counted by no
-//! budget (about 32 MB at 6,000 files with the default 27 MB slice). A trim returns it once
-//! charges have fallen well below their mark. Must never run on a FUSE or I/O thread (a trim
+//! memory watch's thread from the bytes charged to staging and work. Staged blocks, reads in
+//! flight and renders are heap memory; once freed, glibc keeps their pages in its arenas, so
+//! after a full staging slice drains the daemon still holds its high-water mark, resident and
+//! counted by no budget (about 32 MB at 6,000 files with the default 27 MB slice), and staging
+//! room lent to the cache would be held twice. A trim returns it once those charges have fallen
+//! well below their mark. Must never run on a FUSE or I/O thread (a trim
 //! walks the allocator's arenas), and never trim while charges hold steady or grow (steady churn
 //! would fault back in the pages a trim returned).
 
-/// Trim once the charged bytes have fallen this far below their high-water mark since the last
+/// Trim once the heap's charged bytes have fallen this far below their high-water mark since the last
 /// trim (a sixteenth of the 256 MiB a small budget holds; well above one tick's churn).
 pub const SLACK: u64 = 16 << 20;
 
-/// The high-water mark of charged bytes since the last trim.
+/// The high-water mark of the heap's charged bytes since the last trim.
 #[derive(Debug, Default)]
 pub struct Trimmer {
     mark: u64,

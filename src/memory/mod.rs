@@ -1,19 +1,20 @@
 //! The one hard memory budget (`--cache-mem`): every byte prepfs holds for data is charged here.
 //!
-//! Owns: the budget's split into three slices and what each may hold, the charges against them,
-//! and giving memory back. The **cache** slice holds the never-evict RAM tier (file blocks,
-//! decoded pixels, and each cached file's own bookkeeping); the **staging** slice holds prefetched
-//! blocks the cache had no room for; the **work** slice is for data in motion: reads in flight,
-//! renders being made, and rendered view files waiting to be read. Cache and staging admit only
-//! within their slice (so a full cache never starves prefetch, and neither starves the work in
-//! flight); work may use any free byte under the limit. Reads in flight are always charged and
-//! never wait (there is at most one per I/O, prefetch and render thread); a render that finds no
-//! room first sheds what can be fetched again (registered `Shed`s: staging first, then decoded
-//! pixels nobody is reading), then waits for room within a patience of its own, then fails. Under
-//! memory pressure (see `pressure`) admission to cache and staging stops and everything that can
-//! be shed is shed. Must never hand out more than the limit for anything but reads in flight,
-//! never evict a cached file block to make room, and never block a FUSE thread (only renders
-//! wait, on their own threads).
+//! Owns: the budget's split into three slices and what each may hold, the charges against them, and
+//! giving memory back. The **cache** slice holds the never-evict RAM tier (file blocks, decoded
+//! pixels, and each cached file's own bookkeeping); the **staging** slice holds prefetched blocks
+//! the cache had no room for; the **work** slice is for data in motion: reads in flight, renders
+//! being made, and rendered view files waiting to be read. Cache and staging admit only within
+//! their slice (so a full cache never starves prefetch, and neither starves the work in flight);
+//! work may use any free byte under the limit. Staging's free room may be moved to the cache for
+//! good (`lend_staging`: prefetch asks once it knows staging saves nothing), never back. Reads in
+//! flight are always charged and never wait (there is at most one per I/O, prefetch and render
+//! thread); a render that finds no room first sheds what can be fetched again (registered `Shed`s:
+//! staging first, then decoded pixels nobody is reading), then waits for room within a patience of
+//! its own, then fails. Under memory pressure (see `pressure`) admission to cache and staging stops
+//! and everything that can be shed is shed. Must never hand out more than the limit for anything
+//! but reads in flight, never evict a cached file block to make room, and never block a FUSE thread
+//! (only renders wait, on their own threads).
 
 pub mod heap;
 pub mod limits;
@@ -190,6 +191,8 @@ pub struct MemoryGauges {
 /// The budget of one mount.
 pub struct MemoryBudget {
     plan: MemoryPlan,
+    /// Staging room given to the cache slice for good (`lend_staging`).
+    lent: AtomicU64,
     used: [AtomicU64; 3],
     total: AtomicU64,
     pressure: AtomicBool,
@@ -219,6 +222,7 @@ impl MemoryBudget {
     pub fn new(plan: MemoryPlan) -> Arc<MemoryBudget> {
         Arc::new(MemoryBudget {
             plan,
+            lent: AtomicU64::new(0),
             used: Default::default(),
             total: AtomicU64::new(0),
             pressure: AtomicBool::new(false),
@@ -238,13 +242,29 @@ impl MemoryBudget {
         self.plan
     }
 
-    /// The size of `use_`'s slice.
+    /// The size of `use_`'s slice now (the plan's, but for staging room lent to the cache).
     pub fn slice(&self, use_: Use) -> u64 {
+        let lent = self.lent.load(Ordering::Acquire);
         match use_ {
-            Use::Cache => self.plan.cache,
-            Use::Staging => self.plan.staging,
+            Use::Cache => self.plan.cache + lent,
+            Use::Staging => self.plan.staging - lent,
             Use::Work => self.plan.work,
         }
+    }
+
+    /// Moves the staging slice's free room to the cache slice for good: the cache never evicts,
+    /// so nothing moves back. Staged blocks keep their room until they are read or dropped (a
+    /// later call moves it then). The bytes moved.
+    pub fn lend_staging(&self) -> u64 {
+        let staged = self.used(Use::Staging);
+        let mut moved = 0;
+        let _ = self
+            .lent
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |lent| {
+                moved = (self.plan.staging - lent).saturating_sub(staged);
+                Some(lent + moved)
+            });
+        moved
     }
 
     /// Bytes charged to `use_` now.
@@ -252,9 +272,10 @@ impl MemoryBudget {
         self.used[use_ as usize].load(Ordering::Relaxed)
     }
 
-    /// Bytes charged to all uses now.
-    pub fn charged(&self) -> u64 {
-        self.total.load(Ordering::Relaxed)
+    /// Bytes charged to staging and work now: heap memory that comes and goes. (The cache's
+    /// bytes are mostly memfds, and it frees heap only when pressure sheds decoded pixels.)
+    pub fn heap_charged(&self) -> u64 {
+        self.used(Use::Staging) + self.used(Use::Work)
     }
 
     /// Gives the heap's free pages back to the kernel (`heap::trim`), counted in the stats.
@@ -459,6 +480,37 @@ mod tests {
         );
         let none = MemoryPlan::split(200 * MIB, Staging::None, 20, 0);
         assert_eq!(none.staging, 0);
+    }
+
+    #[test]
+    fn staging_lends_its_free_room_to_the_cache_for_good_within_the_same_budget() {
+        let b = budget(4 * MIB, 2 * MIB, MIB);
+        assert!(b.admit(Use::Staging, MIB / 2));
+        assert_eq!(
+            b.lend_staging(),
+            3 * MIB / 2,
+            "the free room, not the staged block's"
+        );
+        assert_eq!(b.slice(Use::Cache), 4 * MIB + 3 * MIB / 2);
+        assert_eq!(b.slice(Use::Staging), MIB / 2);
+        assert!(
+            !b.admit(Use::Staging, 1),
+            "staging keeps only what it holds"
+        );
+        assert!(
+            b.admit(Use::Cache, 5 * MIB),
+            "the cache admits into the lent room"
+        );
+        b.release(Use::Staging, MIB / 2);
+        assert_eq!(
+            b.lend_staging(),
+            MIB / 2,
+            "the rest once the staged block is read"
+        );
+        assert_eq!(b.slice(Use::Staging), 0);
+        assert_eq!(b.lend_staging(), 0);
+        assert_eq!(b.gauges().limit, 7 * MIB, "the budget is unchanged");
+        assert!(!b.admit(Use::Cache, MIB + 1), "nor ever exceeded");
     }
 
     #[test]

@@ -62,7 +62,7 @@ impl PressureWatch {
                 let mut before = false;
                 let mut trimmer = Trimmer::default();
                 while !flag.load(Ordering::Relaxed) {
-                    let mut trim = trimmer.due(budget.charged());
+                    let mut trim = trimmer.due(budget.heap_charged());
                     if let Some(left) = left(cgroup.as_ref()) {
                         let now = pressing(left, before);
                         if now != before {

@@ -12,7 +12,10 @@
 //! the files the last pass read and this one has not (epochs >= 2; their bytes smallest first,
 //! since each is equally likely next); in epoch 1 it fetches nothing. Jobs fetch into the
 //! never-evict cache, else into the staging buffer, else only open the file and park it for the
-//! reader's open (`Parked`); a parked file is planned again only once room for its bytes frees,
+//! reader's open (`Parked`); once a pass the remaining set planned (a shuffled order) ends, the
+//! default staging slice's free room goes to the cache for good in a mount without views or a
+//! cluster tier (in such an order a staged block saves a wait once, a cached one a source read
+//! every epoch); a parked file is planned again only once room for its bytes frees,
 //! and no file is opened ahead while the parked set is full and there is no room, so opens ahead
 //! never churn. Demand reads never queue behind prefetch (the pool takes a queued request before
 //! any job), at most `--prefetch-threads` jobs run at once (on threads the pool adds for them),
@@ -285,6 +288,12 @@ struct Shared {
     /// The scheduler's depth knob (released: the controller below decides).
     knobs: Arc<Knobs>,
     status: Mutex<Value>,
+    /// Whether the staging slice goes to the cache once passes repeat in an order no predictor
+    /// follows: the default one (not a `--prefetch-buffer` the user gave) of a mount without
+    /// views (renders take their room from staging's when the work slice is full) and without a
+    /// cluster tier (staging holds the cluster's blocks ahead of the readers, whose own lookups
+    /// then wait on the network: measured, 2 timed out per run and read the source).
+    lends_staging: bool,
     /// Files opened ahead whose bytes had no room anywhere.
     parked: Parked,
     /// Prepares view files ahead of their opens: decodes or renders them (view sets only).
@@ -353,6 +362,8 @@ impl Prefetcher {
         let names: Vec<String> = std::iter::once("files".to_owned())
             .chain(view_names.iter().map(|n| format!("view:{n}")))
             .collect();
+        let lends_staging =
+            config.buffer.is_none() && view_names.is_empty() && fetcher.cluster().is_none();
         let shared = Arc::new(Shared {
             source: source.clone(),
             fetcher,
@@ -369,6 +380,7 @@ impl Prefetcher {
             depth: AtomicUsize::new(DEPTH_MIN),
             knobs,
             status: Mutex::new(json!({})),
+            lends_staging,
             parked: Parked::for_open_file_limit(),
             work_ahead,
         });
