@@ -12,8 +12,8 @@
 //! the files the last pass read and this one has not (epochs >= 2; their bytes smallest first,
 //! since each is equally likely next); in epoch 1 it fetches nothing. Jobs fetch into the
 //! never-evict cache, else into the staging buffer, else only open the file and park it for the
-//! reader's open (`Parked`); once a pass the remaining set planned (a shuffled order) ends, the
-//! default staging slice's free room goes to the cache for good in a mount without views or a
+//! reader's open (`Parked`); once passes come in an order only the remaining set plans (shuffled),
+//! the default staging slice's free room goes to the cache for good in a mount without views or a
 //! cluster tier (in such an order a staged block saves a wait once, a cached one a source read
 //! every epoch); a parked file is planned again only once room for its bytes frees,
 //! and no file is opened ahead while the parked set is full and there is no room, so opens ahead
