@@ -1163,7 +1163,15 @@ fn view_images_predicted_next_are_decoded_ahead_while_the_cpu_is_idle() {
     stop.store(true, Ordering::Relaxed);
     idle.join().expect("idle thread");
     let m = cache(&fs);
-    let status = fs.prefetcher.status();
+    // The status is published a beat after the planner takes an open: wait until it has all 24.
+    let mut status = fs.prefetcher.status();
+    for _ in 0..100 {
+        if status["view:v"]["files_this_epoch"] == 24 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        status = fs.prefetcher.status();
+    }
     assert_eq!(status["view:v"]["predictor"], "sorted", "{status}");
     assert!(
         fs.prefetcher.metrics().decoded_ahead.get() > 0,
