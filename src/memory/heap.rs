@@ -6,12 +6,13 @@
 //! after a full staging slice drains the daemon still holds its high-water mark, resident and
 //! counted by no budget (about 32 MB at 6,000 files with the default 27 MB slice), and staging
 //! room lent to the cache would be held twice. A trim returns it once those charges have fallen
-//! well below their mark. Must never run on a FUSE or I/O thread (a trim
-//! walks the allocator's arenas), and never trim while charges hold steady or grow (steady churn
+//! well below their mark. Must never run on a FUSE or I/O thread (a trim walks the allocator's
+//! arenas, each under its lock), and never trim while charges hold steady or grow (steady churn
 //! would fault back in the pages a trim returned).
 
-/// Trim once the heap's charged bytes have fallen this far below their high-water mark since the last
-/// trim (a sixteenth of the 256 MiB a small budget holds; well above one tick's churn).
+/// Trim once the heap's charged bytes have fallen this far below their high-water mark since
+/// the last trim: far above what one 100 ms tick of churn frees, and the default staging slice
+/// of a 128 MiB budget (smaller slices leave less behind than a trim is worth).
 pub const SLACK: u64 = 16 << 20;
 
 /// The high-water mark of the heap's charged bytes since the last trim.
