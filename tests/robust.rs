@@ -37,14 +37,15 @@ fn stat(stats: &Value, path: &str) -> f64 {
         .unwrap_or_else(|| panic!("stats.json has no number at {path}"))
 }
 
-/// Peak resident memory of process `pid` (VmHWM), in bytes.
-fn peak_rss(pid: u32) -> u64 {
+/// A memory figure of process `pid` from /proc/PID/status (`VmHWM`: peak resident memory;
+/// `RssAnon`: anonymous memory now), in bytes.
+fn process_memory(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmHWM")
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
         * 1024
 }
 
@@ -178,7 +179,7 @@ fn huge_sparse_files_cost_memory_for_what_is_read_not_for_their_size() {
     assert_eq!(std::fs::read(t.m("small")).expect("read"), pattern(5000, 1));
     let stats = t.stats();
     assert_eq!(stat(&stats, "ops.read.errors"), 0.0);
-    let rss = peak_rss(pid);
+    let rss = process_memory(pid, "VmHWM");
     assert!(
         rss < 256 * MIB + 64 * MIB,
         "peak RSS {rss} for a 256 MiB budget: nothing was allocated by file size"
@@ -472,7 +473,7 @@ fn in_a_memory_cgroup_of_half_the_dataset_the_daemon_is_never_oom_killed() {
         assert_eq!(group.oom_kills(), 0, "explicit budget: {explicit}");
         assert_eq!(stat(&stats, "ops.read.errors"), 0.0, "{stats:#}");
         assert_eq!(stat(&stats, "views.v.errors"), 0.0, "{stats:#}");
-        let rss = peak_rss(pid);
+        let rss = process_memory(pid, "VmHWM");
         eprintln!(
             "robust: explicit budget {explicit}: budget {} MiB, peak RSS {} MiB, pressure events {}, shed {} MiB",
             budget >> 20,
@@ -869,7 +870,7 @@ fn a_huge_order_file_rewritten_again_and_again_never_oom_kills_the_daemon() {
         }
     }
     let stats = t.stats();
-    let rss = peak_rss(pid);
+    let rss = process_memory(pid, "VmHWM");
     eprintln!("robust: order file: peak RSS {} MiB", rss >> 20);
     assert!(
         stat(&stats, "memory.work.used_bytes") <= (64 * MIB) as f64,
@@ -879,17 +880,6 @@ fn a_huge_order_file_rewritten_again_and_again_never_oom_kills_the_daemon() {
     assert_eq!(std::fs::read(t.m("a")).expect("the mount answers"), b"x");
     assert_eq!(t.unmount().map(|s| s.success()), Some(true));
     assert_eq!(group.oom_kills(), 0);
-}
-
-/// Anonymous memory of process `pid` now (RssAnon), in bytes.
-fn rss_anon(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("RssAnon")
-        * 1024
 }
 
 /// Staged blocks are heap memory: once a full staging buffer drains, the daemon gives the pages
@@ -936,7 +926,7 @@ fn a_drained_staging_buffer_leaves_the_daemon() {
     }
     let stats = t.stats();
     let staged = stat(&stats, "memory.staging.used_bytes") as u64;
-    let anon = rss_anon(pid);
+    let anon = process_memory(pid, "RssAnon");
     eprintln!(
         "robust: staging holds {} KiB, daemon RssAnon {} MiB after {} trims",
         staged >> 10,
