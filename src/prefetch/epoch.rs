@@ -1,101 +1,23 @@
 //! `EpochTracker`: infers epochs of one file set from the opens it sees, with no loader hooks.
 //!
-//! Owns: the current pass (files opened, in first-open order), the last complete pass and which
-//! of its files the current pass has not opened yet (a `Positions` set, so that walks over what
-//! remains cost no more per open at a million files than at a thousand), and the rule that ends
-//! a pass. A pass ends when a file it already opened is opened again and either
-//! the pass has covered the previous pass's files (`COVERED`), or such repeats of files opened
-//! long ago keep coming (`RESTART_REPEATS`: the loader started over on a different subset, or
-//! this is the first pass and there is nothing to cover). Repeats of files opened moments ago are
-//! double opens of one sample, not a new pass. While a new pass is young, files the previous pass
-//! never opened are its stragglers (another worker finishing it), not members of the new one.
-//! Must never do I/O or block: it is plain data driven by the prefetch planner.
+//! Owns: the set's files (`Files`: each once, by number), the current pass (files opened, in
+//! first-open order), the last complete pass and which of its files the current pass has not
+//! opened yet (a `Positions` set, so that walks over what remains cost no more per open at a
+//! million files than at a thousand), and the rule that ends a pass. A pass ends when a file it
+//! already opened is opened again and either the pass has covered the previous pass's files
+//! (`COVERED`), or such repeats of files opened long ago keep coming (`RESTART_REPEATS`: the
+//! loader started over on a different subset, or this is the first pass and there is nothing to
+//! cover). Repeats of files opened moments ago are double opens of one sample, not a new pass.
+//! While a new pass is young, files the previous pass never opened are its stragglers (another
+//! worker finishing it), not members of the new one. Must never do I/O or block: it is plain
+//! data driven by the prefetch planner.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::Arc;
 
-/// A file of the set, by its path relative to the source root. Hashed and compared as the bytes
-/// of its name (`OsStr`), not by `Path`'s component-wise rules: the planner hashes and compares
-/// keys on every open, and `Path::hash` parsing components was a third of its CPU at 100,000
-/// files. The paths come from the mount's own names, so two spellings of one file never meet.
-/// Maps keyed by it are looked up with `path.as_os_str()`. The path is shared: a key made from an
-/// inode's path (`From<&Arc<Path>>`) holds that node's allocation, not a copy.
-#[derive(Clone)]
-pub struct FileKey(Arc<Path>);
-
-impl PartialEq for FileKey {
-    fn eq(&self, other: &FileKey) -> bool {
-        self.0.as_os_str() == other.0.as_os_str()
-    }
-}
-
-impl Eq for FileKey {}
-
-impl std::hash::Hash for FileKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.as_os_str().hash(state);
-    }
-}
-
-impl PartialOrd for FileKey {
-    fn partial_cmp(&self, other: &FileKey) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for FileKey {
-    fn cmp(&self, other: &FileKey) -> std::cmp::Ordering {
-        self.0.as_os_str().cmp(other.0.as_os_str())
-    }
-}
-
-impl std::fmt::Debug for FileKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(&**self, f)
-    }
-}
-
-impl From<&Path> for FileKey {
-    fn from(path: &Path) -> FileKey {
-        FileKey(Arc::from(path))
-    }
-}
-
-impl From<&Arc<Path>> for FileKey {
-    fn from(path: &Arc<Path>) -> FileKey {
-        FileKey(path.clone())
-    }
-}
-
-impl FileKey {
-    /// The path, shared.
-    pub fn shared(&self) -> &Arc<Path> {
-        &self.0
-    }
-}
-
-impl std::ops::Deref for FileKey {
-    type Target = Path;
-
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl AsRef<Path> for FileKey {
-    fn as_ref(&self) -> &Path {
-        self
-    }
-}
-
-impl std::borrow::Borrow<OsStr> for FileKey {
-    fn borrow(&self) -> &OsStr {
-        self.0.as_os_str()
-    }
-}
+use super::files::{FileId, FileKey, Files};
+use crate::source::Identity;
 
 /// Fraction of the previous pass's files after which a repeat ends the pass.
 const COVERED: f64 = 0.95;
@@ -131,46 +53,55 @@ pub enum Opened {
     NewEpoch,
 }
 
-/// Files opened by one pass, in first-open order.
+/// Files opened by one pass, in first-open order, by their numbers in the set's `Files`.
 #[derive(Debug, Default, Clone)]
 pub struct Pass {
-    order: Vec<FileKey>,
-    position: foldhash::HashMap<FileKey, usize>,
+    order: Vec<FileId>,
+    /// By file number: 1 + where the file was first opened in this pass, 0 when it was not. Made
+    /// zeroed at once for the set's files (4 bytes each: no hashing, no per-file copy), grown as
+    /// new files come.
+    position: Vec<u32>,
 }
 
 impl Pass {
-    /// An empty pass with room for `files` without growing: a pass of a million files that grew
-    /// its position map as it went rehashed ~900,000 names at once, on the planner thread, late
-    /// in the pass (the 4,096-open event queue overflowed meanwhile).
-    fn with_capacity(files: usize) -> Pass {
+    /// An empty pass with room for `files` without growing, and positions for the set's `known`
+    /// files.
+    fn with_capacity(files: usize, known: usize) -> Pass {
         Pass {
             order: Vec::with_capacity(files),
-            position: foldhash::HashMap::with_capacity_and_hasher(files, Default::default()),
+            position: vec![0; known],
         }
     }
 
-    fn add(&mut self, file: &FileKey) -> bool {
-        if self.position.contains_key(file) {
+    fn add(&mut self, file: FileId) -> bool {
+        if self.contains(file) {
             return false;
         }
-        self.position.insert(file.clone(), self.order.len());
-        self.order.push(file.clone());
+        let i = file.index();
+        if i >= self.position.len() {
+            self.position.resize(i + 1, 0);
+        }
+        self.order.push(file);
+        self.position[i] = self.order.len() as u32;
         true
     }
 
     /// Files in first-open order.
-    pub fn order(&self) -> &[FileKey] {
+    pub fn order(&self) -> &[FileId] {
         &self.order
     }
 
     /// Where `file` was first opened in this pass.
-    pub fn position(&self, file: &Path) -> Option<usize> {
-        self.position.get(file.as_os_str()).copied()
+    pub fn position(&self, file: FileId) -> Option<usize> {
+        match self.position.get(file.index()) {
+            Some(&p) if p > 0 => Some(p as usize - 1),
+            _ => None,
+        }
     }
 
     /// Whether this pass opened `file`.
-    pub fn contains(&self, file: &Path) -> bool {
-        self.position.contains_key(file.as_os_str())
+    pub fn contains(&self, file: FileId) -> bool {
+        self.position(file).is_some()
     }
 
     /// Files opened.
@@ -262,6 +193,8 @@ impl Positions {
 /// The epoch state of one file set.
 #[derive(Debug, Clone)]
 pub struct EpochTracker {
+    /// Every file of the set the passes have seen; passes hold their numbers.
+    files: Files,
     epoch: u64,
     current: Pass,
     previous: Option<Pass>,
@@ -272,7 +205,7 @@ pub struct EpochTracker {
     /// Opens seen, all passes together.
     opens: u64,
     /// Recent repeats with their open number: the first opens of a possible new pass.
-    repeats: VecDeque<(u64, FileKey)>,
+    repeats: VecDeque<(u64, FileId)>,
     /// Open number of the first repeat of a long-ago file in this pass, and how many followed.
     old_repeats: Option<(u64, usize)>,
     /// The pass before `previous`, once a new pass replaced it, for its owner to free
@@ -283,6 +216,7 @@ pub struct EpochTracker {
 impl Default for EpochTracker {
     fn default() -> Self {
         EpochTracker {
+            files: Files::default(),
             epoch: 1,
             current: Pass::default(),
             previous: None,
@@ -297,8 +231,14 @@ impl Default for EpochTracker {
 }
 
 impl EpochTracker {
-    /// Records an open of `file`.
-    pub fn open(&mut self, file: &FileKey) -> Opened {
+    /// Records an open of `file`, with the identity the open saw if any (`None` once the set
+    /// holds as many files as a `FileId` can number).
+    pub fn open(&mut self, file: FileKey, identity: Option<Identity>) -> Option<(FileId, Opened)> {
+        let id = self.files.intern(file, identity)?;
+        Some((id, self.open_id(id)))
+    }
+
+    fn open_id(&mut self, file: FileId) -> Opened {
         self.opens += 1;
         if let Some(first) = self.current.position(file) {
             return self.repeat(file, first);
@@ -326,11 +266,11 @@ impl EpochTracker {
         Opened::First
     }
 
-    fn repeat(&mut self, file: &FileKey, first: usize) -> Opened {
+    fn repeat(&mut self, file: FileId, first: usize) -> Opened {
         if self.repeats.len() == REPEATS_KEPT {
             self.repeats.pop_front();
         }
-        self.repeats.push_back((self.opens, file.clone()));
+        self.repeats.push_back((self.opens, file));
         // At most half the pass, so that tiny sets still see their epochs.
         let recent = RECENT_MIN
             .max(self.current.len() / RECENT_DIVISOR)
@@ -352,15 +292,15 @@ impl EpochTracker {
         // before them (its first file may have been among the last ones of this pass).
         let from = since.saturating_sub(RECENT_MIN as u64);
         // The next pass most likely opens the same files.
-        let mut next = Pass::with_capacity(self.current.len());
+        let mut next = Pass::with_capacity(self.current.len(), self.files.len());
         for (_, f) in self.repeats.drain(..).filter(|(n, _)| *n >= from) {
-            next.add(&f);
+            next.add(f);
         }
         self.old_repeats = None;
         let ended = std::mem::replace(&mut self.current, next);
         self.unopened = Positions::all(ended.len());
         self.covered = 0;
-        for f in &self.current.order {
+        for &f in &self.current.order {
             if let Some(at) = ended.position(f) {
                 self.unopened.remove(at);
                 self.covered += 1;
@@ -379,6 +319,35 @@ impl EpochTracker {
     /// The current epoch, from 1.
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// The files the passes have seen.
+    pub fn files(&self) -> &Files {
+        &self.files
+    }
+
+    /// The key of `file`.
+    pub fn key(&self, file: FileId) -> &FileKey {
+        self.files.key(file)
+    }
+
+    /// Whether the current pass opened `path`.
+    pub fn opened(&self, path: &Path) -> bool {
+        self.files
+            .id(path)
+            .is_some_and(|f| self.current.contains(f))
+    }
+
+    /// Where the last complete pass first opened `path`.
+    pub fn previous_position(&self, path: &Path) -> Option<usize> {
+        let previous = self.previous.as_ref()?;
+        previous.position(self.files.id(path)?)
+    }
+
+    /// The file at `position` of the last complete pass.
+    pub fn previous_file(&self, position: usize) -> Option<&FileKey> {
+        let file = *self.previous.as_ref()?.order.get(position)?;
+        Some(self.files.key(file))
     }
 
     /// The pass in progress.
@@ -410,7 +379,7 @@ impl EpochTracker {
         std::iter::from_fn(move || {
             let i = self.unopened.find(next);
             next = i + 1;
-            order.get(i).map(|f| (i, f))
+            order.get(i).map(|&f| (i, self.files.key(f)))
         })
     }
 
@@ -436,12 +405,17 @@ mod tests {
         out
     }
 
+    /// Records an open of `f` without an identity.
+    fn open(t: &mut EpochTracker, f: &FileKey) -> Opened {
+        t.open(f.clone(), None).expect("a number for the file").1
+    }
+
     /// Feeds `order` and returns the epoch after each open.
     fn feed(t: &mut EpochTracker, order: &[FileKey]) -> Vec<u64> {
         order
             .iter()
             .map(|f| {
-                t.open(f);
+                open(t, f);
                 t.epoch()
             })
             .collect()
@@ -467,12 +441,13 @@ mod tests {
         let files = keys(100);
         let mut t = EpochTracker::default();
         feed(&mut t, &files);
-        assert_eq!(t.open(&files[0]), Opened::Repeat);
-        assert_eq!(t.open(&files[1]), Opened::NewEpoch);
-        assert_eq!(t.current().order(), &files[..2]);
+        assert_eq!(open(&mut t, &files[0]), Opened::Repeat);
+        assert_eq!(open(&mut t, &files[1]), Opened::NewEpoch);
+        let begun: Vec<&FileKey> = t.current().order().iter().map(|&f| t.key(f)).collect();
+        assert_eq!(begun, [&files[0], &files[1]]);
         feed(&mut t, &files[2..]);
         // Epoch 2 covered epoch 1: the very first repeat starts epoch 3.
-        assert_eq!(t.open(&files[0]), Opened::NewEpoch);
+        assert_eq!(open(&mut t, &files[0]), Opened::NewEpoch);
         assert_eq!(t.epoch(), 3);
     }
 
@@ -506,8 +481,8 @@ mod tests {
         let files = keys(200);
         let mut t = EpochTracker::default();
         for f in &files {
-            t.open(f);
-            t.open(f);
+            open(&mut t, f);
+            open(&mut t, f);
         }
         assert_eq!(t.epoch(), 1);
         assert_eq!(t.current().len(), 200);
@@ -541,7 +516,7 @@ mod tests {
         assert_eq!(t.epoch(), 2);
         let remaining: Vec<&FileKey> = t.remaining().collect();
         assert_eq!(remaining.len(), 40);
-        assert!(remaining.iter().all(|f| !t.current().contains(f)));
+        assert!(remaining.iter().all(|f| !t.opened(f)));
         assert_eq!(t.progress(), Some(0.2));
     }
 }

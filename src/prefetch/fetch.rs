@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::epoch::FileKey;
+use super::files::FileKey;
 use super::{Ahead, EWMA, FILE_BLOCKS, Job, Outcome, SetId, Shared};
 use crate::cache::Prefetched;
 use crate::requests;

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::epoch::{EpochTracker, FileKey};
+use super::epoch::EpochTracker;
+use super::files::FileKey;
 use super::predict::{Predictor, SCAN_PER_PREDICTION, take_unskipped};
 use crate::inode::dataset_path;
 use crate::memory::{MemoryBudget, Work};

@@ -25,13 +25,14 @@
 //!
 //! Where each part lives: this file starts the planner, registers the lane and holds what they
 //! share (the queues, outcomes, readahead, per-epoch marks); `planner` is the planner thread and
-//! the depth controller; `fetch` runs one job; `epoch`, `predict`, `hint` and `parked` what the
-//! planner and the jobs use; `diagnosis` and `metrics` what a pass and the mount report.
+//! the depth controller; `fetch` runs one job; `files`, `epoch`, `predict`, `hint` and `parked`
+//! what the planner and the jobs use; `diagnosis` and `metrics` what a pass and the mount report.
 
 mod chores;
 pub mod diagnosis;
 pub mod epoch;
 mod fetch;
+pub mod files;
 mod hint;
 mod listing;
 pub mod metrics;
@@ -57,7 +58,7 @@ use crate::metrics::Samples;
 use crate::requests::{Bell, Lane, RequestPool};
 use crate::source::{Identity, Source, SourceFile};
 use diagnosis::PassFigures;
-use epoch::FileKey;
+use files::FileKey;
 use hint::OrderFile;
 use metrics::PrefetchMetrics;
 use parked::Parked;

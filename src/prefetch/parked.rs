@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::epoch::FileKey;
+use super::files::FileKey;
 use crate::source::{Identity, SourceFile};
 
 /// Descriptors held at most, whatever the open-file limit: enough for the uncached rest of a

@@ -25,7 +25,8 @@ use serde_json::{Value, json};
 
 use super::chores::Chores;
 use super::diagnosis::{Capacity, diagnose};
-use super::epoch::{EpochTracker, FileKey, Opened, Positions};
+use super::epoch::{EpochTracker, Opened, Positions};
+use super::files::{FileId, FileKey};
 use super::hint::{Hint, OrderFile, OrderSlot, Polled};
 use super::predict::{self, Predictor, Replay, SCORED, Score, Tree, Verdict};
 use super::{
@@ -44,8 +45,6 @@ pub(super) struct SetState {
     name: String,
     tracker: EpochTracker,
     predictors: Vec<(Box<dyn Predictor>, Score)>,
-    /// Identities seen at opens (a fully cached file is not queued again).
-    known: foldhash::HashMap<FileKey, Identity>,
     /// Sizes of the current pass's files, in its order, and their sum (`None` when one is not
     /// known): the remaining-set order of the next pass, kept as files come.
     sizes: Vec<Option<u64>>,
@@ -130,7 +129,6 @@ impl SetState {
             name,
             tracker: EpochTracker::default(),
             predictors,
-            known: Default::default(),
             sizes: Vec::new(),
             working_set: Some(0),
             opens: 0,
@@ -202,25 +200,16 @@ impl SetState {
     /// Takes an open of `set`'s file, and plans after it when `plan` (the latest of a `backlog`);
     /// true when it began a new pass.
     fn opened(&mut self, shared: &Shared, set: SetId, event: Event, plan: bool) -> bool {
-        // The key `known` holds for this file, if any: every pass and map then shares one copy
-        // of its name instead of one per open (one lookup either way).
-        let file = match event.identity {
-            Some(identity) => self
-                .known
-                .entry(event.file)
-                .insert_entry(identity)
-                .key()
-                .clone(),
-            None => match self.known.get_key_value(&event.file) {
-                Some((key, _)) => key.clone(),
-                None => event.file,
-            },
+        // The set's files hold each file once (its identity, the latest an open saw: a fully
+        // cached file is not queued again); passes and maps share that key.
+        let Some((id, opened)) = self.tracker.open(event.file, event.identity) else {
+            return false;
         };
+        let file = self.tracker.key(id).clone();
         // Sizes are known for dataset files (their identities), not for view files.
-        let size_of = |known: &foldhash::HashMap<FileKey, Identity>, f: &FileKey| {
-            known.get(f).map(|i| i.size)
-        };
-        let new_pass = match self.tracker.open(&file) {
+        let size_of =
+            |tracker: &EpochTracker, f: FileId| tracker.files().identity(f).map(|i| i.size);
+        let new_pass = match opened {
             Opened::Repeat | Opened::Straggler => {
                 // A backlog that ends in a repeat still plans, after its last first open.
                 if plan
@@ -239,7 +228,7 @@ impl SetState {
                 let files = self.tracker.previous().map_or(0, |p| p.len());
                 let mut begun = Vec::with_capacity(files);
                 begun.extend(
-                    (self.tracker.current().order().iter()).map(|f| size_of(&self.known, f)),
+                    (self.tracker.current().order().iter()).map(|&f| size_of(&self.tracker, f)),
                 );
                 let working_set = begun.iter().copied().sum::<Option<u64>>();
                 self.ended_unpredicted = 2 * self.unpredicted > self.plans;
@@ -250,7 +239,7 @@ impl SetState {
                 true
             }
             Opened::First => {
-                let size = size_of(&self.known, &file);
+                let size = size_of(&self.tracker, id);
                 self.sizes.push(size);
                 self.working_set = self.working_set.zip(size).map(|(a, b)| a + b);
                 false
@@ -274,11 +263,11 @@ impl SetState {
             self.rate += EWMA * (1.0 / gap - self.rate);
         }
         self.opens += 1;
-        let current = self.tracker.current();
+        let tracker = &self.tracker;
         let looked = std::cell::Cell::new(0u64);
         let opened_now = |p: &Path| {
             looked.set(looked.get() + 1);
-            current.contains(p)
+            tracker.opened(p)
         };
         let predicts = Score::predicts_after(self.opens);
         for (predictor, score) in &mut self.predictors {
@@ -318,8 +307,10 @@ impl SetState {
 
     /// Whether a pass of this set reads `file`: the one that ended last or the current one.
     fn reads(&self, file: &Path) -> bool {
-        self.tracker.current().contains(file)
-            || self.tracker.previous().is_some_and(|p| p.contains(file))
+        let Some(f) = self.tracker.files().id(file) else {
+            return false;
+        };
+        self.tracker.current().contains(f) || self.tracker.previous().is_some_and(|p| p.contains(f))
     }
 
     /// Replaces this set's queued files with the next `depth` predicted ones (the scheduler's
@@ -344,15 +335,13 @@ impl SetState {
         let current = self.tracker.current();
         let previous = self.tracker.previous();
         let fetcher = &shared.fetcher;
-        let known = &self.known;
+        let files = self.tracker.files();
         let parked_full = shared.parked.is_full();
         // A file's first block, as much as a prefetch of it needs room for at first.
-        let first_block = |p: &Path| {
-            known
-                .get(p.as_os_str())
-                .map_or(crate::cache::BLOCK_SIZE, |id| {
-                    id.size.clamp(1, crate::cache::BLOCK_SIZE)
-                })
+        let first_block = |identity: Option<&Identity>| {
+            identity.map_or(crate::cache::BLOCK_SIZE, |id| {
+                id.size.clamp(1, crate::cache::BLOCK_SIZE)
+            })
         };
         let looked = std::cell::Cell::new(0u64);
         let judge = |p: &Path| {
@@ -367,15 +356,16 @@ impl SetState {
                 Some(Outcome::Done | Outcome::Settled) => return Verdict::Settled,
                 Some(Outcome::Parked) | None => {}
             }
-            if current.contains(p) {
+            let id = files.id(p);
+            if id.is_some_and(|f| current.contains(f)) {
                 return Verdict::Settled;
             }
             // Once a pass has ended, the files the readers read are known: a walk that runs past
             // them (into a directory of shards nobody opens) stages nothing there.
-            if previous.is_some_and(|pass| !pass.contains(p)) {
+            if previous.is_some_and(|pass| !id.is_some_and(|f| pass.contains(f))) {
                 return Verdict::Settled;
             }
-            let identity = known.get(p.as_os_str());
+            let identity = id.and_then(|f| files.identity(f));
             if identity
                 .and_then(|id| fetcher.ram().get(id))
                 .is_some_and(|e| e.is_complete())
@@ -384,7 +374,7 @@ impl SetState {
             }
             // Without room for its bytes a file is worth an open ahead, once, while there are
             // descriptors to hold it.
-            if !fetcher.has_prefetch_room(first_block(p))
+            if !fetcher.has_prefetch_room(first_block(identity))
                 && (outcome == Some(Outcome::Parked) || parked_full)
             {
                 return Verdict::Later;
@@ -411,7 +401,7 @@ impl SetState {
                 let Some(walks) = self.remaining.as_mut() else {
                     return looked.get();
                 };
-                let fits = |p: &Path| fetcher.has_prefetch_room(first_block(p));
+                let fits = |p: &Path| fetcher.has_prefetch_room(first_block(files.identity_of(p)));
                 // Stragglers joined the last pass since it closed: their positions too.
                 let files = self.tracker.previous().map_or(0, |p| p.len());
                 while walks.unplanned.len() < files {
@@ -461,7 +451,7 @@ impl SetState {
             .retain(|j| !matches!(j, Job::File { set: s, .. } if *s == set));
         let due = !next.is_empty();
         for file in next {
-            let identity = self.known.get(&file).copied();
+            let identity = self.tracker.files().identity_of(&file).copied();
             jobs.queue.push_back(Job::File {
                 set,
                 file,

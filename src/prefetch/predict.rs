@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, channel};
 
 use super::chores::Chores;
-use super::epoch::{EpochTracker, FileKey, Pass, Positions};
+use super::epoch::{EpochTracker, Positions};
+use super::files::FileKey;
 use super::listing::Listing;
 use crate::source::Source;
 
@@ -83,7 +84,7 @@ impl Predictor for Replay {
         skip: &dyn Fn(&Path) -> bool,
         out: &mut Vec<FileKey>,
     ) {
-        let Some(at) = tracker.previous().and_then(|p| p.position(last)) else {
+        let Some(at) = tracker.previous_position(last) else {
             return;
         };
         take_unskipped(tracker.unopened_from(at + 1).map(|(_, f)| f), n, skip, out);
@@ -240,7 +241,7 @@ impl Tree {
     #[allow(clippy::too_many_arguments)]
     fn walk(
         &mut self,
-        opened: &Pass,
+        tracker: &EpochTracker,
         dir: &Path,
         after: Option<&std::ffi::OsStr>,
         after_dir: Option<&std::ffi::OsStr>,
@@ -272,7 +273,7 @@ impl Tree {
                 path.push(name);
                 if !skip(&self.candidate) {
                     out.push(FileKey::from(self.candidate.as_path()));
-                } else if opened.contains(&self.candidate) {
+                } else if tracker.opened(&self.candidate) {
                     walked.unopened.remove(i);
                 }
                 i += 1;
@@ -285,7 +286,7 @@ impl Tree {
             // A directory passed costs a candidate too: a walk over many empty (cached)
             // directories stays bounded.
             self.scan -= 1;
-            self.walk(opened, &dir.join(name), None, None, want, skip, out);
+            self.walk(tracker, &dir.join(name), None, None, want, skip, out);
         }
     }
 }
@@ -316,16 +317,15 @@ impl Predictor for Tree {
         let want = out.len() + n;
         self.budget = LISTINGS_PER_PREDICTION;
         self.scan = n * SCAN_PER_PREDICTION;
-        let opened = tracker.current();
         let mut dir = last.parent().unwrap_or(Path::new("")).to_path_buf();
-        self.walk(opened, &dir, last.file_name(), None, want, skip, out);
+        self.walk(tracker, &dir, last.file_name(), None, want, skip, out);
         // Then up the tree: the parent's subdirectories after this one, and so on to the root.
         while out.len() < want && self.budget > 0 && self.scan > 0 {
             let Some(name) = dir.file_name().map(std::ffi::OsStr::to_os_string) else {
                 break;
             };
             let parent = dir.parent().unwrap_or(Path::new("")).to_path_buf();
-            self.walk(opened, &parent, None, Some(&name), want, skip, out);
+            self.walk(tracker, &parent, None, Some(&name), want, skip, out);
             dir = parent;
         }
     }
@@ -389,15 +389,15 @@ pub fn remaining(
     judge: &dyn Fn(&Path) -> Verdict,
     out: &mut Vec<FileKey>,
 ) -> usize {
-    let Some(order) = tracker.previous().map(|p| p.order()) else {
+    if tracker.previous().is_none() {
         return cursor;
-    };
+    }
     let wanted = out.len() + n;
     walk(unplanned, cursor, n * SCAN_PER_PREDICTION, |members, i| {
         if out.len() >= wanted {
             return false;
         }
-        let Some(f) = order.get(i) else {
+        let Some(f) = tracker.previous_file(i) else {
             return false;
         };
         if !tracker.is_unopened(i) {
@@ -428,16 +428,16 @@ pub fn smallest_remaining(
     fits: &dyn Fn(&Path) -> bool,
     out: &mut Vec<FileKey>,
 ) -> usize {
-    let Some(order) = tracker.previous().map(|p| p.order()) else {
+    if tracker.previous().is_none() {
         return cursor;
-    };
+    }
     let wanted = out.len() + n;
     walk(unfetched, cursor, n * SCAN_PER_PREDICTION, |members, i| {
         if out.len() >= wanted {
             return false;
         }
         let position = by_size.get(i).map_or(usize::MAX, |&p| p as usize);
-        let Some(f) = order.get(position) else {
+        let Some(f) = tracker.previous_file(position) else {
             return false;
         };
         if !tracker.is_unopened(position) {
@@ -588,24 +588,23 @@ mod tests {
         let mut tracker = EpochTracker::default();
         for pass in history {
             for f in pass {
-                tracker.open(f);
+                tracker.open(f.clone(), None);
             }
         }
         let mut score = Score::default();
         for (i, f) in trace.iter().enumerate() {
             let now = i as u64 + 1;
-            tracker.open(f);
+            tracker.open(f.clone(), None);
             score.opened(f, now);
             if !Score::predicts_after(now) {
                 continue;
             }
-            let seen = tracker.current().clone();
             let mut out = Vec::new();
             predictor.predict(
                 &tracker,
                 f,
                 SCORED as usize,
-                &|p| seen.contains(p),
+                &|p| tracker.opened(p),
                 &mut out,
             );
             score.predicted(&out, now);
@@ -734,12 +733,12 @@ mod tests {
         let (_dir, files) = tree(2, 30);
         let mut t = EpochTracker::default();
         for f in &files {
-            t.open(f);
+            t.open(f.clone(), None);
         }
         let mut order = files.clone();
         fastrand::Rng::with_seed(8).shuffle(&mut order);
         for f in &order[..20] {
-            t.open(f);
+            t.open(f.clone(), None);
         }
         let mut first = Vec::new();
         let mut unplanned = Positions::all(files.len());
@@ -791,16 +790,16 @@ mod tests {
                 p.forget_listings();
             }
             for f in pass {
-                if tracker.open(f) == super::super::epoch::Opened::NewEpoch {
+                let opened = tracker.open(f.clone(), None).map(|(_, o)| o);
+                if opened == Some(super::super::epoch::Opened::NewEpoch) {
                     unplanned = Positions::all(tracker.previous().map_or(0, |p| p.len()));
                     settled.clear();
                 }
                 opens += 1;
                 let looked = std::cell::Cell::new(0u64);
-                let current = tracker.current();
                 let skip = |p: &Path| {
                     looked.set(looked.get() + 1);
-                    current.contains(p)
+                    tracker.opened(p)
                 };
                 for p in &mut predictors {
                     if Score::predicts_after(opens) {
@@ -887,11 +886,11 @@ mod tests {
         let (_dir, files) = tree(2, 30);
         let mut t = EpochTracker::default();
         for f in &files {
-            t.open(f);
+            t.open(f.clone(), None);
         }
         // Epoch 2 has read files 0-9 and 58; file 59 is held already; file 56 does not fit.
         for f in files[..10].iter().chain([&files[58]]) {
-            t.open(f);
+            t.open(f.clone(), None);
         }
         let by_size: Vec<u32> = (0..files.len() as u32).rev().collect();
         let mut unfetched = Positions::all(by_size.len());
