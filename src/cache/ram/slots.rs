@@ -1,8 +1,9 @@
 //! `Slots`: the per-block state of one cached file, dense for files of ordinary size and sparse
 //! for huge ones.
 //!
-//! Owns: where a block's slot lives and its lock. A file of up to `DENSE_MAX` blocks has an array
-//! of slots, one lock each; a larger one (a 15 TiB sparse file, a 100 GB LMDB) has slots only for
+//! Owns: where a block's slot lives and its lock. A file of one block (most samples of an image
+//! dataset) has its slot inline, with no allocation of its own; one of up to `DENSE_MAX` blocks
+//! has an array of slots, one lock each; a larger one (a 15 TiB sparse file, a 100 GB LMDB) has slots only for
 //! the blocks in use, in a sharded map that drops a slot once it is vacant again, so memory
 //! follows what is held, never the size the source reports. Must never allocate by the file's
 //! size beyond `DENSE_MAX` slots, and never call out while holding a slot's lock (callers get
@@ -27,6 +28,8 @@ pub trait Vacant {
 
 /// The slots of one file's blocks.
 pub enum Slots<T> {
+    /// The one block's slot, inline.
+    One(Mutex<T>),
     /// One locked slot per block.
     Dense(Box<[Mutex<T>]>),
     /// Slots of the blocks in use only.
@@ -41,7 +44,9 @@ pub enum Slots<T> {
 impl<T: Default + Vacant> Slots<T> {
     /// Slots for a file of `len` blocks.
     pub fn new(len: usize) -> Slots<T> {
-        if len <= DENSE_MAX {
+        if len == 1 {
+            Slots::One(Mutex::new(T::default()))
+        } else if len <= DENSE_MAX {
             Slots::Dense((0..len).map(|_| Mutex::new(T::default())).collect())
         } else {
             Slots::Sparse {
@@ -54,6 +59,7 @@ impl<T: Default + Vacant> Slots<T> {
     /// Number of blocks.
     pub fn len(&self) -> usize {
         match self {
+            Slots::One(_) => 1,
             Slots::Dense(slots) => slots.len(),
             Slots::Sparse { len, .. } => *len,
         }
@@ -61,12 +67,14 @@ impl<T: Default + Vacant> Slots<T> {
 
     /// Whether every slot is in one array (so walking all blocks is cheap).
     pub fn is_dense(&self) -> bool {
-        matches!(self, Slots::Dense(_))
+        matches!(self, Slots::One(_) | Slots::Dense(_))
     }
 
     /// Bytes of bookkeeping these slots take before any block is held.
     pub fn overhead(&self) -> u64 {
         match self {
+            // Inline: part of the entry itself.
+            Slots::One(_) => 0,
             Slots::Dense(slots) => (slots.len() * size_of::<Mutex<T>>()) as u64,
             Slots::Sparse { .. } => (SHARDS * size_of::<Mutex<HashMap<usize, T>>>()) as u64,
         }
@@ -75,6 +83,7 @@ impl<T: Default + Vacant> Slots<T> {
     /// Runs `f` on block `index`'s slot under its lock; `None` past the last block.
     pub fn with<R>(&self, index: usize, f: impl FnOnce(&mut T) -> R) -> Option<R> {
         match self {
+            Slots::One(slot) => (index == 0).then(|| f(&mut slot.lock())),
             Slots::Dense(slots) => slots.get(index).map(|s| f(&mut s.lock())),
             Slots::Sparse { len, shards } => {
                 if index >= *len {
@@ -94,6 +103,7 @@ impl<T: Default + Vacant> Slots<T> {
     /// Calls `f` with every slot that is not vacant (for a drop: exclusive access).
     pub fn for_each_held(&mut self, mut f: impl FnMut(usize, &mut T)) {
         match self {
+            Slots::One(slot) => f(0, slot.get_mut()),
             Slots::Dense(slots) => slots
                 .iter_mut()
                 .enumerate()
@@ -138,5 +148,12 @@ mod tests {
         assert_eq!(held(&mut slots), 0);
         let dense: Slots<Cell> = Slots::new(3);
         assert!(dense.is_dense() && dense.len() == 3);
+        let mut one: Slots<Cell> = Slots::new(1);
+        assert!(one.is_dense() && one.len() == 1 && one.overhead() == 0);
+        assert_eq!(one.with(0, |c| c.0.replace(5)), Some(None));
+        assert_eq!(one.with(1, |c| c.0), None, "past the end");
+        let mut seen = Vec::new();
+        one.for_each_held(|i, c| seen.push((i, c.0)));
+        assert_eq!(seen, [(0, Some(5))]);
     }
 }
