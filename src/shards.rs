@@ -1,4 +1,5 @@
-//! `ShardedMap`: a hash map split over independently locked shards.
+//! `ShardedMap`: a hash map split over independently locked shards; `ShardedSet`, the same for
+//! values that carry their own key (stored once, in the value).
 //!
 //! Owns: the sharding. It exists so that no request path takes a lock shared by the whole mount:
 //! two requests contend only when their keys land in the same shard. Must never hold a shard lock
@@ -6,7 +7,9 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, RandomState};
+use std::sync::Arc;
 
+use hashbrown::HashTable;
 use parking_lot::RwLock;
 
 /// Shards per map: well above the number of threads that serve requests, so collisions are rare.
@@ -85,5 +88,159 @@ impl<K: Hash + Eq, V: Clone> ShardedMap<K, V> {
     /// Whether the map holds no entry.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// A value that carries the key it is found by.
+pub trait Keyed {
+    /// What it is found by.
+    type Key: Hash + Eq;
+    /// Its key.
+    fn key(&self) -> &Self::Key;
+}
+
+impl<T: Keyed> Keyed for Arc<T> {
+    type Key = T::Key;
+
+    fn key(&self) -> &T::Key {
+        (**self).key()
+    }
+}
+
+/// A concurrent set of cheaply clonable values found by the key each carries: a map whose key
+/// is not stored a second time beside its value (a million cached files' 40-byte identities).
+pub struct ShardedSet<V> {
+    hasher: RandomState,
+    shards: Box<[RwLock<HashTable<V>>]>,
+}
+
+impl<V: Keyed + Clone> Default for ShardedSet<V> {
+    fn default() -> Self {
+        ShardedSet {
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| RwLock::new(HashTable::new())).collect(),
+        }
+    }
+}
+
+impl<V: Keyed + Clone> ShardedSet<V> {
+    /// The key's hash and its shard. The shard comes from middle bits of the hash: the table
+    /// takes its buckets from the low ones and its tags from the top ones.
+    fn place(&self, key: &V::Key) -> (u64, &RwLock<HashTable<V>>) {
+        let hash = self.hasher.hash_one(key);
+        (hash, &self.shards[(hash >> 32) as usize % SHARDS])
+    }
+
+    fn rehash(&self) -> impl Fn(&V) -> u64 + '_ {
+        |v| self.hasher.hash_one(v.key())
+    }
+
+    /// The value found by `key`, cloned out of the shard.
+    pub fn get(&self, key: &V::Key) -> Option<V> {
+        let (hash, shard) = self.place(key);
+        shard.read().find(hash, |v| v.key() == key).cloned()
+    }
+
+    /// The value found by `key`, inserting `make()` (whose key must be `key`) first if there is
+    /// none.
+    pub fn get_or_insert_with(&self, key: &V::Key, make: impl FnOnce() -> V) -> V {
+        if let Some(v) = self.get(key) {
+            return v;
+        }
+        let (hash, shard) = self.place(key);
+        shard
+            .write()
+            .entry(hash, |v| v.key() == key, self.rehash())
+            .or_insert_with(make)
+            .get()
+            .clone()
+    }
+
+    /// Removes and returns the value found by `key`.
+    pub fn remove(&self, key: &V::Key) -> Option<V> {
+        let (hash, shard) = self.place(key);
+        let mut shard = shard.write();
+        let found = shard.find_entry(hash, |v| v.key() == key).ok()?;
+        Some(found.remove().0)
+    }
+
+    /// Removes the value found by `key` if `matches` it; true when it did.
+    pub fn remove_if(&self, key: &V::Key, matches: impl FnOnce(&V) -> bool) -> bool {
+        let (hash, shard) = self.place(key);
+        let mut shard = shard.write();
+        match shard.find_entry(hash, |v| v.key() == key) {
+            Ok(found) if matches(found.get()) => {
+                found.remove();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Number of values (sums the shards; a snapshot, not a consistent cut).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().len()).sum()
+    }
+
+    /// Whether the set holds no value.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Debug, PartialEq)]
+    struct Entry {
+        id: u64,
+        payload: String,
+    }
+
+    impl Keyed for Entry {
+        type Key = u64;
+        fn key(&self) -> &u64 {
+            &self.id
+        }
+    }
+
+    fn entry(id: u64) -> Entry {
+        Entry {
+            id,
+            payload: format!("v{id}"),
+        }
+    }
+
+    #[test]
+    fn a_set_finds_each_value_by_the_key_it_carries_through_growth_and_removal() {
+        let set: ShardedSet<Arc<Entry>> = ShardedSet::default();
+        for id in 0..20_000 {
+            let made = set.get_or_insert_with(&id, || Arc::new(entry(id)));
+            assert_eq!(made.id, id);
+        }
+        assert_eq!(set.len(), 20_000);
+        // A second insert keeps the first value.
+        let kept = set.get_or_insert_with(&7, || {
+            Arc::new(Entry {
+                id: 7,
+                payload: "new".into(),
+            })
+        });
+        assert_eq!(kept.payload, "v7");
+        for id in (0..20_000).step_by(2) {
+            assert_eq!(set.remove(&id).map(|e| e.id), Some(id));
+        }
+        assert_eq!(set.remove(&0), None);
+        assert!(!set.remove_if(&1, |_| false), "kept when it does not match");
+        assert!(set.remove_if(&1, |e| e.payload == "v1"));
+        assert!(set.get(&1).is_none() && set.get(&2).is_none());
+        assert!(
+            (3..20_000)
+                .step_by(2)
+                .all(|id| set.get(&id).is_some_and(|e| e.id == id))
+        );
+        assert_eq!(set.len(), 9_999);
+        assert!(!set.is_empty());
     }
 }

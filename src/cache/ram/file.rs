@@ -156,6 +156,15 @@ struct MemfdPart {
     backing: Mutex<Option<Arc<dyn Any + Send + Sync>>>,
 }
 
+/// Found in the tier by the identity of the version it holds.
+impl crate::shards::Keyed for RamFile {
+    type Key = Identity;
+
+    fn key(&self) -> &Identity {
+        &self.identity
+    }
+}
+
 impl RamFile {
     pub(super) fn new(
         identity: Identity,

@@ -32,7 +32,7 @@ use super::policy::{Choice, DecodedCaching};
 use crate::cache::metrics::{CacheMetrics, RamGauges};
 use crate::control::knobs::Knobs;
 use crate::memory::{MemoryBudget, Shed, Use};
-use crate::shards::ShardedMap;
+use crate::shards::ShardedSet;
 use crate::source::Identity;
 use memfd::MemfdAllowance;
 
@@ -144,7 +144,7 @@ pub(crate) struct Shared {
 /// The RAM tier of one mount: cached files (and decoded images) by identity.
 pub struct RamTier {
     shared: Arc<Shared>,
-    files: ShardedMap<Identity, Arc<RamFile>>,
+    files: ShardedSet<Arc<RamFile>>,
     derived: Derived,
     packer_thread: Option<JoinHandle<()>>,
 }
@@ -179,7 +179,7 @@ impl RamTier {
         RamTier {
             derived: Derived::new(shared.clone(), DecodedCaching::default()),
             shared,
-            files: ShardedMap::default(),
+            files: ShardedSet::default(),
             packer_thread,
         }
     }
@@ -248,7 +248,7 @@ impl RamTier {
     /// The cache entry of one file version, created empty on first use. `path` (relative to the
     /// source root) is recorded in disk entries; an `Arc` passed in is shared, not copied.
     pub fn file(&self, identity: Identity, path: impl Into<Arc<Path>>) -> Arc<RamFile> {
-        self.files.get_or_insert_with(identity, || {
+        self.files.get_or_insert_with(&identity, || {
             Arc::new(RamFile::new(
                 identity,
                 Content::Source,
