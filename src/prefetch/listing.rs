@@ -8,6 +8,8 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use hashbrown::HashTable;
+
 use crate::source::{Kind, Source};
 
 /// Names of one kind in a directory, in walk order, with where each stands (a prediction after a
@@ -19,9 +21,9 @@ pub(super) struct Names {
     bytes: Vec<u8>,
     /// Where each name ends in `bytes`.
     ends: Vec<u32>,
-    /// Position of each name by the xxh3 of its bytes (a colliding name keeps the first one's
-    /// slot and is then not found: one prediction missed, never a wrong one).
-    at: foldhash::HashMap<u64, u32>,
+    /// Each name's position, hashed by the xxh3 of its bytes and compared through `bytes`: 4
+    /// bytes a name, not a hash and a position beside it.
+    at: HashTable<u32>,
 }
 
 impl Names {
@@ -32,12 +34,17 @@ impl Names {
         let mut packed = Names {
             bytes: Vec::with_capacity(total),
             ends: Vec::with_capacity(names.len()),
-            at: foldhash::HashMap::with_capacity_and_hasher(names.len(), Default::default()),
+            at: HashTable::with_capacity(names.len()),
         };
-        for (i, n) in names.iter().enumerate() {
+        for n in &names {
             packed.bytes.extend_from_slice(n.as_bytes());
             packed.ends.push(packed.bytes.len() as u32);
-            packed.at.entry(name_hash(n)).or_insert(i as u32);
+        }
+        // Names of one directory are distinct: each goes in once.
+        for (i, n) in names.iter().enumerate() {
+            let Names { bytes, ends, at } = &mut packed;
+            let rehash = |&j: &u32| name_hash(name_at(bytes, ends, j as usize).unwrap_or_default());
+            at.insert_unique(name_hash(n), i as u32, rehash);
         }
         Some(packed)
     }
@@ -47,10 +54,8 @@ impl Names {
         match name {
             Some(name) => self
                 .at
-                .get(&name_hash(name))
-                .map(|&i| i as usize)
-                .filter(|&i| self.get(i) == Some(name))
-                .map_or(self.len(), |i| i + 1),
+                .find(name_hash(name), |&i| self.get(i as usize) == Some(name))
+                .map_or(self.len(), |&i| i as usize + 1),
             None => 0,
         }
     }
@@ -62,15 +67,20 @@ impl Names {
 
     /// The name at `i`.
     pub(super) fn get(&self, i: usize) -> Option<&OsStr> {
-        let end = *self.ends.get(i)? as usize;
-        let start = i.checked_sub(1).map_or(0, |p| self.ends[p] as usize);
-        Some(OsStr::from_bytes(&self.bytes[start..end]))
+        name_at(&self.bytes, &self.ends, i)
     }
 
     /// How many names.
     pub(super) fn len(&self) -> usize {
         self.ends.len()
     }
+}
+
+/// The name at `i` of names packed in `bytes`, each ending where `ends` says.
+fn name_at<'a>(bytes: &'a [u8], ends: &[u32], i: usize) -> Option<&'a OsStr> {
+    let end = *ends.get(i)? as usize;
+    let start = i.checked_sub(1).map_or(0, |p| ends[p] as usize);
+    Some(OsStr::from_bytes(&bytes[start..end]))
 }
 
 fn name_hash(name: &OsStr) -> u64 {
@@ -110,5 +120,27 @@ impl Listing {
             files: Names::index(files)?,
             dirs: Names::index(dirs)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_found_where_it_stands() {
+        let names: Vec<OsString> = (0..5_000)
+            .map(|i| OsString::from(format!("f{i:05}.jpg")))
+            .collect();
+        let packed = Names::index(names.clone()).expect("fits");
+        assert_eq!(packed.len(), names.len());
+        for (i, n) in names.iter().enumerate() {
+            assert_eq!(packed.get(i), Some(n.as_os_str()));
+            assert_eq!(packed.start_after(Some(n)), i + 1);
+        }
+        assert_eq!(packed.start_after(None), 0);
+        assert_eq!(packed.start_after(Some(OsStr::new("absent"))), packed.len());
+        let after: Vec<&OsStr> = packed.after(Some(OsStr::new("f04997.jpg"))).collect();
+        assert_eq!(after, ["f04998.jpg", "f04999.jpg"]);
     }
 }
