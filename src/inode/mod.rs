@@ -10,7 +10,6 @@
 //! dataset files' nodes are what the mount can ask the kernel to forget (`forgettable`): a later
 //! lookup makes them again. Must never touch the source: it only names things.
 
-use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
@@ -176,13 +175,13 @@ fn name_hash(parent: u64, name: &[&[u8]]) -> u64 {
 struct Names(HashTable<u64>);
 
 impl Names {
-    fn get(&self, by_ino: &HashMap<u64, Arc<Node>>, parent: u64, name: &[u8]) -> Option<u64> {
+    fn get(&self, by_ino: &Nodes, parent: u64, name: &[u8]) -> Option<u64> {
         let named = |ino: &u64| by_ino.get(ino).is_some_and(|n| n.is_named(parent, name));
         self.0.find(name_hash(parent, &[name]), named).copied()
     }
 
     /// Points `node`'s name at it; `replace`: also when the name points at another node now.
-    fn insert(&mut self, by_ino: &HashMap<u64, Arc<Node>>, node: &Node, replace: bool) {
+    fn insert(&mut self, by_ino: &Nodes, node: &Node, replace: bool) {
         let (name, suffix) = node.name_parts();
         let full = [name, suffix].concat();
         let named = |ino: &u64| {
@@ -210,9 +209,54 @@ impl Names {
     }
 }
 
+/// The hash of an inode number. The numbers are the mount's own, counted up: a multiplicative
+/// hash spreads them over the table's buckets (low bits) and tags (top bits).
+fn ino_hash(ino: u64) -> u64 {
+    ino.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// inode number -> node, storing only the node (its number lives in it).
+#[derive(Default)]
+struct Nodes(HashTable<Arc<Node>>);
+
+impl Nodes {
+    fn get(&self, ino: &u64) -> Option<&Arc<Node>> {
+        self.0.find(ino_hash(*ino), |n| n.ino == *ino)
+    }
+
+    /// Adds `node` unless a node has its number; true when it did.
+    fn insert(&mut self, node: Arc<Node>) -> bool {
+        let ino = node.ino;
+        match self
+            .0
+            .entry(ino_hash(ino), |n| n.ino == ino, |n| ino_hash(n.ino))
+        {
+            hashbrown::hash_table::Entry::Occupied(_) => false,
+            hashbrown::hash_table::Entry::Vacant(slot) => {
+                slot.insert(node);
+                true
+            }
+        }
+    }
+
+    fn remove(&mut self, ino: u64) {
+        if let Ok(found) = self.0.find_entry(ino_hash(ino), |n| n.ino == ino) {
+            found.remove();
+        }
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Arc<Node>> {
+        self.0.iter()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 #[derive(Default)]
 struct Tables {
-    by_ino: HashMap<u64, Arc<Node>>,
+    by_ino: Nodes,
     by_name: Names,
     next: u64,
 }
@@ -273,7 +317,7 @@ impl InodeTable {
             ..Tables::default()
         };
         let root = new_node(ROOT, ROOT, PathBuf::from("."), Kind::Directory, None);
-        tables.by_ino.insert(ROOT, root);
+        tables.by_ino.insert(root);
         for index in 0..views.min(MAX_VIEWS) {
             let ino = FIRST_VIEW_ROOT + index as u64;
             let node = new_node(
@@ -283,7 +327,7 @@ impl InodeTable {
                 Kind::Directory,
                 Some(index as u16),
             );
-            tables.by_ino.insert(ino, node);
+            tables.by_ino.insert(node);
         }
         InodeTable {
             tables: RwLock::new(tables),
@@ -346,7 +390,7 @@ impl InodeTable {
         };
         let node = new_node(ino, parent.ino, path, kind, parent.view);
         self.charge(&node);
-        tables.by_ino.insert(ino, node.clone());
+        tables.by_ino.insert(node.clone());
         tables.name(&node, true);
         node
     }
@@ -387,9 +431,8 @@ impl InodeTable {
             return;
         }
         let mut tables = self.tables.write();
-        if let std::collections::hash_map::Entry::Vacant(slot) = tables.by_ino.entry(node.ino) {
+        if tables.by_ino.insert(node.clone()) {
             self.charge(node);
-            slot.insert(node.clone());
         }
         tables.name(node, false);
     }
@@ -420,7 +463,7 @@ impl InodeTable {
             .get(&ino)
             .is_some_and(|n| Arc::ptr_eq(n, &node))
         {
-            tables.by_ino.remove(&ino);
+            tables.by_ino.remove(ino);
             self.release(&node);
         }
         tables.by_name.remove(&node);
