@@ -1,8 +1,7 @@
 //! A daemon that never takes the training job down, through real mounts: memory stays within
 //! the budget in a real memory cgroup, freed staging memory leaves the daemon, budgets that
-//! cannot work are refused, huge sparse files
-//! cost nothing, a hung source holds up only the requests that touch it, and the kernel's
-//! forgotten names leave the inode table. Each test reproduces a way an audit took the daemon
+//! cannot work are refused, huge sparse files cost nothing, a hung source holds up only the
+//! requests that touch it, and the kernel's forgotten names leave the inode table. Each test reproduces a way an audit took the daemon
 //! down (a crash, an OOM kill, a hang, unbounded growth).
 
 mod common;

@@ -8,8 +8,8 @@
 //! back to the kernel when `heap::Trimmer` says so, and as pressure begins (after shedding, so
 //! the shed bytes leave the process). Must never block anything but itself (a trim holds each
 //! allocator arena's lock in turn, so an allocating thread may wait that long: 52-66 ms for a
-//! heap of a million small blocks, measured outside prepfs), and never take memory back from a reader: shedding is the budget's, and it only drops what
-//! nobody is using.
+//! heap of a million small blocks, measured outside prepfs), and never take memory back from a
+//! reader: shedding is the budget's, and it only drops what nobody is using.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -64,7 +64,8 @@ pub struct Pass {
 }
 
 impl Pass {
-    /// An empty pass with room for `files` without growing, and positions for the set's `known`
+    /// An empty pass with room for `files` without growing (a million-entry order grown as the
+    /// pass goes is copied at once on the planner thread), and positions for the set's `known`
     /// files.
     fn with_capacity(files: usize, known: usize) -> Pass {
         Pass {
