@@ -1,4 +1,5 @@
-//! Scale benchmark: one directory of 100,000 and 1,000,000 small files through a real mount.
+//! Scale benchmark: 100,000 and 1,000,000 small files in one directory (and, when asked, more
+//! in a tree of class directories) through a real mount.
 //!
 //! Run with `cargo bench --bench scale` (as root, with /dev/fuse); `-- --quick` runs 2,000 files
 //! once and checks what it can check without timing (every file listed and read through the
@@ -10,7 +11,10 @@
 //! planner's CPU per open (`prefetch.planner.*`, and the daemon's whole CPU per open during the
 //! reads), and opens the planner dropped.
 //!
-//! The files are sparse (a size, no blocks): 1M of them take inodes, not disk. Knobs
+//! Past `FLAT_MAX` files the dataset is a tree, as ImageNet-21k's is: directories of
+//! `PER_DIR` files, listed with `ls -lR` instead of `ls -l`, and the RAM cache grows with the
+//! count (`cache_mem`). The files are sparse (a size, no blocks): 1M of them take inodes, not
+//! disk. Knobs
 //! (environment): `PREPFS_BENCH_DIR` (where the dataset lives, default /var/tmp; it is kept
 //! between runs, as `prepfs-scale-N`), `PREPFS_SCALE_COUNTS` (file counts, default
 //! `100000,1000000`), `PREPFS_BENCH_REPS` (listing repetitions, default 5),
@@ -35,8 +39,12 @@ use measure::{loadavg, median};
 const PREPFS: &str = env!("CARGO_BIN_EXE_prepfs");
 /// Bytes of each file: a small sample's order of magnitude, sparse on the source.
 const FILE_SIZE: u64 = 512;
-/// RAM cache budget: holds 1M files' bytes and their entries with room to spare.
-const CACHE_MEM: &str = "3G";
+/// RAM cache budget up to 1M files: holds their bytes and entries with room to spare.
+const CACHE_MEM_BYTES: u64 = 3 << 30;
+/// The most files a dataset keeps in one directory; more make a tree.
+const FLAT_MAX: usize = 1_000_000;
+/// Files per directory of a tree, about an ImageNet class's.
+const PER_DIR: usize = 1_000;
 /// The quick mode's files.
 const QUICK_FILES: usize = 2_000;
 
@@ -89,7 +97,7 @@ fn main() {
     eprintln!("load at end: {}", loadavg());
 }
 
-/// `n` sparse files of `FILE_SIZE` bytes in one directory under `base`, made once.
+/// `n` sparse files of `FILE_SIZE` bytes under `base` (see `name`), made once.
 fn dataset(base: &Path, n: usize) -> PathBuf {
     let dir = base.join(format!("prepfs-scale-{n}"));
     let data = dir.join("data");
@@ -100,7 +108,12 @@ fn dataset(base: &Path, n: usize) -> PathBuf {
     let t = Instant::now();
     std::fs::create_dir_all(&data).expect("mkdir dataset");
     for i in 0..n {
-        let f = File::create(data.join(name(i))).expect("create file");
+        let path = data.join(name(i, n));
+        if i % PER_DIR == 0 && n > FLAT_MAX {
+            std::fs::create_dir_all(path.parent().expect("a class directory"))
+                .expect("mkdir class");
+        }
+        let f = File::create(path).expect("create file");
         f.set_len(FILE_SIZE).expect("size file");
     }
     File::create(&done).expect("mark dataset complete");
@@ -108,8 +121,31 @@ fn dataset(base: &Path, n: usize) -> PathBuf {
     data
 }
 
-fn name(i: usize) -> String {
-    format!("n{:08}_{i:07}.JPEG", i % 1000)
+/// File `i` of a dataset of `n`: flat up to `FLAT_MAX` files, else in class directories of
+/// `PER_DIR` files.
+fn name(i: usize, n: usize) -> String {
+    if n > FLAT_MAX {
+        format!("n{:08}/n{:08}_{i:08}.JPEG", i / PER_DIR, i / PER_DIR)
+    } else {
+        format!("n{:08}_{i:07}.JPEG", i % 1000)
+    }
+}
+
+/// The listing command for a dataset of `n` files and the lines it prints: `ls -l` of the one
+/// directory (the files and a total line), or `ls -lR` of the tree (a header and a total for
+/// the top, its directories, and per directory a blank line, a header, a total and its files).
+fn listing(n: usize) -> (&'static [&'static str], usize) {
+    if n > FLAT_MAX {
+        let dirs = n.div_ceil(PER_DIR);
+        (&["-lR"], 2 + dirs + 3 * dirs + n)
+    } else {
+        (&["-l"], n + 1)
+    }
+}
+
+/// The RAM cache budget for `n` files: `CACHE_MEM_BYTES`, or 1 KB per file past it.
+fn cache_mem(n: usize) -> String {
+    CACHE_MEM_BYTES.max(n as u64 * 1000).to_string()
 }
 
 /// One row of the table for `n` files.
@@ -119,19 +155,20 @@ fn measure(binary: &str, source: &Path, n: usize, reps: usize, quick: bool) -> S
         .tempdir()
         .expect("mountpoint");
     let t = Instant::now();
-    let mount = MountGuard::mount(binary, source, mnt.path());
+    let mount = MountGuard::mount(binary, source, mnt.path(), &cache_mem(n));
     let mount_s = t.elapsed().as_secs_f64();
     let rss_empty = mount.rss();
 
     // Listings: the first through the mount (cold) is not counted; then each repetition lists
     // natively and through the mount, interleaved.
-    let listed = timed_count("ls", &["-l"], mnt.path()).1;
-    assert_eq!(listed, n + 1, "ls -l lists every file (and its total line)");
+    let (ls_args, ls_lines) = listing(n);
+    let listed = timed_count("ls", ls_args, mnt.path()).1;
+    assert_eq!(listed, ls_lines, "ls lists every file (and its headers)");
     let (mut ls, mut find) = (Vec::new(), Vec::new());
     for _ in 0..reps {
-        let native = timed_count("ls", &["-l"], source).0;
-        let (through, lines) = timed_count("ls", &["-l"], mnt.path());
-        assert_eq!(lines, n + 1);
+        let native = timed_count("ls", ls_args, source).0;
+        let (through, lines) = timed_count("ls", ls_args, mnt.path());
+        assert_eq!(lines, ls_lines);
         ls.push((native, through));
         let native = timed_count("find", &["-type", "f"], source).0;
         let (through, lines) = timed_count("find", &["-type", "f"], mnt.path());
@@ -141,7 +178,7 @@ fn measure(binary: &str, source: &Path, n: usize, reps: usize, quick: bool) -> S
     let rss_listed = mount.rss();
 
     // Two passes over every file: sorted, then shuffled.
-    let mut names: Vec<String> = (0..n).map(name).collect();
+    let mut names: Vec<String> = (0..n).map(|i| name(i, n)).collect();
     names.sort();
     let cpu = mount.daemon_cpu();
     let mut buf = Vec::new();
@@ -224,12 +261,12 @@ struct MountGuard {
 }
 
 impl MountGuard {
-    fn mount(binary: &str, source: &Path, mnt: &Path) -> MountGuard {
+    fn mount(binary: &str, source: &Path, mnt: &Path, cache_mem: &str) -> MountGuard {
         let status = Command::new(binary)
             .arg("mount")
             .arg(source)
             .arg(mnt)
-            .args(["--cache-mem", CACHE_MEM])
+            .args(["--cache-mem", cache_mem])
             .status()
             .expect("run prepfs mount");
         assert!(status.success(), "prepfs mount failed: {status}");
