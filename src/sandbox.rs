@@ -461,6 +461,14 @@ impl Cgroup {
         })
     }
 
+    /// Throttles its members' reads from device `dev` ("major:minor") to `bytes_per_s`, or lifts
+    /// the throttle (`None`), from now on.
+    pub fn throttle_reads(&self, dev: &str, bytes_per_s: Option<u64>) -> Result<(), String> {
+        let path = self.blkio.join("blkio.throttle.read_bps_device");
+        let value = format!("{dev} {}", bytes_per_s.unwrap_or(0));
+        std::fs::write(&path, &value).map_err(|e| format!("{} <- {value}: {e}", path.display()))
+    }
+
     /// A command that joins this cgroup, then runs `program` with `args`.
     pub fn command(&self, program: &Path, args: &[String]) -> Command {
         let mut cmd = Command::new("/bin/sh");
