@@ -25,7 +25,7 @@ use crate::control::action::{Action, CODECS, Head, Mask};
 use crate::control::knobs::Knobs;
 use crate::fs::{Figures, Fs, FsMetrics, FsOptions, Parts, Report, View, Views};
 use crate::inode::InodeTable;
-use crate::memory::{MemoryBudget, MemoryPlan, Shed};
+use crate::memory::{MemoryBudget, MemoryPlan, Shed, Use};
 use crate::metrics::Samples;
 use crate::prefetch::{Ahead, Prefetcher, ReaderWaits, SetId, ViewWork, WorkAhead};
 use crate::requests::RequestPool;
@@ -85,7 +85,10 @@ pub(crate) fn build_observed(
     let budget = MemoryBudget::new(plan);
     let packer = Arc::new(Packer::new(policy, telemetry.clone(), metrics.clone()));
     let staging = Arc::new(Staging::new(budget.clone(), metrics.clone()));
-    budget.add_shed(Arc::downgrade(&(staging.clone() as Arc<dyn Shed>)));
+    budget.add_shed(
+        Use::Staging,
+        Arc::downgrade(&(staging.clone() as Arc<dyn Shed>)),
+    );
     let ram = RamTier::new(budget.clone(), packer.clone(), metrics.clone())
         .with_decoded_caching(cache.decoded)
         .with_small_memfds(config.fuse.passthrough)

@@ -18,8 +18,8 @@ use crate::cache::{CacheDir, DiskOptions, DiskSetup};
 use crate::config::{ConfigError, MountConfig};
 use crate::fs::Fs;
 use crate::fuse::{Adapter, Config, Forgetter, MountOption, SessionACL, Unmount};
-use crate::memory::Shed;
 use crate::memory::pressure::PressureWatch;
+use crate::memory::{Shed, Use};
 use crate::source::{LocalSource, Source};
 
 /// Line a daemon child prints on stdout once its mount answers.
@@ -174,8 +174,10 @@ pub fn start(cfg: &MountConfig) -> Result<Mounted, RunError> {
         let _ = unmounter.unmount();
         mount_error(format!("cannot start the forget thread: {e}"))
     })?;
-    fs.memory()
-        .add_shed(Arc::downgrade(&(forgetter.clone() as Arc<dyn Shed>)));
+    fs.memory().add_shed(
+        Use::Cache,
+        Arc::downgrade(&(forgetter.clone() as Arc<dyn Shed>)),
+    );
     let session = std::thread::Builder::new()
         .name("prepfs-session".into())
         .spawn(move || session.run())

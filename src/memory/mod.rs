@@ -204,8 +204,8 @@ pub struct MemoryBudget {
     /// Renders waiting for room; released bytes wake them.
     room: Mutex<usize>,
     freed: Condvar,
-    /// What can give memory back, in the order it is asked.
-    shedders: Mutex<Vec<Weak<dyn Shed>>>,
+    /// What can give memory back, with the slice it frees, in the order it is asked.
+    shedders: Mutex<Vec<(Use, Weak<dyn Shed>)>>,
 }
 
 impl std::fmt::Debug for MemoryBudget {
@@ -377,9 +377,13 @@ impl MemoryBudget {
         if let Some(work) = self.try_work(bytes) {
             return Ok(work);
         }
-        self.shed_all();
-        if let Some(work) = self.try_work(bytes) {
-            return Ok(work);
+        // Idle work first (renders held for jobs that have not come for them), so a render
+        // never costs the caches while work can make room for work.
+        for shed in [Some(Use::Work), None] {
+            self.shed(shed);
+            if let Some(work) = self.try_work(bytes) {
+                return Ok(work);
+            }
         }
         self.waits.fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + patience;
@@ -401,17 +405,27 @@ impl MemoryBudget {
         })
     }
 
-    /// Registers something that can give memory back; asked in registration order.
-    pub fn add_shed(&self, shed: Weak<dyn Shed>) {
-        self.shedders.lock().push(shed);
+    /// Registers something that can give back memory of slice `frees`; asked in registration
+    /// order.
+    pub fn add_shed(&self, frees: Use, shed: Weak<dyn Shed>) {
+        self.shedders.lock().push((frees, shed));
     }
 
     /// Asks every registered `Shed` to give back what it can; the bytes released.
     pub fn shed_all(&self) -> u64 {
+        self.shed(None)
+    }
+
+    /// Asks the registered `Shed`s of slice `only` (all when `None`) to give back what they
+    /// can; the bytes released.
+    fn shed(&self, only: Option<Use>) -> u64 {
         let shedders: Vec<Arc<dyn Shed>> = {
             let mut list = self.shedders.lock();
-            list.retain(|s| s.strong_count() > 0);
-            list.iter().filter_map(Weak::upgrade).collect()
+            list.retain(|(_, s)| s.strong_count() > 0);
+            list.iter()
+                .filter(|(frees, _)| only.is_none_or(|u| u == *frees))
+                .filter_map(|(_, s)| s.upgrade())
+                .collect()
         };
         let freed: u64 = shedders.iter().map(|s| s.shed()).sum();
         self.shed_bytes.fetch_add(freed, Ordering::Relaxed);
@@ -575,6 +589,33 @@ mod tests {
     }
 
     #[test]
+    fn a_render_sheds_idle_work_before_anything_cached() {
+        let b = budget(2 * MIB, 0, 2 * MIB);
+        assert!(b.admit(Use::Cache, 2 * MIB));
+        // Renders held for other jobs: work nobody is using now.
+        struct Idle(Mutex<Option<Work>>);
+        impl Shed for Idle {
+            fn shed(&self) -> u64 {
+                self.0.lock().take().map_or(0, |w| w.bytes())
+            }
+        }
+        let idle = Arc::new(Idle(Mutex::new(Some(b.in_flight(2 * MIB)))));
+        let cached = Arc::new(Held(Mutex::new(2 * MIB)));
+        let (idle_shed, cached_shed): (Arc<dyn Shed>, Arc<dyn Shed>) =
+            (idle.clone(), cached.clone());
+        // Registered first, so only the slice it frees puts it ahead.
+        b.add_shed(Use::Cache, Arc::downgrade(&cached_shed));
+        b.add_shed(Use::Work, Arc::downgrade(&idle_shed));
+        let work = b
+            .work(2 * MIB, Duration::ZERO)
+            .expect("the idle work made room");
+        assert_eq!(work.bytes(), 2 * MIB);
+        assert!(idle.0.lock().is_none(), "idle work shed");
+        assert_eq!(*cached.0.lock(), 2 * MIB, "the cache kept");
+        assert_eq!(b.used(Use::Cache), 2 * MIB);
+    }
+
+    #[test]
     fn a_render_without_room_sheds_first_and_pressure_stops_admission() {
         let b = budget(2 * MIB, 2 * MIB, 0);
         assert!(b.admit(Use::Staging, 2 * MIB));
@@ -590,7 +631,7 @@ mod tests {
             }
         }
         let shed: Arc<dyn Shed> = Arc::new(Release(staging, staged));
-        b.add_shed(Arc::downgrade(&shed));
+        b.add_shed(Use::Staging, Arc::downgrade(&shed));
         let work = b
             .work(2 * MIB, Duration::ZERO)
             .expect("staging was shed for it");

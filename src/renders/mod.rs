@@ -36,7 +36,7 @@ use parking_lot::Mutex;
 use crate::cache::{BlockFetcher, ReadBytes, Unpacked};
 use crate::error::FsError;
 use crate::inode::{self, Node};
-use crate::memory::{Shed, Work};
+use crate::memory::{Shed, Use, Work};
 use crate::source::{Identity, Source, SourceFile};
 use crate::view::limits::MAX_ENCODED_BYTES;
 use crate::view::metrics::{JobFigures, ViewMetrics};
@@ -237,7 +237,7 @@ impl Views {
         let budget = fetcher.budget();
         let sharing = Arc::new(Sharing::new(budget.clone()));
         let shed: Arc<dyn Shed> = sharing.clone();
-        budget.add_shed(Arc::downgrade(&shed));
+        budget.add_shed(Use::Work, Arc::downgrade(&shed));
         Views {
             list,
             seed,
@@ -726,7 +726,11 @@ impl Views {
     ) -> Result<Arc<ViewOpen>, FsError> {
         let view = self.get(index)?;
         view.metrics.opens.inc();
-        let opened = self.sharing.open(index, node.ino, pid);
+        let render_bytes = view
+            .spec
+            .fixed_size()
+            .map(|(height, width)| view.spec.npy_size(height, width));
+        let opened = self.sharing.open(index, node.ino, pid, render_bytes);
         if opened.new_job {
             view.metrics.jobs_seen.inc();
         }

@@ -4,9 +4,11 @@
 //! by a job is rendered with the seed of (view, path, k), so jobs in the same epoch ask for the
 //! same tensor, and each job still gets a fresh one every epoch), and the renders held for other
 //! jobs: when more than one job reads a view, an open's render is published under (file, k) until
-//! the other jobs reading the view have taken it, `HOLD_PATIENCE` passes, `MAX_HELD` newer ones
-//! push it out, or the memory budget sheds it (each held render stays charged to the budget, so
-//! holding never takes the daemon past it: a render that needs the room sheds them first). Must
+//! the other jobs reading the view have taken it, `HOLD_PATIENCE` passes, newer ones push it out
+//! (at most `MAX_HELD`, and no more than half the budget's work slice holds), or the memory
+//! budget sheds it (each held render stays charged to the budget, so holding never takes the
+//! daemon past it: a render that needs the room sheds them before anything cached). A job whose
+//! process ended stops counting as a reader within `SWEEP_EVERY`. Must
 //! never make a job wait for another (an open that finds no render held makes its own; one that
 //! finds a render still running waits for it, which is the work it would do anyway), never hold a
 //! render the budget needs, and never count a job's opens by another's.
@@ -19,11 +21,11 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::jobs::{Job, JobId, Jobs};
-use crate::memory::{MemoryBudget, Shed, Work};
+use crate::memory::{MemoryBudget, Shed, Use, Work};
 use crate::view::metrics::JobFigures;
 
 /// A job that opened no file of a view for this long no longer counts as reading it: renders are
-/// no longer held for it.
+/// no longer held for it (one whose process ended stops counting at the next sweep).
 const JOB_ACTIVE: Duration = Duration::from_secs(30);
 /// Renders held for other jobs at most (each a whole .npy file, charged to the budget, which
 /// binds first for large tensors).
@@ -32,8 +34,9 @@ const MAX_HELD: usize = 4096;
 /// file up to an epoch apart. Jobs further apart lose the sharing, never correctness (a render is
 /// a pure function of its seed, so a job that comes later renders the same bytes again).
 const HOLD_PATIENCE: Duration = Duration::from_secs(60);
-/// How often jobs whose processes ended are forgotten with their counts.
-const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// How often jobs whose processes ended are forgotten with their counts: a few /proc reads per
+/// job, under the lock, once a second.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// A job named by `PREPFS_JOB` (whose end prepfs cannot see) is forgotten after this long idle.
 const NAMED_JOB_IDLE: Duration = Duration::from_secs(3600);
 /// What one open count costs in memory, charged to the budget: key, value and the hash table's
@@ -127,8 +130,10 @@ impl<T> Sharing<T> {
         self.enabled.store(enabled, Ordering::Relaxed);
     }
 
-    /// An open of view `view`'s file `ino` by the process (or thread) `pid`.
-    pub fn open(&self, view: u16, ino: u64, pid: u32) -> Opened<T> {
+    /// An open of view `view`'s file `ino` by the process (or thread) `pid`; its render takes
+    /// `render_bytes` when the view fixes its size (then no more renders are held than half the
+    /// work slice fits).
+    pub fn open(&self, view: u16, ino: u64, pid: u32, render_bytes: Option<u64>) -> Opened<T> {
         let job = self.jobs.of(pid);
         let now = Instant::now();
         let mut state = self.state.lock();
@@ -157,7 +162,11 @@ impl<T> Sharing<T> {
             }
         };
         let count = u64::from(count);
-        if others == 0 || !self.enabled.load(Ordering::Relaxed) {
+        let most_held = render_bytes.map_or(MAX_HELD, |bytes| {
+            let room = self.budget.slice(Use::Work) / 2;
+            usize::try_from(room / bytes.max(1)).map_or(MAX_HELD, |n| n.min(MAX_HELD))
+        });
+        if others == 0 || most_held == 0 || !self.enabled.load(Ordering::Relaxed) {
             return Opened {
                 count,
                 share: Share::Alone,
@@ -175,7 +184,7 @@ impl<T> Sharing<T> {
                 Share::Take(slot)
             }
             None => {
-                while state.held.len() >= MAX_HELD && !state.order.is_empty() {
+                while state.held.len() >= most_held && !state.order.is_empty() {
                     state.drop_oldest();
                 }
                 if state.order.len() >= 4 * MAX_HELD {
@@ -270,10 +279,8 @@ impl<T> State<T> {
             return;
         }
         self.swept = now;
-        self.per_job.retain(|_, j| {
-            let idle = now.duration_since(j.last_open);
-            idle < JOB_ACTIVE || (j.job.alive() && idle < NAMED_JOB_IDLE)
-        });
+        self.per_job
+            .retain(|_, j| now.duration_since(j.last_open) < NAMED_JOB_IDLE && j.job.alive());
     }
 }
 
@@ -327,10 +334,10 @@ mod tests {
     fn one_job_counts_its_opens_of_each_file_and_shares_nothing() {
         let (sharing, budget) = sharing();
         let me = std::process::id();
-        let counts: Vec<u64> = (0..3).map(|_| sharing.open(0, 7, me).count).collect();
+        let counts: Vec<u64> = (0..3).map(|_| sharing.open(0, 7, me, None).count).collect();
         assert_eq!(counts, [0, 1, 2]);
-        assert_eq!(sharing.open(0, 8, me).count, 0);
-        assert!(matches!(sharing.open(0, 9, me).share, Share::Alone));
+        assert_eq!(sharing.open(0, 8, me, None).count, 0);
+        assert!(matches!(sharing.open(0, 9, me, None).share, Share::Alone));
         assert_eq!(sharing.figures(0, |_| 0).jobs, 1);
         assert_eq!(sharing.figures(1, |_| 0).jobs, 0);
         assert_eq!(budget.used(crate::memory::Use::Work), 3 * COUNT_BYTES);
@@ -348,19 +355,19 @@ mod tests {
             .expect("sleep");
         let (a, b) = (std::process::id(), other.id());
         // Job b reads the view; then a opens file 5 first and publishes its render...
-        assert!(matches!(sharing.open(0, 9, b).share, Share::Alone));
-        let Share::Publish(published) = sharing.open(0, 5, a).share else {
+        assert!(matches!(sharing.open(0, 9, b, None).share, Share::Alone));
+        let Share::Publish(published) = sharing.open(0, 5, a, None).share else {
             panic!("a render for the other job to take");
         };
         // ... which b's open of file 5 in the same epoch takes, once.
-        let opened = sharing.open(0, 5, b);
+        let opened = sharing.open(0, 5, b, None);
         assert_eq!(opened.count, 0);
         let Share::Take(taken) = opened.share else {
             panic!("b takes a's render");
         };
         assert!(Arc::ptr_eq(&published, &taken));
         // The next epoch of file 5 is another render: b publishes it this time.
-        let Share::Publish(next) = sharing.open(0, 5, b).share else {
+        let Share::Publish(next) = sharing.open(0, 5, b, None).share else {
             panic!("b publishes epoch 1");
         };
         // b's render of epoch 1 is held for a: its bytes once finished.
@@ -376,8 +383,62 @@ mod tests {
             (held(&sharing).held_renders, held(&sharing).evicted),
             (0, 1)
         );
-        assert!(matches!(sharing.open(0, 5, a).share, Share::Publish(_)));
+        assert!(matches!(
+            sharing.open(0, 5, a, None).share,
+            Share::Publish(_)
+        ));
         assert_eq!(sharing.figures(0, |_| 0).jobs, 2);
+        let _ = other.kill();
+        let _ = other.wait();
+    }
+
+    #[test]
+    fn a_job_whose_process_ended_stops_counting_at_the_next_sweep() {
+        let (sharing, _budget) = sharing();
+        let mut other = Command::new("sleep")
+            .arg("30")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("sleep");
+        let (a, b) = (std::process::id(), other.id());
+        assert!(matches!(sharing.open(0, 9, b, None).share, Share::Alone));
+        assert!(matches!(
+            sharing.open(0, 5, a, None).share,
+            Share::Publish(_)
+        ));
+        let _ = other.kill();
+        let _ = other.wait();
+        std::thread::sleep(SWEEP_EVERY + Duration::from_millis(50));
+        // b ended well within JOB_ACTIVE of its open: nothing is held for it any more.
+        assert!(matches!(sharing.open(0, 6, a, None).share, Share::Alone));
+        assert_eq!(sharing.figures(0, |_| 0).jobs, 1);
+    }
+
+    #[test]
+    fn held_renders_take_at_most_half_the_work_slice() {
+        // The helper's work slice: 128 MiB, so at most two renders of 32 MiB are held.
+        let (sharing, _budget) = sharing();
+        let mut other = Command::new("sleep")
+            .arg("30")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("sleep");
+        let (a, b) = (std::process::id(), other.id());
+        let render = Some(32 << 20);
+        assert!(matches!(sharing.open(0, 9, b, render).share, Share::Alone));
+        for file in 1..=3 {
+            assert!(matches!(
+                sharing.open(0, file, a, render).share,
+                Share::Publish(_)
+            ));
+        }
+        let figures = sharing.figures(0, |_| 0);
+        assert_eq!((figures.held_renders, figures.evicted), (2, 1));
+        // A render larger than half the slice is never held: each job renders its own.
+        assert!(matches!(
+            sharing.open(0, 4, a, Some(65 << 20)).share,
+            Share::Alone
+        ));
         let _ = other.kill();
         let _ = other.wait();
     }
@@ -393,11 +454,11 @@ mod tests {
             .expect("sleep");
         let (a, b) = (std::process::id(), other.id());
         for pid in [b, a, b, a] {
-            assert!(matches!(sharing.open(0, 5, pid).share, Share::Alone));
+            assert!(matches!(sharing.open(0, 5, pid, None).share, Share::Alone));
         }
         // Each job's own count: the same tensors as with sharing on, rendered by each.
-        assert_eq!(sharing.open(0, 5, a).count, 2);
-        assert_eq!(sharing.open(0, 5, b).count, 2);
+        assert_eq!(sharing.open(0, 5, a, None).count, 2);
+        assert_eq!(sharing.open(0, 5, b, None).count, 2);
         assert_eq!(sharing.figures(0, |_| 0).jobs, 2);
         let _ = other.kill();
         let _ = other.wait();

@@ -216,7 +216,7 @@ impl RamTier {
     pub fn shared(self) -> Arc<RamTier> {
         let ram = Arc::new(self);
         let decoded: Arc<dyn Shed> = ram.clone();
-        ram.budget().add_shed(Arc::downgrade(&decoded));
+        ram.budget().add_shed(Use::Cache, Arc::downgrade(&decoded));
         ram
     }
 
