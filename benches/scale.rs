@@ -8,8 +8,8 @@
 //! `find -type f` once listed against the same commands on the source directory (interleaved,
 //! medians, the ratio mount/native), the daemon's resident memory per file after the metadata
 //! walk and after reading every file twice (sorted, then shuffled, as a loader's epochs do), the
-//! planner's CPU per open (`prefetch.planner.*`, and the daemon's whole CPU per open during the
-//! reads), and opens the planner dropped.
+//! planner's CPU per open and the files it looked at per open (`prefetch.planner.*`), the
+//! daemon's whole CPU per open during the reads, and opens the planner dropped.
 //!
 //! Past `FLAT_MAX` files the dataset is a tree, as ImageNet-21k's is: directories of
 //! `PER_DIR` files, listed with `ls -lR` instead of `ls -l`, and the RAM cache grows with the
@@ -86,9 +86,9 @@ fn main() {
         .as_ref()
         .map_or(parent.clone(), |s| s.path().to_path_buf());
     println!(
-        "| files | mount s | ls -l native s | ls -l mount s | ratio | find native s | find mount s | ratio | RSS B/file after stat | RSS B/file after reads | planner us/open | daemon CPU us/open | dropped opens |"
+        "| files | mount s | ls -l native s | ls -l mount s | ratio | find native s | find mount s | ratio | RSS B/file after stat | RSS B/file after reads | planner us/open | planner candidates/open | daemon CPU us/open | dropped opens |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for n in counts {
         let source = dataset(&base, n);
         let row = measure(&binary, &source, n, reps, quick);
@@ -207,6 +207,11 @@ fn measure(binary: &str, source: &Path, n: usize, reps: usize, quick: bool) -> S
         // A build without the planner's counters.
         _ => "-".to_owned(),
     };
+    // Files the planner looked at per open (its predictors' candidates and plans).
+    let planner_work = match (planner["work"].as_u64(), planner["opens"].as_u64()) {
+        (Some(w), Some(opens)) if opens > 0 => format!("{:.0}", w as f64 / opens as f64),
+        _ => "-".to_owned(),
+    };
     if quick {
         let opens = planner["opens"].as_u64().expect("prefetch.planner.opens");
         assert_eq!(
@@ -224,7 +229,7 @@ fn measure(binary: &str, source: &Path, n: usize, reps: usize, quick: bool) -> S
     let (ls_n, ls_m, ls_r) = ratio(&ls);
     let (find_n, find_m, find_r) = ratio(&find);
     format!(
-        "| {n} | {mount_s:.2} | {ls_n:.2} | {ls_m:.2} | {ls_r:.2}x | {find_n:.2} | {find_m:.2} | {find_r:.2}x | {:.0} | {:.0} | {planner_us} | {:.1} | {dropped} |",
+        "| {n} | {mount_s:.2} | {ls_n:.2} | {ls_m:.2} | {ls_r:.2}x | {find_n:.2} | {find_m:.2} | {find_r:.2}x | {:.0} | {:.0} | {planner_us} | {planner_work} | {:.1} | {dropped} |",
         per_file(rss_listed),
         per_file(rss_read),
         daemon_cpu * 1e6 / (2 * n) as f64,
