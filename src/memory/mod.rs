@@ -272,6 +272,13 @@ impl MemoryBudget {
         self.used[use_ as usize].load(Ordering::Relaxed)
     }
 
+    /// Bytes of the whole budget not charged to anything now (a hint, as `has_room`).
+    pub fn free(&self) -> u64 {
+        self.plan
+            .limit()
+            .saturating_sub(self.total.load(Ordering::Relaxed))
+    }
+
     /// Bytes charged to staging and work now: heap memory that comes and goes. (The cache's
     /// bytes are mostly memfds, and it frees heap only when pressure sheds decoded pixels.)
     pub fn heap_charged(&self) -> u64 {

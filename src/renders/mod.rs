@@ -726,11 +726,7 @@ impl Views {
     ) -> Result<Arc<ViewOpen>, FsError> {
         let view = self.get(index)?;
         view.metrics.opens.inc();
-        let render_bytes = view
-            .spec
-            .fixed_size()
-            .map(|(height, width)| view.spec.npy_size(height, width));
-        let opened = self.sharing.open(index, node.ino, pid, render_bytes);
+        let opened = self.sharing.open(index, node.ino, pid);
         if opened.new_job {
             view.metrics.jobs_seen.inc();
         }

@@ -5,10 +5,11 @@
 //! same tensor, and each job still gets a fresh one every epoch), and the renders held for other
 //! jobs: when more than one job reads a view, an open's render is published under (file, k) until
 //! the other jobs reading the view have taken it, `HOLD_PATIENCE` passes, newer ones push it out
-//! (at most `MAX_HELD`, and no more than half the budget's work slice holds), or the memory
-//! budget sheds it (each held render stays charged to the budget, so holding never takes the
-//! daemon past it: a render that needs the room sheds them before anything cached). A job whose
-//! process ended stops counting as a reader within `SWEEP_EVERY`. Must
+//! (at most `MAX_HELD`, and only while the budget keeps a work slice's worth free for renders in
+//! flight), or the memory budget sheds it (each held render stays charged to the budget, so
+//! holding never takes the daemon past it: a render that needs the room sheds them before
+//! anything cached). A job whose process ended stops counting as a reader within
+//! `SWEEP_EVERY`. Must
 //! never make a job wait for another (an open that finds no render held makes its own; one that
 //! finds a render still running waits for it, which is the work it would do anyway), never hold a
 //! render the budget needs, and never count a job's opens by another's.
@@ -130,10 +131,8 @@ impl<T> Sharing<T> {
         self.enabled.store(enabled, Ordering::Relaxed);
     }
 
-    /// An open of view `view`'s file `ino` by the process (or thread) `pid`; its render takes
-    /// `render_bytes` when the view fixes its size (then no more renders are held than half the
-    /// work slice fits).
-    pub fn open(&self, view: u16, ino: u64, pid: u32, render_bytes: Option<u64>) -> Opened<T> {
+    /// An open of view `view`'s file `ino` by the process (or thread) `pid`.
+    pub fn open(&self, view: u16, ino: u64, pid: u32) -> Opened<T> {
         let job = self.jobs.of(pid);
         let now = Instant::now();
         let mut state = self.state.lock();
@@ -162,11 +161,7 @@ impl<T> Sharing<T> {
             }
         };
         let count = u64::from(count);
-        let most_held = render_bytes.map_or(MAX_HELD, |bytes| {
-            let room = self.budget.slice(Use::Work) / 2;
-            usize::try_from(room / bytes.max(1)).map_or(MAX_HELD, |n| n.min(MAX_HELD))
-        });
-        if others == 0 || most_held == 0 || !self.enabled.load(Ordering::Relaxed) {
+        if others == 0 || !self.enabled.load(Ordering::Relaxed) {
             return Opened {
                 count,
                 share: Share::Alone,
@@ -184,8 +179,20 @@ impl<T> Sharing<T> {
                 Share::Take(slot)
             }
             None => {
-                while state.held.len() >= most_held && !state.order.is_empty() {
+                // Held renders live in free room only: a work slice's worth stays free for the
+                // renders in flight, which would otherwise have to shed the caches.
+                let keep_free = self.budget.slice(Use::Work);
+                while (state.held.len() >= MAX_HELD || self.budget.free() < keep_free)
+                    && !state.order.is_empty()
+                {
                     state.drop_oldest();
+                }
+                if self.budget.free() < keep_free {
+                    return Opened {
+                        count,
+                        share: Share::Alone,
+                        new_job,
+                    };
                 }
                 if state.order.len() >= 4 * MAX_HELD {
                     // Keys of renders taken since: only those still held stay in line.
@@ -334,10 +341,10 @@ mod tests {
     fn one_job_counts_its_opens_of_each_file_and_shares_nothing() {
         let (sharing, budget) = sharing();
         let me = std::process::id();
-        let counts: Vec<u64> = (0..3).map(|_| sharing.open(0, 7, me, None).count).collect();
+        let counts: Vec<u64> = (0..3).map(|_| sharing.open(0, 7, me).count).collect();
         assert_eq!(counts, [0, 1, 2]);
-        assert_eq!(sharing.open(0, 8, me, None).count, 0);
-        assert!(matches!(sharing.open(0, 9, me, None).share, Share::Alone));
+        assert_eq!(sharing.open(0, 8, me).count, 0);
+        assert!(matches!(sharing.open(0, 9, me).share, Share::Alone));
         assert_eq!(sharing.figures(0, |_| 0).jobs, 1);
         assert_eq!(sharing.figures(1, |_| 0).jobs, 0);
         assert_eq!(budget.used(crate::memory::Use::Work), 3 * COUNT_BYTES);
@@ -355,19 +362,19 @@ mod tests {
             .expect("sleep");
         let (a, b) = (std::process::id(), other.id());
         // Job b reads the view; then a opens file 5 first and publishes its render...
-        assert!(matches!(sharing.open(0, 9, b, None).share, Share::Alone));
-        let Share::Publish(published) = sharing.open(0, 5, a, None).share else {
+        assert!(matches!(sharing.open(0, 9, b).share, Share::Alone));
+        let Share::Publish(published) = sharing.open(0, 5, a).share else {
             panic!("a render for the other job to take");
         };
         // ... which b's open of file 5 in the same epoch takes, once.
-        let opened = sharing.open(0, 5, b, None);
+        let opened = sharing.open(0, 5, b);
         assert_eq!(opened.count, 0);
         let Share::Take(taken) = opened.share else {
             panic!("b takes a's render");
         };
         assert!(Arc::ptr_eq(&published, &taken));
         // The next epoch of file 5 is another render: b publishes it this time.
-        let Share::Publish(next) = sharing.open(0, 5, b, None).share else {
+        let Share::Publish(next) = sharing.open(0, 5, b).share else {
             panic!("b publishes epoch 1");
         };
         // b's render of epoch 1 is held for a: its bytes once finished.
@@ -383,10 +390,7 @@ mod tests {
             (held(&sharing).held_renders, held(&sharing).evicted),
             (0, 1)
         );
-        assert!(matches!(
-            sharing.open(0, 5, a, None).share,
-            Share::Publish(_)
-        ));
+        assert!(matches!(sharing.open(0, 5, a).share, Share::Publish(_)));
         assert_eq!(sharing.figures(0, |_| 0).jobs, 2);
         let _ = other.kill();
         let _ = other.wait();
@@ -401,44 +405,51 @@ mod tests {
             .spawn()
             .expect("sleep");
         let (a, b) = (std::process::id(), other.id());
-        assert!(matches!(sharing.open(0, 9, b, None).share, Share::Alone));
-        assert!(matches!(
-            sharing.open(0, 5, a, None).share,
-            Share::Publish(_)
-        ));
+        assert!(matches!(sharing.open(0, 9, b).share, Share::Alone));
+        assert!(matches!(sharing.open(0, 5, a).share, Share::Publish(_)));
         let _ = other.kill();
         let _ = other.wait();
         std::thread::sleep(SWEEP_EVERY + Duration::from_millis(50));
         // b ended well within JOB_ACTIVE of its open: nothing is held for it any more.
-        assert!(matches!(sharing.open(0, 6, a, None).share, Share::Alone));
+        assert!(matches!(sharing.open(0, 6, a).share, Share::Alone));
         assert_eq!(sharing.figures(0, |_| 0).jobs, 1);
     }
 
     #[test]
-    fn held_renders_take_at_most_half_the_work_slice() {
-        // The helper's work slice: 128 MiB, so at most two renders of 32 MiB are held.
-        let (sharing, _budget) = sharing();
+    fn held_renders_leave_a_work_slice_free_for_renders_in_flight() {
+        // 80 MiB, 16 of them the work slice; the held renders are their charges.
+        let budget = MemoryBudget::new(MemoryPlan {
+            cache: 64 << 20,
+            staging: 0,
+            work: 16 << 20,
+        });
+        let sharing: Sharing<Work> = Sharing::new(budget.clone());
         let mut other = Command::new("sleep")
             .arg("30")
             .stdout(Stdio::null())
             .spawn()
             .expect("sleep");
         let (a, b) = (std::process::id(), other.id());
-        let render = Some(32 << 20);
-        assert!(matches!(sharing.open(0, 9, b, render).share, Share::Alone));
+        assert!(matches!(sharing.open(0, 9, b).share, Share::Alone));
+        let publish = |file: u64| {
+            let Share::Publish(slot) = sharing.open(0, file, a).share else {
+                panic!("file {file}: a render held for b");
+            };
+            let _ = slot.set(Some(budget.in_flight(30 << 20)));
+        };
+        // 80, 50, 20 MiB free when each is published: all three held.
         for file in 1..=3 {
-            assert!(matches!(
-                sharing.open(0, file, a, render).share,
-                Share::Publish(_)
-            ));
+            publish(file);
         }
+        assert_eq!(budget.free(), 0);
+        // The fourth finds less than the work slice free: the oldest goes first.
+        publish(4);
         let figures = sharing.figures(0, |_| 0);
-        assert_eq!((figures.held_renders, figures.evicted), (2, 1));
-        // A render larger than half the slice is never held: each job renders its own.
-        assert!(matches!(
-            sharing.open(0, 4, a, Some(65 << 20)).share,
-            Share::Alone
-        ));
+        assert_eq!((figures.held_renders, figures.evicted), (3, 1));
+        // With the room taken by something else, nothing is held: each job renders its own.
+        let _ = sharing.shed();
+        let _taken = budget.in_flight(70 << 20);
+        assert!(matches!(sharing.open(0, 5, a).share, Share::Alone));
         let _ = other.kill();
         let _ = other.wait();
     }
@@ -454,11 +465,11 @@ mod tests {
             .expect("sleep");
         let (a, b) = (std::process::id(), other.id());
         for pid in [b, a, b, a] {
-            assert!(matches!(sharing.open(0, 5, pid, None).share, Share::Alone));
+            assert!(matches!(sharing.open(0, 5, pid).share, Share::Alone));
         }
         // Each job's own count: the same tensors as with sharing on, rendered by each.
-        assert_eq!(sharing.open(0, 5, a, None).count, 2);
-        assert_eq!(sharing.open(0, 5, b, None).count, 2);
+        assert_eq!(sharing.open(0, 5, a).count, 2);
+        assert_eq!(sharing.open(0, 5, b).count, 2);
         assert_eq!(sharing.figures(0, |_| 0).jobs, 2);
         let _ = other.kill();
         let _ = other.wait();
