@@ -218,9 +218,9 @@ fn thread_cpu(pid: u32, prefix: &str) -> f64 {
         .sum()
 }
 
-/// Reads the measured job makes: (phase, latency in ms) per read, per reader; phase 0 is the
-/// warm-up, 1 to 3 the measured phases.
-type Reads = Vec<(usize, f32)>;
+/// Reads the measured job makes: (phase, latency in ms, or `None` for a read that failed) per
+/// read, per reader; phase 0 is the warm-up, 1 to 3 the measured phases.
+type Reads = Vec<(usize, Option<f32>)>;
 
 /// One run: mounts, reads through three phases, unmounts.
 fn run(
@@ -272,10 +272,9 @@ fn run(
                             break;
                         }
                         let t = Instant::now();
-                        if std::fs::read(&files[i]).is_ok() {
-                            let ms = t.elapsed().as_secs_f64() * 1e3;
-                            reads.push((phase.load(Ordering::Relaxed), ms as f32));
-                        }
+                        let ok = std::fs::read(&files[i]).is_ok();
+                        let ms = ok.then(|| (t.elapsed().as_secs_f64() * 1e3) as f32);
+                        reads.push((phase.load(Ordering::Relaxed), ms));
                     }
                 }
                 reads
@@ -324,10 +323,19 @@ fn run(
     let mut latencies: [Vec<f32>; 3] = Default::default();
     for r in readers {
         for (p, ms) in r.join().map_err(|_| "a reader panicked")? {
-            if let Some(v) = p.checked_sub(1).and_then(|p| latencies.get_mut(p)) {
-                v.push(ms);
+            let Some(p) = p.checked_sub(1).filter(|&p| p < 3) else {
+                continue;
+            };
+            match ms {
+                Some(ms) => latencies[p].push(ms),
+                None => phases[p].failed_reads += 1,
             }
         }
+    }
+    // A daemon that is gone before it is asked to stop was killed (the kernel's OOM killer).
+    let killed = daemon.try_wait().ok().flatten().is_some();
+    if killed {
+        eprintln!("adapt: the daemon of this run was gone before its end; see dmesg");
     }
     for (p, figures) in phases.iter_mut().enumerate() {
         let v = &mut latencies[p];
@@ -342,6 +350,7 @@ fn run(
     Ok(Run {
         phases,
         control_cpu_pct: control / seconds * 100.0,
+        killed,
     })
 }
 

@@ -21,6 +21,8 @@ pub struct Phase {
     pub reacted_s: Option<f64>,
     /// Share of the phase's stats polls in which the guard let the policy act.
     pub policy_share: Option<f64>,
+    /// Reads of the measured job that failed (not in the figures above).
+    pub failed_reads: u64,
 }
 
 /// One run of one mode in one scenario.
@@ -28,6 +30,8 @@ pub struct Run {
     pub phases: Vec<Phase>,
     /// The scheduler's and telemetry's threads' CPU over the run, in % of a core.
     pub control_cpu_pct: f64,
+    /// Whether the daemon was gone before the run's end (killed).
+    pub killed: bool,
 }
 
 /// The `q` quantile (0..=1) of `v`, nearest rank; 0 for no samples.
@@ -187,14 +191,14 @@ pub fn self_check() -> Result<(), String> {
 pub fn print_scenario(title: &str, phases: [&str; 3], results: &[(&str, Vec<Run>)]) {
     println!("\n### {title}\n");
     println!(
-        "| mode | {} | reacted after (s), per change | policy acting, per phase | scheduler + telemetry CPU |",
+        "| mode | {} | reacted after (s), per change | policy acting, per phase | scheduler + telemetry CPU | failed reads; daemon killed |",
         phases
             .iter()
             .map(|n| format!("{n}: img/s, p50 / p99 ms, stall s"))
             .collect::<Vec<_>>()
             .join(" | ")
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for (mode, runs) in results {
         let per = |p: usize, f: &dyn Fn(&Phase) -> f64| -> f64 {
             median(&runs.iter().map(|r| f(&r.phases[p])).collect::<Vec<_>>())
@@ -236,11 +240,18 @@ pub fn print_scenario(title: &str, phases: [&str; 3], results: &[(&str, Vec<Run>
             })
             .collect();
         let cpu = median(&runs.iter().map(|r| r.control_cpu_pct).collect::<Vec<_>>());
+        let failed: u64 = runs
+            .iter()
+            .flat_map(|r| &r.phases)
+            .map(|p| p.failed_reads)
+            .sum();
+        let killed = runs.iter().filter(|r| r.killed).count();
         println!(
-            "| {mode} | {} | {} | {} | {cpu:.2}% of a core |",
+            "| {mode} | {} | {} | {} | {cpu:.2}% of a core | {failed}; in {killed} of {} runs |",
             cells.join(" | "),
             reacted.join("; "),
-            share.join(" / ")
+            share.join(" / "),
+            runs.len()
         );
     }
     let find = |name: &str| results.iter().find(|(m, _)| *m == name).map(|(_, r)| r);
