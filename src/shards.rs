@@ -164,6 +164,22 @@ impl<V: Keyed + Clone> ShardedSet<V> {
         Some(found.remove().0)
     }
 
+    /// Keeps the values for which `keep` returns true, one shard at a time (not a consistent
+    /// cut); the values let go are returned, so they are dropped outside the shards' locks.
+    pub fn retain(&self, mut keep: impl FnMut(&V) -> bool) -> Vec<V> {
+        let mut gone = Vec::new();
+        for shard in self.shards.iter() {
+            shard.write().retain(|v| {
+                let kept = keep(v);
+                if !kept {
+                    gone.push(v.clone());
+                }
+                kept
+            });
+        }
+        gone
+    }
+
     /// Removes the value found by `key` if `matches` it; true when it did.
     pub fn remove_if(&self, key: &V::Key, matches: impl FnOnce(&V) -> bool) -> bool {
         let (hash, shard) = self.place(key);

@@ -548,7 +548,7 @@ mod tests {
     use crate::cache::policy::Fixed;
     use crate::cache::ram::Packer;
     use crate::cache::tier::faulty::{Faulty, Memory};
-    use crate::memory::MemoryPlan;
+    use crate::memory::{MemoryPlan, Shed, Use};
     use crate::telemetry::Telemetry;
 
     /// A source file in memory whose content the test can replace with a new version: a handle
@@ -803,6 +803,55 @@ mod tests {
             "every read from the source"
         );
         assert_eq!(fetcher.metrics.unsettled_reads.get(), 4);
+    }
+
+    /// Memory still short under pressure: cached files no reader has open are given back (their
+    /// budget with them) up to about what was asked; an open one stays, and a file given back is
+    /// read again from the source, byte for byte.
+    #[test]
+    fn cached_files_nobody_has_open_are_given_back_when_memory_stays_short() {
+        let (fetcher, _lower) = chain(64 << 20, 0, Codec::None);
+        let data: Vec<u8> = (0..BLOCK_SIZE as usize).map(|i| (i % 251) as u8).collect();
+        let memo = Unpacked::default();
+        let (mut sources, mut entries) = (Vec::new(), Vec::new());
+        for file in 0..4 {
+            let id = identity(10 + file, 0, data.len());
+            let (source, reads) = MemFile::of(id, &data);
+            let entry = fetcher.ram().file(id, Path::new("f"));
+            fetcher.read(&entry, &source, 0, 4096, &memo).expect("read");
+            assert_eq!(entry.cached_blocks(), 1);
+            sources.push((id, source, reads));
+            entries.push(entry);
+        }
+        // File 0 stays open; the others' entries are held by the tier alone.
+        let open = entries.remove(0);
+        drop(entries);
+        let budget = fetcher.ram().budget().clone();
+        let cached = budget.used(Use::Cache);
+        let shed: &dyn Shed = fetcher.ram().as_ref();
+        let freed = shed.give_back(2 * BLOCK_SIZE);
+        assert!(freed >= 2 * BLOCK_SIZE, "freed {freed}");
+        assert_eq!(budget.used(Use::Cache), cached - freed, "charges released");
+        assert_eq!(
+            fetcher.held(&sources[0].0).0,
+            1,
+            "the open file keeps its block"
+        );
+        let kept = (1..4)
+            .filter(|&f| fetcher.held(&sources[f].0).0 == 1)
+            .count();
+        assert_eq!(kept, 1, "two of the three unopened files given back");
+        for (id, source, reads) in &sources[1..] {
+            let before = reads.load(Ordering::Relaxed);
+            let entry = fetcher.ram().file(*id, Path::new("f"));
+            let got = fetcher
+                .read(&entry, source, 0, 4096, &memo)
+                .expect("read again");
+            assert!(got.as_slice() == &data[..4096]);
+            let from_source = reads.load(Ordering::Relaxed) - before;
+            assert!(from_source <= 1);
+        }
+        drop(open);
     }
 
     /// A tier whose hits the RAM tier may not keep (`--cluster-keep-hits off`) is asked again on

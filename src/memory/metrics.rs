@@ -31,6 +31,12 @@ pub const SHED_BYTES: Metric = Metric::counter(
     "memory_shed_bytes_total",
     "Bytes given back under pressure or for a render: staged blocks, unread decoded pixels.",
 );
+/// Cached data given back under pressure.
+pub const GIVEN_BACK_BYTES: Metric = Metric::counter(
+    "memory.given_back_bytes",
+    "memory_given_back_bytes_total",
+    "Bytes of cached source data the RAM tier gave back because memory was still short after shedding.",
+);
 /// Heap trims.
 pub const HEAP_TRIMS: Metric = Metric::counter(
     "memory.heap_trims",
@@ -71,6 +77,7 @@ impl MemoryGauges {
         out.flag(&PRESSURE, self.pressure);
         out.put(&PRESSURE_EVENTS, self.pressure_events as f64);
         out.put(&SHED_BYTES, self.shed_bytes as f64);
+        out.put(&GIVEN_BACK_BYTES, self.given_back_bytes as f64);
         out.put(&HEAP_TRIMS, self.heap_trims as f64);
         out.put(&RENDER_WAITS, self.waits as f64);
         out.put(&RENDER_REFUSALS, self.refused as f64);

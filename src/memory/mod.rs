@@ -119,6 +119,13 @@ impl MemoryPlan {
 pub trait Shed: Send + Sync {
     /// Drops what it can of what nobody is using now; the bytes it released.
     fn shed(&self) -> u64;
+
+    /// When memory is still short after everything was shed: gives back about `bytes` of what
+    /// it keeps for good but could fetch again (the RAM tier's cached source data), rather than
+    /// let the kernel kill the daemon; the bytes it released.
+    fn give_back(&self, _bytes: u64) -> u64 {
+        0
+    }
 }
 
 /// A render's (or any work's) share of the work slice, released when dropped.
@@ -180,6 +187,8 @@ pub struct MemoryGauges {
     pub pressure_events: u64,
     /// Bytes given back by shedding.
     pub shed_bytes: u64,
+    /// Bytes kept for good given back because memory stayed short (`give_back`).
+    pub given_back_bytes: u64,
     /// Renders that waited for room.
     pub waits: u64,
     /// Renders refused memory (too large, or no room in time).
@@ -198,6 +207,8 @@ pub struct MemoryBudget {
     pressure: AtomicBool,
     pressure_events: AtomicU64,
     shed_bytes: AtomicU64,
+    /// Bytes kept for good given back under pressure (`give_back`).
+    given_back: AtomicU64,
     waits: AtomicU64,
     refused: AtomicU64,
     heap_trims: AtomicU64,
@@ -228,6 +239,7 @@ impl MemoryBudget {
             pressure: AtomicBool::new(false),
             pressure_events: AtomicU64::new(0),
             shed_bytes: AtomicU64::new(0),
+            given_back: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             heap_trims: AtomicU64::new(0),
@@ -439,6 +451,26 @@ impl MemoryBudget {
         freed
     }
 
+    /// Memory is still short after shedding: asks the registered `Shed`s to give back about
+    /// `bytes` of what they keep for good; the bytes released.
+    pub fn give_back(&self, bytes: u64) -> u64 {
+        let shedders: Vec<Arc<dyn Shed>> = self
+            .shedders
+            .lock()
+            .iter()
+            .filter_map(|(_, s)| s.upgrade())
+            .collect();
+        let mut freed = 0;
+        for shed in shedders {
+            if freed >= bytes {
+                break;
+            }
+            freed += shed.give_back(bytes - freed);
+        }
+        self.given_back.fetch_add(freed, Ordering::Relaxed);
+        freed
+    }
+
     /// Memory pressure began (`true`) or ended: while it holds, cache and staging admit nothing;
     /// as it begins, everything that can be shed is.
     pub fn set_pressure(&self, on: bool) {
@@ -465,6 +497,7 @@ impl MemoryBudget {
             pressure: self.pressure.load(Ordering::Relaxed),
             pressure_events: load(&self.pressure_events),
             shed_bytes: load(&self.shed_bytes),
+            given_back_bytes: load(&self.given_back),
             waits: load(&self.waits),
             refused: load(&self.refused),
             heap_trims: load(&self.heap_trims),

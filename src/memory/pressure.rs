@@ -4,8 +4,11 @@
 //! Owns: one thread (`prepfs-memory`) that every `EVERY` reads the daemon's cgroup (its memory
 //! that the kernel cannot reclaim, against its limit) or, outside a limited cgroup, the host's
 //! available memory, and turns the budget's pressure on when little is left and off once there is
-//! room again (with hysteresis, so it does not flap); on the same beat it hands freed heap pages
-//! back to the kernel when `heap::Trimmer` says so, and as pressure begins (after shedding, so
+//! room again (with hysteresis, so it does not flap); when memory is still short a beat after
+//! everything was shed, it asks the budget to give back what is kept for good
+//! (`MemoryBudget::give_back`: the RAM tier's unopened cached files) up to the room pressure
+//! ends at. On the same beat it hands freed heap pages back to the kernel when `heap::Trimmer`
+//! says so, and as pressure begins or cached files are given back (after shedding, so
 //! the shed bytes leave the process). Must never block anything but itself (a trim holds each
 //! allocator arena's lock in turn, so an allocating thread may wait that long: 52-66 ms for a
 //! heap of a million small blocks, measured outside prepfs), and never take memory back from a
@@ -69,8 +72,12 @@ impl PressureWatch {
                         if now != before {
                             budget.set_pressure(now);
                             trim |= now;
-                            before = now;
+                        } else if now && left < ON_LEFT {
+                            // Still short a beat after everything was shed: what is kept for
+                            // good goes too, up to the room pressure ends at.
+                            trim |= budget.give_back(OFF_LEFT - left) > 0;
                         }
+                        before = now;
                     }
                     if trim {
                         budget.trim_heap();

@@ -168,6 +168,11 @@ impl crate::shards::Keyed for RamFile {
 }
 
 impl RamFile {
+    /// Bytes of the budget it holds: its blocks as stored and its own overhead.
+    pub fn charged_bytes(&self) -> u64 {
+        self.admitted_bytes.load(Ordering::Acquire) + self.overhead
+    }
+
     pub(super) fn new(
         identity: Identity,
         content: Content,

@@ -9,7 +9,9 @@
 //! background (see `packer`), so the same budget holds more of it. Entries are keyed by source
 //! `Identity`: a changed file is a different key, and its old entry is dropped by `forget`.
 //! Admission failures (no room, memfd refused, checksum mismatch) become misses and counters,
-//! never errors for the reader. Must never evict to make room, never fetch
+//! never errors for the reader. Must never evict to make room (memory still short under
+//! pressure is not room: then unopened entries are given back, `Shed::give_back`, rather than
+//! let the kernel kill the daemon), never fetch
 //! (`BlockFetcher` brings blocks), and never take a tier-wide lock on the read path.
 
 mod derived;
@@ -32,7 +34,7 @@ use super::policy::{Choice, DecodedCaching};
 use crate::cache::metrics::{CacheMetrics, RamGauges};
 use crate::control::knobs::Knobs;
 use crate::memory::{MemoryBudget, Shed, Use};
-use crate::shards::ShardedSet;
+use crate::shards::{Keyed, ShardedSet};
 use crate::source::Identity;
 use memfd::MemfdAllowance;
 
@@ -354,6 +356,32 @@ impl Shed for RamTier {
         let before = stored();
         self.derived.shed_unread();
         before.saturating_sub(stored())
+    }
+
+    /// Cached source files no reader has open, until about `bytes` are let go: the one time
+    /// this tier lets go of what it admitted, when the daemon would otherwise be killed. They
+    /// are read from the source again when next asked for.
+    fn give_back(&self, bytes: u64) -> u64 {
+        let mut freed = 0;
+        let gone = self.files.retain(|entry| {
+            // Only the map holds an entry no reader, prefetch or packer is using.
+            if freed >= bytes || Arc::strong_count(entry) > 1 {
+                return true;
+            }
+            freed += entry.charged_bytes();
+            false
+        });
+        for entry in &gone {
+            self.derived.forget(entry.key());
+        }
+        drop(gone);
+        if freed > 0 {
+            tracing::warn!(
+                freed_bytes = freed,
+                "memory still short under pressure: cached files given back"
+            );
+        }
+        freed
     }
 }
 
