@@ -326,7 +326,32 @@ impl<T: Send + Sync> Shed for Sharing<T> {
 mod tests {
     use super::*;
     use crate::memory::MemoryPlan;
-    use std::process::{Command, Stdio};
+    use std::process::{Child, Command, Stdio};
+
+    /// Another job: a process of its own (a `sleep`), ended when dropped.
+    struct OtherJob(Child);
+
+    impl OtherJob {
+        fn start() -> OtherJob {
+            let child = Command::new("sleep")
+                .arg("30")
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("sleep");
+            OtherJob(child)
+        }
+
+        fn pid(&self) -> u32 {
+            self.0.id()
+        }
+    }
+
+    impl Drop for OtherJob {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 
     fn sharing() -> (Sharing<u32>, Arc<MemoryBudget>) {
         let budget = MemoryBudget::new(MemoryPlan {
@@ -355,12 +380,8 @@ mod tests {
     #[test]
     fn a_second_job_takes_the_render_the_first_published_for_the_same_file_and_epoch() {
         let (sharing, _budget) = sharing();
-        let mut other = Command::new("sleep")
-            .arg("30")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("sleep");
-        let (a, b) = (std::process::id(), other.id());
+        let other = OtherJob::start();
+        let (a, b) = (std::process::id(), other.pid());
         // Job b reads the view; then a opens file 5 first and publishes its render...
         assert!(matches!(sharing.open(0, 9, b).share, Share::Alone));
         let Share::Publish(published) = sharing.open(0, 5, a).share else {
@@ -392,23 +413,16 @@ mod tests {
         );
         assert!(matches!(sharing.open(0, 5, a).share, Share::Publish(_)));
         assert_eq!(sharing.figures(0, |_| 0).jobs, 2);
-        let _ = other.kill();
-        let _ = other.wait();
     }
 
     #[test]
     fn a_job_whose_process_ended_stops_counting_at_the_next_sweep() {
         let (sharing, _budget) = sharing();
-        let mut other = Command::new("sleep")
-            .arg("30")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("sleep");
-        let (a, b) = (std::process::id(), other.id());
+        let other = OtherJob::start();
+        let (a, b) = (std::process::id(), other.pid());
         assert!(matches!(sharing.open(0, 9, b).share, Share::Alone));
         assert!(matches!(sharing.open(0, 5, a).share, Share::Publish(_)));
-        let _ = other.kill();
-        let _ = other.wait();
+        drop(other);
         std::thread::sleep(SWEEP_EVERY + Duration::from_millis(50));
         // b ended well within JOB_ACTIVE of its open: nothing is held for it any more.
         assert!(matches!(sharing.open(0, 6, a).share, Share::Alone));
@@ -424,12 +438,8 @@ mod tests {
             work: 16 << 20,
         });
         let sharing: Sharing<Work> = Sharing::new(budget.clone());
-        let mut other = Command::new("sleep")
-            .arg("30")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("sleep");
-        let (a, b) = (std::process::id(), other.id());
+        let other = OtherJob::start();
+        let (a, b) = (std::process::id(), other.pid());
         assert!(matches!(sharing.open(0, 9, b).share, Share::Alone));
         let publish = |file: u64| {
             let Share::Publish(slot) = sharing.open(0, file, a).share else {
@@ -450,20 +460,14 @@ mod tests {
         let _ = sharing.shed();
         let _taken = budget.in_flight(70 << 20);
         assert!(matches!(sharing.open(0, 5, a).share, Share::Alone));
-        let _ = other.kill();
-        let _ = other.wait();
     }
 
     #[test]
     fn with_sharing_off_two_jobs_keep_their_own_counts_and_hold_nothing() {
         let (sharing, _budget) = sharing();
         sharing.set_enabled(false);
-        let mut other = Command::new("sleep")
-            .arg("30")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("sleep");
-        let (a, b) = (std::process::id(), other.id());
+        let other = OtherJob::start();
+        let (a, b) = (std::process::id(), other.pid());
         for pid in [b, a, b, a] {
             assert!(matches!(sharing.open(0, 5, pid).share, Share::Alone));
         }
@@ -471,7 +475,5 @@ mod tests {
         assert_eq!(sharing.open(0, 5, a).count, 2);
         assert_eq!(sharing.open(0, 5, b).count, 2);
         assert_eq!(sharing.figures(0, |_| 0).jobs, 2);
-        let _ = other.kill();
-        let _ = other.wait();
     }
 }
