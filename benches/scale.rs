@@ -11,12 +11,13 @@
 //! planner's CPU per open and the files it looked at per open (`prefetch.planner.*`), the
 //! daemon's whole CPU per open during the reads, and opens the planner dropped.
 //!
-//! Past `FLAT_MAX` files the dataset is a tree, as ImageNet-21k's is: directories of
+//! Past `FLAT_MAX` files (or at any count with `PREPFS_SCALE_TREE=1`, to tell what the tree
+//! costs from what the count costs) the dataset is a tree, as ImageNet-21k's is: directories of
 //! `PER_DIR` files, listed with `ls -lR` instead of `ls -l`, and the RAM cache grows with the
 //! count (`cache_mem`). The files are sparse (a size, no blocks): 1M of them take inodes, not
 //! disk. Knobs
 //! (environment): `PREPFS_BENCH_DIR` (where the dataset lives, default /var/tmp; it is kept
-//! between runs, as `prepfs-scale-N`), `PREPFS_SCALE_COUNTS` (file counts, default
+//! between runs, as `prepfs-scale-N` or `prepfs-scale-tree-N`), `PREPFS_SCALE_COUNTS` (file counts, default
 //! `100000,1000000`), `PREPFS_BENCH_REPS` (listing repetitions, default 5),
 //! `PREPFS_SCALE_BIN` (another prepfs binary to measure, e.g. a build of an older commit).
 //! Mounts are always unmounted, also on panic. Benchmarks report numbers; they never assert
@@ -99,7 +100,12 @@ fn main() {
 
 /// `n` sparse files of `FILE_SIZE` bytes under `base` (see `name`), made once.
 fn dataset(base: &Path, n: usize) -> PathBuf {
-    let dir = base.join(format!("prepfs-scale-{n}"));
+    let layout = if tree(n) && n <= FLAT_MAX {
+        "tree-"
+    } else {
+        ""
+    };
+    let dir = base.join(format!("prepfs-scale-{layout}{n}"));
     let data = dir.join("data");
     let done = dir.join("complete");
     if done.exists() {
@@ -109,7 +115,7 @@ fn dataset(base: &Path, n: usize) -> PathBuf {
     std::fs::create_dir_all(&data).expect("mkdir dataset");
     for i in 0..n {
         let path = data.join(name(i, n));
-        if i % PER_DIR == 0 && n > FLAT_MAX {
+        if i % PER_DIR == 0 && tree(n) {
             std::fs::create_dir_all(path.parent().expect("a class directory"))
                 .expect("mkdir class");
         }
@@ -121,10 +127,16 @@ fn dataset(base: &Path, n: usize) -> PathBuf {
     data
 }
 
-/// File `i` of a dataset of `n`: flat up to `FLAT_MAX` files, else in class directories of
+/// Whether a dataset of `n` files is a tree: past `FLAT_MAX` files, or when
+/// `PREPFS_SCALE_TREE=1` says so.
+fn tree(n: usize) -> bool {
+    n > FLAT_MAX || std::env::var_os("PREPFS_SCALE_TREE").is_some_and(|v| v == "1")
+}
+
+/// File `i` of a dataset of `n`: flat unless `tree(n)`, else in class directories of
 /// `PER_DIR` files.
 fn name(i: usize, n: usize) -> String {
-    if n > FLAT_MAX {
+    if tree(n) {
         format!("n{:08}/n{:08}_{i:08}.JPEG", i / PER_DIR, i / PER_DIR)
     } else {
         format!("n{:08}_{i:07}.JPEG", i % 1000)
@@ -135,7 +147,7 @@ fn name(i: usize, n: usize) -> String {
 /// directory (the files and a total line), or `ls -lR` of the tree (a header and a total for
 /// the top, its directories, and per directory a blank line, a header, a total and its files).
 fn listing(n: usize) -> (&'static [&'static str], usize) {
-    if n > FLAT_MAX {
+    if tree(n) {
         let dirs = n.div_ceil(PER_DIR);
         (&["-lR"], 2 + dirs + 3 * dirs + n)
     } else {
