@@ -15,11 +15,12 @@
 //! costs from what the count costs) the dataset is a tree, as ImageNet-21k's is: directories of
 //! `PER_DIR` files, listed with `ls -lR` instead of `ls -l`, and the RAM cache grows with the
 //! count (`cache_mem`). The files are sparse (a size, no blocks): 1M of them take inodes, not
-//! disk. Knobs
-//! (environment): `PREPFS_BENCH_DIR` (where the dataset lives, default /var/tmp; it is kept
-//! between runs, as `prepfs-scale-N` or `prepfs-scale-tree-N`), `PREPFS_SCALE_COUNTS` (file counts, default
-//! `100000,1000000`), `PREPFS_BENCH_REPS` (listing repetitions, default 5),
-//! `PREPFS_SCALE_BIN` (another prepfs binary to measure, e.g. a build of an older commit).
+//! disk. Knobs (environment): `PREPFS_BENCH_DIR` (where the dataset lives, default /var/tmp; it
+//! is kept between runs, as `prepfs-scale-N` or `prepfs-scale-tree-N`), `PREPFS_SCALE_COUNTS`
+//! (file counts, default `100000,1000000`), `PREPFS_BENCH_REPS` (listing repetitions, default 5;
+//! 0 lists nothing), `PREPFS_SCALE_PASS_SECONDS` (each read pass stops after that long: a
+//! 10M-file pass takes about 45 minutes), `PREPFS_SCALE_BIN` (another prepfs binary to measure,
+//! e.g. a build of an older commit).
 //! Mounts are always unmounted, also on panic. Benchmarks report numbers; they never assert
 //! timing.
 
@@ -66,8 +67,11 @@ fn main() {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(5)
-            .max(1)
     };
+    let pass_limit = std::env::var("PREPFS_SCALE_PASS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map(Duration::from_secs_f64);
     let binary = std::env::var("PREPFS_SCALE_BIN").unwrap_or_else(|_| PREPFS.to_owned());
     let parent = std::env::var_os("PREPFS_BENCH_DIR")
         .map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
@@ -92,7 +96,7 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for n in counts {
         let source = dataset(&base, n);
-        let row = measure(&binary, &source, n, reps, quick);
+        let row = measure(&binary, &source, n, reps, pass_limit, quick);
         println!("{row}");
     }
     eprintln!("load at end: {}", loadavg());
@@ -161,7 +165,14 @@ fn cache_mem(n: usize) -> String {
 }
 
 /// One row of the table for `n` files.
-fn measure(binary: &str, source: &Path, n: usize, reps: usize, quick: bool) -> String {
+fn measure(
+    binary: &str,
+    source: &Path,
+    n: usize,
+    reps: usize,
+    pass_limit: Option<Duration>,
+    quick: bool,
+) -> String {
     let mnt = tempfile::Builder::new()
         .prefix("prepfs-scale-mnt-")
         .tempdir()
@@ -172,10 +183,12 @@ fn measure(binary: &str, source: &Path, n: usize, reps: usize, quick: bool) -> S
     let rss_empty = mount.rss();
 
     // Listings: the first through the mount (cold) is not counted; then each repetition lists
-    // natively and through the mount, interleaved.
+    // natively and through the mount, interleaved (none at all with 0 repetitions).
     let (ls_args, ls_lines) = listing(n);
-    let listed = timed_count("ls", ls_args, mnt.path()).1;
-    assert_eq!(listed, ls_lines, "ls lists every file (and its headers)");
+    if reps > 0 {
+        let listed = timed_count("ls", ls_args, mnt.path()).1;
+        assert_eq!(listed, ls_lines, "ls lists every file (and its headers)");
+    }
     let (mut ls, mut find) = (Vec::new(), Vec::new());
     for _ in 0..reps {
         let native = timed_count("ls", ls_args, source).0;
@@ -194,11 +207,17 @@ fn measure(binary: &str, source: &Path, n: usize, reps: usize, quick: bool) -> S
     names.sort();
     let cpu = mount.daemon_cpu();
     let mut buf = Vec::new();
+    let mut opens = 0u64;
     for pass in 0..2 {
         if pass == 1 {
             fastrand::Rng::with_seed(7).shuffle(&mut names);
         }
+        let started = Instant::now();
         for f in &names {
+            if pass_limit.is_some_and(|limit| started.elapsed() >= limit) {
+                break;
+            }
+            opens += 1;
             buf.clear();
             File::open(mnt.path().join(f))
                 .and_then(|mut file| file.read_to_end(&mut buf))
@@ -228,7 +247,7 @@ fn measure(binary: &str, source: &Path, n: usize, reps: usize, quick: bool) -> S
         let opens = planner["opens"].as_u64().expect("prefetch.planner.opens");
         assert_eq!(
             opens + dropped,
-            2 * n as u64,
+            opens,
             "every open is planned or counted as dropped"
         );
     }
@@ -238,13 +257,24 @@ fn measure(binary: &str, source: &Path, n: usize, reps: usize, quick: bool) -> S
         let through = median(&v.iter().map(|p| p.1).collect::<Vec<_>>());
         (native, through, through / native)
     };
-    let (ls_n, ls_m, ls_r) = ratio(&ls);
-    let (find_n, find_m, find_r) = ratio(&find);
+    let listings = if reps > 0 {
+        let (ls_n, ls_m, ls_r) = ratio(&ls);
+        let (find_n, find_m, find_r) = ratio(&find);
+        format!("{ls_n:.2} | {ls_m:.2} | {ls_r:.2}x | {find_n:.2} | {find_m:.2} | {find_r:.2}x")
+    } else {
+        "- | - | - | - | - | -".to_owned()
+    };
+    // Passes cut short by `PREPFS_SCALE_PASS_SECONDS` say how far they got.
+    let files = if opens < 2 * n as u64 {
+        format!("{n} ({opens} opens)")
+    } else {
+        n.to_string()
+    };
     format!(
-        "| {n} | {mount_s:.2} | {ls_n:.2} | {ls_m:.2} | {ls_r:.2}x | {find_n:.2} | {find_m:.2} | {find_r:.2}x | {:.0} | {:.0} | {planner_us} | {planner_work} | {:.1} | {dropped} |",
+        "| {files} | {mount_s:.2} | {listings} | {:.0} | {:.0} | {planner_us} | {planner_work} | {:.1} | {dropped} |",
         per_file(rss_listed),
         per_file(rss_read),
-        daemon_cpu * 1e6 / (2 * n) as f64,
+        daemon_cpu * 1e6 / opens.max(1) as f64,
     )
 }
 
