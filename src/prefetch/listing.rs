@@ -60,11 +60,6 @@ impl Names {
         }
     }
 
-    /// The names after `name` (all of them when `None`; none when `name` is not there).
-    pub(super) fn after(&self, name: Option<&OsStr>) -> impl Iterator<Item = &OsStr> {
-        (self.start_after(name)..self.len()).filter_map(|i| self.get(i))
-    }
-
     /// The name at `i`.
     pub(super) fn get(&self, i: usize) -> Option<&OsStr> {
         name_at(&self.bytes, &self.ends, i)
@@ -140,7 +135,8 @@ mod tests {
         }
         assert_eq!(packed.start_after(None), 0);
         assert_eq!(packed.start_after(Some(OsStr::new("absent"))), packed.len());
-        let after: Vec<&OsStr> = packed.after(Some(OsStr::new("f04997.jpg"))).collect();
+        let at = packed.start_after(Some(OsStr::new("f04997.jpg")));
+        let after: Vec<&OsStr> = (at..packed.len()).filter_map(|i| packed.get(i)).collect();
         assert_eq!(after, ["f04998.jpg", "f04999.jpg"]);
     }
 }

@@ -8,7 +8,9 @@
 //! a file the current pass already opened, never do I/O (`Tree`'s listings are made, sorted and
 //! indexed by the planner's helper, `Chores`, and kept for the pass), and never do work per open
 //! that grows with the number of files (each walk is capped by `SCAN_PER_PREDICTION`, finds its
-//! starting place by a lookup, not a search, and steps over each file the pass opened once).
+//! starting place by a lookup, not a search, and steps over each file the pass opened once; a
+//! plan's walk steps over each file the planner settled once, and over a directory with nothing
+//! left in it not at all).
 
 use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
@@ -58,6 +60,19 @@ pub trait Predictor: Send {
         skip: &dyn Fn(&Path) -> bool,
         out: &mut Vec<FileKey>,
     );
+    /// As `predict`, for a plan: appends up to `n` files after `last` that `judge` takes. A
+    /// predictor may pass over the files `judge` settles for the rest of the pass (their
+    /// verdict cannot change in it); by default it asks again on every plan.
+    fn plan(
+        &mut self,
+        tracker: &EpochTracker,
+        last: &Path,
+        n: usize,
+        judge: &dyn Fn(&Path) -> Verdict,
+        out: &mut Vec<FileKey>,
+    ) {
+        self.predict(tracker, last, n, &|p| judge(p) != Verdict::Take, out);
+    }
     /// Drops what it cached about the tree (a new pass may see a changed one).
     fn forget_listings(&mut self) {}
     /// Items it examined beyond the candidates `skip` was asked about (directories walked and
@@ -134,11 +149,63 @@ type Listed = (u64, OsString, Option<Walked>);
 
 /// A directory's listing as this pass's walks see it: with its files not yet found opened, so
 /// that a walk late in a shuffled pass steps over each opened file once in the pass, not once per
-/// prediction (as `Replay` steps over the tracker's unopened positions).
+/// prediction (as `Replay` steps over the tracker's unopened positions); and, for plans, its
+/// files not yet found settled, so that a plan steps over each file fetched ahead of the readers
+/// once, not on every open until they reach it (ahead of a sorted pass that was most of a plan's
+/// work: up to the scan cap of fetched files per plan).
 struct Walked {
     listing: Arc<Listing>,
-    /// Positions in `listing.files` not found opened yet this pass.
-    unopened: Positions,
+    /// What scoring walks have not found opened yet this pass.
+    unopened: Left,
+    /// What plans have not found settled yet this pass.
+    unsettled: Left,
+}
+
+impl Walked {
+    fn of(listing: Listing) -> Walked {
+        Walked {
+            unopened: Left::all(&listing),
+            unsettled: Left::all(&listing),
+            listing: Arc::new(listing),
+        }
+    }
+
+    fn left(&mut self, walk: Walk) -> &mut Left {
+        match walk {
+            Walk::Score => &mut self.unopened,
+            Walk::Plan => &mut self.unsettled,
+        }
+    }
+}
+
+/// The positions of a listing's files and subdirectories a walk has not passed over for good:
+/// a file once it is opened (or settled), a subdirectory once nothing is left in it, so that a
+/// plan far ahead of a sorted pass steps over neither the files nor the directories fetched
+/// already.
+struct Left {
+    files: Positions,
+    dirs: Positions,
+}
+
+impl Left {
+    fn all(listing: &Listing) -> Left {
+        Left {
+            files: Positions::all(listing.files.len()),
+            dirs: Positions::all(listing.dirs.len()),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.files.find(0) == self.files.len() && self.dirs.find(0) == self.dirs.len()
+    }
+}
+
+/// Which walk a `Tree` makes: to be scored (the files this pass opened leave the listing's
+/// `unopened` positions) or to plan (the files the planner settles leave its `unsettled` ones).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    Score,
+    Plan,
 }
 
 /// A depth-first walk of the source tree as `os.walk` yields it: a directory's files, then each
@@ -205,10 +272,7 @@ impl Tree {
         );
         let dir = dir.to_path_buf();
         let asked = self.chores.run(Box::new(move || {
-            let walked = Listing::of(&*source, &dir, sorted).map(|listing| Walked {
-                unopened: Positions::all(listing.files.len()),
-                listing: Arc::new(listing),
-            });
+            let walked = Listing::of(&*source, &dir, sorted).map(Walked::of);
             let _ = answer.send((pass, dir.into_os_string(), walked));
         }));
         if asked {
@@ -236,30 +300,42 @@ impl Tree {
         }
     }
 
-    /// Files of `dir` after `after` (all when `None`) that `opened` (this pass) has not opened,
-    /// then the walks of its subdirectories after `after_dir`.
+    /// Files of `dir` after `after` (all when `None`) that `judge` takes, then the walks of its
+    /// subdirectories after `after_dir`; the files it settles leave `walk`'s positions, and so
+    /// do the subdirectories with nothing left. Returns whether `dir` has nothing left.
     #[allow(clippy::too_many_arguments)]
     fn walk(
         &mut self,
-        tracker: &EpochTracker,
+        walk: Walk,
         dir: &Path,
         after: Option<&std::ffi::OsStr>,
         after_dir: Option<&std::ffi::OsStr>,
         want: usize,
-        skip: &dyn Fn(&Path) -> bool,
+        judge: &dyn Fn(&Path) -> Verdict,
         out: &mut Vec<FileKey>,
-    ) {
+    ) -> bool {
         let Some(listing) = self.listing(dir) else {
-            return;
+            return false;
         };
         self.work += 1;
         if after_dir.is_none()
             && let Some(walked) = self.listings.get_mut(dir.as_os_str())
         {
-            let mut i = walked.listing.files.start_after(after);
+            let files = &mut walked.left(walk).files;
+            let mut i = listing.files.start_after(after);
             while out.len() < want && self.scan > 0 {
-                i = walked.unopened.find(i);
-                let Some(name) = walked.listing.files.get(i) else {
+                let next = files.find(i);
+                if walk == Walk::Plan {
+                    // Files settled for good still count toward how far ahead a plan looks
+                    // (the scan cap bounds how far prefetch runs ahead of the readers), without
+                    // a look each.
+                    self.scan = self.scan.saturating_sub(next - i);
+                    if self.scan == 0 {
+                        break;
+                    }
+                }
+                i = next;
+                let Some(name) = listing.files.get(i) else {
                     break;
                 };
                 self.scan -= 1;
@@ -271,23 +347,52 @@ impl Tree {
                     path.push("/");
                 }
                 path.push(name);
-                if !skip(&self.candidate) {
-                    out.push(FileKey::from(self.candidate.as_path()));
-                } else if tracker.opened(&self.candidate) {
-                    walked.unopened.remove(i);
+                match judge(&self.candidate) {
+                    Verdict::Take => out.push(FileKey::from(self.candidate.as_path())),
+                    Verdict::Settled => files.remove(i),
+                    Verdict::Later => {}
                 }
                 i += 1;
             }
         }
-        for name in listing.dirs.after(after_dir) {
-            if out.len() >= want || self.budget == 0 || self.scan == 0 {
-                return;
+        let mut j = listing.dirs.start_after(after_dir);
+        while out.len() < want && self.budget > 0 && self.scan > 0 {
+            let Some(walked) = self.listings.get_mut(dir.as_os_str()) else {
+                break;
+            };
+            let next = walked.left(walk).dirs.find(j);
+            if walk == Walk::Plan {
+                // So do the files of the directories with nothing left (within the cap: a
+                // lookup each).
+                for passed in j..next {
+                    let Some(name) = listing.dirs.get(passed) else {
+                        break;
+                    };
+                    let files = self.listings.get(dir.join(name).as_os_str());
+                    let files = files.map_or(0, |w| w.listing.files.len());
+                    self.scan = self.scan.saturating_sub(files + 1);
+                    if self.scan == 0 {
+                        return false;
+                    }
+                }
             }
+            j = next;
+            let Some(name) = listing.dirs.get(j) else {
+                break;
+            };
             // A directory passed costs a candidate too: a walk over many empty (cached)
             // directories stays bounded.
             self.scan -= 1;
-            self.walk(tracker, &dir.join(name), None, None, want, skip, out);
+            if self.walk(walk, &dir.join(name), None, None, want, judge, out)
+                && let Some(walked) = self.listings.get_mut(dir.as_os_str())
+            {
+                walked.left(walk).dirs.remove(j);
+            }
+            j += 1;
         }
+        self.listings
+            .get_mut(dir.as_os_str())
+            .is_some_and(|walked| walked.left(walk).is_empty())
     }
 }
 
@@ -314,18 +419,49 @@ impl Predictor for Tree {
         skip: &dyn Fn(&Path) -> bool,
         out: &mut Vec<FileKey>,
     ) {
+        // A file the pass opened is passed over for the rest of the pass.
+        let judge = |p: &Path| match (skip(p), tracker.opened(p)) {
+            (false, _) => Verdict::Take,
+            (true, true) => Verdict::Settled,
+            (true, false) => Verdict::Later,
+        };
+        self.walk_from(Walk::Score, last, n, &judge, out);
+    }
+
+    fn plan(
+        &mut self,
+        _tracker: &EpochTracker,
+        last: &Path,
+        n: usize,
+        judge: &dyn Fn(&Path) -> Verdict,
+        out: &mut Vec<FileKey>,
+    ) {
+        self.walk_from(Walk::Plan, last, n, judge, out);
+    }
+}
+
+impl Tree {
+    /// The `walk` from `last`: the rest of its directory, then up the tree (the parent's
+    /// subdirectories after this one, and so on to the root), within this prediction's budgets.
+    fn walk_from(
+        &mut self,
+        walk: Walk,
+        last: &Path,
+        n: usize,
+        judge: &dyn Fn(&Path) -> Verdict,
+        out: &mut Vec<FileKey>,
+    ) {
         let want = out.len() + n;
         self.budget = LISTINGS_PER_PREDICTION;
         self.scan = n * SCAN_PER_PREDICTION;
         let mut dir = last.parent().unwrap_or(Path::new("")).to_path_buf();
-        self.walk(tracker, &dir, last.file_name(), None, want, skip, out);
-        // Then up the tree: the parent's subdirectories after this one, and so on to the root.
+        self.walk(walk, &dir, last.file_name(), None, want, judge, out);
         while out.len() < want && self.budget > 0 && self.scan > 0 {
             let Some(name) = dir.file_name().map(std::ffi::OsStr::to_os_string) else {
                 break;
             };
             let parent = dir.parent().unwrap_or(Path::new("")).to_path_buf();
-            self.walk(tracker, &parent, None, Some(&name), want, skip, out);
+            self.walk(walk, &parent, None, Some(&name), want, judge, out);
             dir = parent;
         }
     }
@@ -692,6 +828,60 @@ mod tests {
         let mut sorted = Tree::new(source(&dir), true, Chores::inline());
         let s = score(&mut sorted, &[], &order);
         assert!(s.precision() < SHUFFLED_BOUND, "{s:?}");
+    }
+
+    #[test]
+    fn plans_ahead_of_a_sorted_pass_step_over_each_fetched_file_once() {
+        // A sorted pass whose every plan is fetched at once, as small cached files are: the
+        // files settled ahead of the readers grow by a depth per open.
+        let (dir, files) = tree(4, 500);
+        let mut sorted = Tree::new(source(&dir), true, Chores::inline());
+        let mut tracker = EpochTracker::default();
+        let fetched = std::cell::RefCell::new(std::collections::HashSet::<FileKey>::new());
+        let (looked, depth) = (std::cell::Cell::new(0usize), 8);
+        for f in &files {
+            tracker.open(f.clone(), None);
+            let judge = |p: &Path| {
+                looked.set(looked.get() + 1);
+                if tracker.opened(p) || fetched.borrow().contains(p.as_os_str()) {
+                    Verdict::Settled
+                } else {
+                    Verdict::Take
+                }
+            };
+            let mut taken = Vec::new();
+            sorted.plan(&tracker, f, depth, &judge, &mut taken);
+            // The plan follows the pass: the next files not fetched yet, in order, none further
+            // ahead of the reader than the scan cap (less a position per directory entered).
+            let at = files
+                .iter()
+                .position(|g| g == f)
+                .expect("a file of the pass");
+            let ahead = |g: &FileKey| files.iter().position(|h| h == g).expect("one") - at;
+            let unfetched: Vec<&FileKey> = (files[at + 1..].iter())
+                .filter(|g| !fetched.borrow().contains(*g))
+                .collect();
+            let window = depth * SCAN_PER_PREDICTION;
+            assert!(
+                taken.iter().zip(&unfetched).all(|(t, u)| t == *u),
+                "after {f:?}"
+            );
+            assert!(taken.iter().all(|t| ahead(t) <= window), "after {f:?}");
+            let within = unfetched
+                .iter()
+                .take(depth)
+                .filter(|u| ahead(u) + 4 <= window);
+            assert!(taken.len() >= within.count(), "after {f:?}");
+            fetched.borrow_mut().extend(taken);
+        }
+        // Each file is judged once settled and once taken, and at most a few times more at the
+        // ends of a directory: walking every fetched file again on each open (up to the scan cap,
+        // `depth * SCAN_PER_PREDICTION`) was ~16 times that.
+        let per_open = looked.get() as f64 / files.len() as f64;
+        assert!(
+            per_open <= (2 * depth + 2) as f64,
+            "{per_open:.1} files judged per open"
+        );
     }
 
     #[test]
