@@ -70,7 +70,7 @@ pub const DECODED_AHEAD: Metric = Metric::counter(
 pub const PLANNED: Metric = Metric::counter(
     "prefetch.planner.opens",
     "prefetch_planner_opens_total",
-    "Opens the planner took in (recorded and scored; of a backlog, a set plans after its latest).",
+    "Opens the planner took in (recorded and scored; a set plans after the latest of a backlog, and every quarter depth while its followed order is fetched ahead).",
 );
 /// CPU the planner spent on them.
 pub const PLANNER_SECONDS: Metric = Metric::counter(
