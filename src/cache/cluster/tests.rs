@@ -17,6 +17,10 @@ struct Fake {
     values: Mutex<HashMap<String, Vec<u8>>>,
     /// Every request sleeps this long first.
     delay_ms: AtomicU64,
+    /// Requests that arrive while this is set wait until `released` is: nothing they hold
+    /// finishes meanwhile, however slowly the test's threads start.
+    hold: AtomicBool,
+    released: AtomicBool,
     /// Every request fails.
     down: AtomicBool,
     /// Writes are refused as full.
@@ -28,6 +32,11 @@ struct Fake {
 impl Fake {
     fn answer(&self) -> Result<(), RemoteError> {
         self.requests.fetch_add(1, Ordering::SeqCst);
+        if self.hold.load(Ordering::SeqCst) {
+            while !self.released.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         std::thread::sleep(Duration::from_millis(self.delay_ms.load(Ordering::SeqCst)));
         if self.down.load(Ordering::SeqCst) {
             return Err(RemoteError::Failed("connection refused".into()));
@@ -250,10 +259,13 @@ fn a_slow_node_never_keeps_a_reader_past_the_timeout_and_is_then_skipped() {
 #[test]
 fn lookups_ahead_of_the_readers_never_take_the_readers_threads() {
     let fake = Arc::new(Fake::default());
-    let tier = Arc::new(tier(&fake, Duration::from_secs(2)));
+    let tier = Arc::new(tier(&fake, Duration::from_secs(5)));
     assert!(tier.put(&key(0), &path(), &block(1)));
     settle(&fake, 1);
-    fake.delay_ms.store(200, Ordering::SeqCst);
+    // Prefetch's lookups are held until the reader's was answered: a delay instead (200 ms)
+    // let a slow start of the asking threads free prefetch's thread before all had asked, and
+    // fewer were refused than the test waited for.
+    fake.hold.store(true, Ordering::SeqCst);
     // More than the readers' threads and queue would hold, too.
     let asked = LOOKUP_THREADS + LOOKUP_QUEUE + 1;
     let ahead: Vec<_> = (0..asked)
@@ -267,9 +279,11 @@ fn lookups_ahead_of_the_readers_never_take_the_readers_threads() {
         fake.requests.load(Ordering::SeqCst) == 1 + AHEAD_THREADS as u64
             && tier.metrics().ahead_late.get() == refused
     });
+    fake.hold.store(false, Ordering::SeqCst);
     let (found, late) = tier.lookup(&key(0), &path(), &(0..10), Asker::Reader);
     assert_eq!(found.map(|b| b.data.clone()), Some(block(1).data.clone()));
     assert!(!late);
+    fake.released.store(true, Ordering::SeqCst);
     let answers: Vec<_> = ahead
         .into_iter()
         .map(|t| t.join().expect("a lookup panicked"))
