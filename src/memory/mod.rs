@@ -435,18 +435,21 @@ impl MemoryBudget {
         self.shed(None)
     }
 
+    /// The registered `Shed`s still alive (of `only`'s use, or all), taken out of the lock so
+    /// that none is called under it; the dead ones leave the list.
+    fn live_shedders(&self, only: Option<Use>) -> Vec<Arc<dyn Shed>> {
+        let mut list = self.shedders.lock();
+        list.retain(|(_, s)| s.strong_count() > 0);
+        list.iter()
+            .filter(|(frees, _)| only.is_none_or(|u| u == *frees))
+            .filter_map(|(_, s)| s.upgrade())
+            .collect()
+    }
+
     /// Asks the registered `Shed`s of slice `only` (all when `None`) to give back what they
     /// can; the bytes released.
     fn shed(&self, only: Option<Use>) -> u64 {
-        let shedders: Vec<Arc<dyn Shed>> = {
-            let mut list = self.shedders.lock();
-            list.retain(|(_, s)| s.strong_count() > 0);
-            list.iter()
-                .filter(|(frees, _)| only.is_none_or(|u| u == *frees))
-                .filter_map(|(_, s)| s.upgrade())
-                .collect()
-        };
-        let freed: u64 = shedders.iter().map(|s| s.shed()).sum();
+        let freed: u64 = self.live_shedders(only).iter().map(|s| s.shed()).sum();
         self.shed_bytes.fetch_add(freed, Ordering::Relaxed);
         freed
     }
@@ -454,14 +457,8 @@ impl MemoryBudget {
     /// Memory is still short after shedding: asks the registered `Shed`s to give back about
     /// `bytes` of what they keep for good; the bytes released.
     pub fn give_back(&self, bytes: u64) -> u64 {
-        let shedders: Vec<Arc<dyn Shed>> = self
-            .shedders
-            .lock()
-            .iter()
-            .filter_map(|(_, s)| s.upgrade())
-            .collect();
         let mut freed = 0;
-        for shed in shedders {
+        for shed in self.live_shedders(None) {
             if freed >= bytes {
                 break;
             }
