@@ -311,8 +311,14 @@ fn run(
         }
         let s1 = sandbox::read_stats(&mnt);
         marks.push(t0.elapsed().as_secs_f64());
+        let memory = |s: &serde_json::Value, k: &str| s["memory"][k].as_u64().unwrap_or(0);
         phases.push(report::Phase {
             stall_s: stall_seconds(&s1) - stall_seconds(&s0),
+            pressure_events: memory(&s1, "pressure_events")
+                .saturating_sub(memory(&s0, "pressure_events")),
+            given_back_bytes: memory(&s1, "given_back_bytes")
+                .saturating_sub(memory(&s0, "given_back_bytes")),
+            held_back_bytes: memory(&s1, "held_back_bytes"),
             reacted_s: reacted,
             policy_share: guarded.then(|| f64::from(policy_polls) / f64::from(polls.max(1))),
             ..Default::default()
@@ -395,8 +401,13 @@ fn bench(raw: &[String]) -> Result<(), String> {
                     r.phases
                         .iter()
                         .map(|p| format!(
-                            "{:.0} img/s, p50 {:.1} ms, p99 {:.1} ms",
-                            p.images_per_s, p.p50_ms, p.p99_ms
+                            "{:.0} img/s, p50 {:.1} ms, p99 {:.1} ms, pressure {}x, {:.0} MB given back, {:.0} MB held back",
+                            p.images_per_s,
+                            p.p50_ms,
+                            p.p99_ms,
+                            p.pressure_events,
+                            p.given_back_bytes as f64 / 1e6,
+                            p.held_back_bytes as f64 / 1e6
                         ))
                         .collect::<Vec<_>>()
                         .join(" | ")

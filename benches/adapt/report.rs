@@ -23,6 +23,13 @@ pub struct Phase {
     pub policy_share: Option<f64>,
     /// Reads of the measured job that failed (not in the figures above).
     pub failed_reads: u64,
+    /// Times memory pressure began in the phase, and the cached bytes given back under it
+    /// (`memory.pressure_events`, `memory.given_back_bytes`): a budget that keeps refilling
+    /// what it gave back shows as many events.
+    pub pressure_events: u64,
+    pub given_back_bytes: u64,
+    /// `memory.held_back_bytes` at the phase's end: the slices admission may not fill yet.
+    pub held_back_bytes: u64,
 }
 
 /// One run of one mode in one scenario.
@@ -191,14 +198,14 @@ pub fn self_check() -> Result<(), String> {
 pub fn print_scenario(title: &str, phases: [&str; 3], results: &[(&str, Vec<Run>)]) {
     println!("\n### {title}\n");
     println!(
-        "| mode | {} | reacted after (s), per change | policy acting, per phase | scheduler + telemetry CPU | failed reads; daemon killed |",
+        "| mode | {} | reacted after (s), per change | policy acting, per phase | scheduler + telemetry CPU | failed reads; daemon killed | pressure events; MB given back, per phase |",
         phases
             .iter()
             .map(|n| format!("{n}: img/s, p50 / p99 ms, stall s"))
             .collect::<Vec<_>>()
             .join(" | ")
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (mode, runs) in results {
         let per = |p: usize, f: &dyn Fn(&Phase) -> f64| -> f64 {
             median(&runs.iter().map(|r| f(&r.phases[p])).collect::<Vec<_>>())
@@ -246,12 +253,22 @@ pub fn print_scenario(title: &str, phases: [&str; 3], results: &[(&str, Vec<Run>
             .map(|p| p.failed_reads)
             .sum();
         let killed = runs.iter().filter(|r| r.killed).count();
+        let pressure: Vec<String> = (0..3)
+            .map(|p| {
+                format!(
+                    "{:.0}; {:.0}",
+                    per(p, &|x| x.pressure_events as f64),
+                    per(p, &|x| x.given_back_bytes as f64 / 1e6)
+                )
+            })
+            .collect();
         println!(
-            "| {mode} | {} | {} | {} | {cpu:.2}% of a core | {failed}; in {killed} of {} runs |",
+            "| {mode} | {} | {} | {} | {cpu:.2}% of a core | {failed}; in {killed} of {} runs | {} |",
             cells.join(" | "),
             reacted.join("; "),
             share.join(" / "),
-            runs.len()
+            runs.len(),
+            pressure.join(" / ")
         );
     }
     let find = |name: &str| results.iter().find(|(m, _)| *m == name).map(|(_, r)| r);

@@ -37,6 +37,12 @@ pub const GIVEN_BACK_BYTES: Metric = Metric::counter(
     "memory_given_back_bytes_total",
     "Bytes of cached source data the RAM tier gave back because memory was still short after shedding.",
 );
+/// Admission held back since pressure.
+pub const HELD_BACK_BYTES: Metric = Metric::gauge(
+    "memory.held_back_bytes",
+    "memory_held_back_bytes",
+    "Bytes of the budget cache and staging may not take since memory pressure, until that much is seen free.",
+);
 /// Heap trims.
 pub const HEAP_TRIMS: Metric = Metric::counter(
     "memory.heap_trims",
@@ -78,6 +84,7 @@ impl MemoryGauges {
         out.put(&PRESSURE_EVENTS, self.pressure_events as f64);
         out.put(&SHED_BYTES, self.shed_bytes as f64);
         out.put(&GIVEN_BACK_BYTES, self.given_back_bytes as f64);
+        out.put(&HELD_BACK_BYTES, self.held_back as f64);
         out.put(&HEAP_TRIMS, self.heap_trims as f64);
         out.put(&RENDER_WAITS, self.waits as f64);
         out.put(&RENDER_REFUSALS, self.refused as f64);

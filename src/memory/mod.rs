@@ -12,7 +12,9 @@
 //! thread); a render that finds no room first sheds what can be fetched again (registered `Shed`s:
 //! staging first, then decoded pixels nobody is reading), then waits for room within a patience of
 //! its own, then fails. Under memory pressure (see `pressure`) admission to cache and staging stops
-//! and everything that can be shed is shed. Must never hand out more than the limit for anything
+//! and everything that can be shed is shed; after it, they admit only into room the pressure watch
+//! has seen free again (`room_seen`), so admission does not take back at once what pressure just
+//! freed. Must never hand out more than the limit for anything
 //! but reads in flight, never evict a cached file block to make room, and never block a FUSE thread
 //! (only renders wait, on their own threads).
 
@@ -189,6 +191,9 @@ pub struct MemoryGauges {
     pub shed_bytes: u64,
     /// Bytes kept for good given back because memory stayed short (`give_back`).
     pub given_back_bytes: u64,
+    /// Bytes of their slices cache and staging may not take since memory pressure, until the
+    /// pressure watch sees that room free (0: their whole slices).
+    pub held_back: u64,
     /// Renders that waited for room.
     pub waits: u64,
     /// Renders refused memory (too large, or no room in time).
@@ -209,6 +214,13 @@ pub struct MemoryBudget {
     shed_bytes: AtomicU64,
     /// Bytes kept for good given back under pressure (`give_back`).
     given_back: AtomicU64,
+    /// What cache and staging may hold together since memory pressure: set to what they held
+    /// once pressure shed what it could (and again after a give-back), raised as the pressure
+    /// watch sees room (`room_seen`); `u64::MAX`: their slices alone. Without it admission,
+    /// resumed as pressure ended, took the freed room back at once while a co-tenant still held
+    /// its memory: pressure on and off every ~200 ms, the same data shed or given back and
+    /// fetched again.
+    ceiling: AtomicU64,
     waits: AtomicU64,
     refused: AtomicU64,
     heap_trims: AtomicU64,
@@ -240,6 +252,7 @@ impl MemoryBudget {
             pressure_events: AtomicU64::new(0),
             shed_bytes: AtomicU64::new(0),
             given_back: AtomicU64::new(0),
+            ceiling: AtomicU64::new(u64::MAX),
             waits: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             heap_trims: AtomicU64::new(0),
@@ -310,16 +323,50 @@ impl MemoryBudget {
         !self.pressure.load(Ordering::Relaxed)
             && self.used(use_).saturating_add(bytes) <= self.slice(use_)
             && self.total.load(Ordering::Relaxed).saturating_add(bytes) <= self.plan.limit()
+            && self.under_ceiling(bytes)
+    }
+
+    /// Bytes cache and staging hold together: what admission adds to.
+    fn admitted(&self) -> u64 {
+        self.used(Use::Cache) + self.used(Use::Staging)
+    }
+
+    /// Whether `bytes` more stay under the ceiling since pressure (a hint: two admissions at
+    /// once may pass it by one charge; the budget's limit is what is never passed).
+    fn under_ceiling(&self, bytes: u64) -> bool {
+        self.admitted().saturating_add(bytes) <= self.ceiling.load(Ordering::Acquire)
+    }
+
+    /// Holds admission to what cache and staging hold now: memory ran short with this much.
+    fn hold_admission(&self) {
+        self.ceiling.fetch_min(self.admitted(), Ordering::AcqRel);
+    }
+
+    /// The pressure watch saw `room` bytes stay free beyond where admission should stop:
+    /// admission, held since pressure, may add that much to what cache and staging hold now
+    /// (their whole slices once that covers them). Never lowers the ceiling.
+    pub fn room_seen(&self, room: u64) {
+        if self.ceiling.load(Ordering::Acquire) == u64::MAX {
+            return;
+        }
+        let reach = self.admitted().saturating_add(room);
+        let whole = self.slice(Use::Cache) + self.slice(Use::Staging);
+        let raised = if reach >= whole { u64::MAX } else { reach };
+        let was = self.ceiling.fetch_max(raised, Ordering::AcqRel);
+        if raised == u64::MAX && was != u64::MAX {
+            tracing::info!("memory: room seen again, cache and staging may fill their slices");
+        }
     }
 
     /// Charges `bytes` to the cache or staging slice if they fit it and the budget now (and no
     /// memory pressure holds admission); false, and nothing charged, otherwise. Never waits.
     pub fn admit(&self, use_: Use, bytes: u64) -> bool {
-        if self.pressure.load(Ordering::Relaxed) {
+        if self.pressure.load(Ordering::Relaxed) || !self.under_ceiling(bytes) {
             return false;
         }
         let slice = &self.used[use_ as usize];
         let cap = self.slice(use_);
+        let limit = self.plan.limit();
         if slice
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
                 u.checked_add(bytes).filter(|&t| t <= cap)
@@ -328,7 +375,6 @@ impl MemoryBudget {
         {
             return false;
         }
-        let limit = self.plan.limit();
         if self
             .total
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
@@ -465,16 +511,19 @@ impl MemoryBudget {
             freed += shed.give_back(bytes - freed);
         }
         self.given_back.fetch_add(freed, Ordering::Relaxed);
+        self.hold_admission();
         freed
     }
 
     /// Memory pressure began (`true`) or ended: while it holds, cache and staging admit nothing;
-    /// as it begins, everything that can be shed is.
+    /// as it begins, everything that can be shed is, and admission stays held to what is left
+    /// charged until the watch sees room (`room_seen`).
     pub fn set_pressure(&self, on: bool) {
         let was = self.pressure.swap(on, Ordering::AcqRel);
         if on && !was {
             self.pressure_events.fetch_add(1, Ordering::Relaxed);
             let freed = self.shed_all();
+            self.hold_admission();
             tracing::warn!(
                 shed_bytes = freed,
                 "memory pressure: admission paused, refetchable data given back"
@@ -495,6 +544,12 @@ impl MemoryBudget {
             pressure_events: load(&self.pressure_events),
             shed_bytes: load(&self.shed_bytes),
             given_back_bytes: load(&self.given_back),
+            held_back: match self.ceiling.load(Ordering::Relaxed) {
+                u64::MAX => 0,
+                ceiling => {
+                    (self.slice(Use::Cache) + self.slice(Use::Staging)).saturating_sub(ceiling)
+                }
+            },
             waits: load(&self.waits),
             refused: load(&self.refused),
             heap_trims: load(&self.heap_trims),
@@ -678,6 +733,16 @@ mod tests {
         assert!(!b.admit(Use::Staging, 1), "pressure holds admission");
         assert_eq!(b.gauges().pressure_events, 1);
         b.set_pressure(false);
-        assert!(b.admit(Use::Staging, 1));
+        assert!(
+            !b.admit(Use::Staging, 1),
+            "held to what pressure left charged until room is seen"
+        );
+        assert_eq!(b.gauges().held_back, 2 * MIB);
+        b.room_seen(MIB);
+        assert!(b.admit(Use::Staging, MIB), "the room seen");
+        assert!(!b.admit(Use::Staging, 1), "and no more");
+        b.room_seen(2 * MIB);
+        assert_eq!(b.gauges().held_back, 0, "the whole budget again");
+        assert!(b.admit(Use::Staging, MIB));
     }
 }
