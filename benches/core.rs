@@ -25,6 +25,8 @@
 //! B1 case is among them). Mounts are always unmounted, also on panic or Ctrl-C.
 //! Benchmarks report numbers; they never assert timing.
 
+#[path = "common/binary.rs"]
+mod binary;
 #[path = "common/daemon.rs"]
 mod daemon;
 #[path = "common/measure.rs"]
@@ -40,11 +42,6 @@ use std::time::{Duration, Instant};
 
 use measure::{loadavg, median};
 
-/// The binary under test, built by cargo for this bench; `PREPFS_BENCH_BIN` names another (an
-/// earlier build, to compare before and after in one session).
-fn prepfs() -> String {
-    std::env::var("PREPFS_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_prepfs").to_string())
-}
 /// B1 file size: large enough that one pass takes ~0.1 s even at native speed.
 const BIG_SIZE: u64 = 1 << 30;
 /// The read size a data loader streaming a big file would use (and FUSE's max request, 256 pages).
@@ -78,7 +75,7 @@ fn main() {
     let parent = std::env::var_os("PREPFS_BENCH_DIR")
         .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
     let started = Instant::now();
-    eprintln!("prepfs core bench: binary {}", prepfs());
+    eprintln!("prepfs core bench: binary {}", binary::prepfs().display());
     eprintln!(
         "scratch under {} ({}), {reps} repetitions, load at start: {}",
         parent.display(),
@@ -671,7 +668,7 @@ struct MountGuard {
 
 impl MountGuard {
     fn mount(source: &Path, mnt: &Path, label: &'static str, extra: &[&str]) -> Self {
-        let status = Command::new(prepfs())
+        let status = Command::new(binary::prepfs())
             .arg("mount")
             .arg(source)
             .arg(mnt)
@@ -724,7 +721,7 @@ impl MountGuard {
 
 impl Drop for MountGuard {
     fn drop(&mut self) {
-        let ok = Command::new(prepfs())
+        let ok = Command::new(binary::prepfs())
             .arg("umount")
             .arg(&self.path)
             .status()
@@ -734,7 +731,7 @@ impl Drop for MountGuard {
                 "prepfs umount {} failed; detaching lazily",
                 self.path.display()
             );
-            let _ = Command::new(prepfs())
+            let _ = Command::new(binary::prepfs())
                 .args(["umount", "--lazy"])
                 .arg(&self.path)
                 .status();

@@ -17,6 +17,8 @@
 //! large a difference the runs can tell at p < 0.05. `policy-unguarded` (the policy with
 //! `--policy-guard off`) can be asked for by name. Timing is reported, never asserted.
 
+#[path = "../common/binary.rs"]
+mod binary;
 #[path = "../common/measure.rs"]
 mod measure;
 mod report;
@@ -31,7 +33,6 @@ use prepfs::sandbox;
 use report::Run;
 use scenario::{Scenario, World};
 
-const PREPFS: &str = env!("CARGO_BIN_EXE_prepfs");
 const VIEW: &str = "train=decode,random_resized_crop(224),hflip,normalize(imagenet)";
 /// Readers: the worker processes of a typical 2-core DataLoader.
 const READERS: usize = 2;
@@ -244,7 +245,7 @@ fn run(
     mount_args.extend(flags.iter().map(|f| (*f).to_owned()));
     let (mut daemon, stop_daemon, _unmount) = sandbox::start_prepfs(
         &setup.group,
-        Path::new(PREPFS),
+        &binary::prepfs(),
         &mount_args,
         &setup.mountpoint,
         &setup.log,

@@ -19,6 +19,8 @@
 //! 5% of the never-evict optimum D - C, and every views pipeline (DALI's left out, so CI never
 //! installs it) delivers every image with no view error. Timing is reported, never asserted.
 
+#[path = "../common/binary.rs"]
+mod binary;
 mod dataset;
 mod jobs_report;
 mod prefetch;
@@ -40,14 +42,6 @@ use serde_json::Value;
 use prepfs::memory::limits::HEADROOM;
 use prepfs::sandbox::{self, Cgroup, Guard, Limits, SlowDisk};
 
-/// The binary under test, built by cargo for this bench; `PREPFS_BENCH_BIN` names another (an
-/// earlier build, to compare before and after in one session), as in the core bench.
-fn prepfs() -> PathBuf {
-    std::env::var_os("PREPFS_BENCH_BIN").map_or_else(
-        || PathBuf::from(env!("CARGO_BIN_EXE_prepfs")),
-        PathBuf::from,
-    )
-}
 const READERS_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/epochs/readers.py");
 const ENSURE_ENV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/ensure-env");
 const BENCHMARKS_HISTORY_MD: &str =
@@ -778,7 +772,7 @@ impl PrepfsMount {
         args.extend_from_slice(extra);
         let log = opts.workdir.join("prepfs.log");
         let (child, stop_daemon, unmount) =
-            sandbox::start_prepfs(group, &prepfs(), &args, &mountpoint, &log)?;
+            sandbox::start_prepfs(group, &binary::prepfs(), &args, &mountpoint, &log)?;
         Ok(PrepfsMount {
             mountpoint,
             child,
