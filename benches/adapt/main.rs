@@ -5,7 +5,7 @@
 //! `cargo bench --bench adapt -- [--scenarios abcde] [--runs N] [--phase SECS] [--images N]
 //! [--modes policy,heuristic,heuristic-again,static]` (as root: cgroups, a loop device). Each
 //! scenario (scenario.rs) has three phases, the middle one disturbed: (a) stress-ng on every
-//! core, (b) the source device throttled to 40 MB/s, (c) a working set twice the budget instead
+//! core, (b) the source device throttled to 20 MB/s, (c) a working set twice the budget instead
 //! of one that fits, (d) a memory hog in the daemon's cgroup, (e) two more jobs over the same
 //! view. Per run and mode it mounts the view
 //! `train=decode,random_resized_crop(224),hflip,normalize(imagenet)` with the daemon in a cgroup
@@ -294,6 +294,10 @@ fn run(
             std::thread::sleep(Duration::from_secs_f64(phase_s / 2.0));
         }
         phase.store(p + 1, Ordering::Relaxed);
+        let device0 = setup
+            .device
+            .as_deref()
+            .and_then(scenario::device_read_bytes);
         let s0 = sandbox::read_stats(&mnt);
         let action0 = s0["scheduler"]["action"].clone();
         let t0 = Instant::now();
@@ -311,6 +315,10 @@ fn run(
             policy_polls += u32::from(acting == "policy");
         }
         let s1 = sandbox::read_stats(&mnt);
+        let device1 = setup
+            .device
+            .as_deref()
+            .and_then(scenario::device_read_bytes);
         marks.push(t0.elapsed().as_secs_f64());
         let memory = |s: &serde_json::Value, k: &str| s["memory"][k].as_u64().unwrap_or(0);
         phases.push(report::Phase {
@@ -320,6 +328,9 @@ fn run(
             given_back_bytes: memory(&s1, "given_back_bytes")
                 .saturating_sub(memory(&s0, "given_back_bytes")),
             held_back_bytes: memory(&s1, "held_back_bytes"),
+            device_mb_s: device0
+                .zip(device1)
+                .map(|(a, b)| b.saturating_sub(a) as f64 / 1e6 / t0.elapsed().as_secs_f64()),
             reacted_s: reacted,
             policy_share: guarded.then(|| f64::from(policy_polls) / f64::from(polls.max(1))),
             ..Default::default()
@@ -402,13 +413,15 @@ fn bench(raw: &[String]) -> Result<(), String> {
                     r.phases
                         .iter()
                         .map(|p| format!(
-                            "{:.0} img/s, p50 {:.1} ms, p99 {:.1} ms, pressure {}x, {:.0} MB given back, {:.0} MB held back",
+                            "{:.0} img/s, p50 {:.1} ms, p99 {:.1} ms, pressure {}x, {:.0} MB given back, {:.0} MB held back{}",
                             p.images_per_s,
                             p.p50_ms,
                             p.p99_ms,
                             p.pressure_events,
                             p.given_back_bytes as f64 / 1e6,
-                            p.held_back_bytes as f64 / 1e6
+                            p.held_back_bytes as f64 / 1e6,
+                            p.device_mb_s
+                                .map_or(String::new(), |d| format!(", device {d:.0} MB/s"))
                         ))
                         .collect::<Vec<_>>()
                         .join(" | ")

@@ -30,6 +30,9 @@ pub struct Phase {
     pub given_back_bytes: u64,
     /// `memory.held_back_bytes` at the phase's end: the slices admission may not fill yet.
     pub held_back_bytes: u64,
+    /// What the source's device read per second in the phase (the disk scenarios): whether a
+    /// throttle binds.
+    pub device_mb_s: Option<f64>,
 }
 
 /// One run of one mode in one scenario.

@@ -13,8 +13,11 @@ use prepfs::sandbox::{self, Cgroup, Guard, Limits, SlowDisk};
 
 /// Photos on the loop-mounted image: about 220 MB, four times the budget of (b), twice (c)'s.
 const DISK_IMAGES: usize = 2_000;
-/// The slow phase's device bandwidth in (b).
-const SLOW_BYTES_PER_S: u64 = 40_000_000;
+/// The slow phase's device bandwidth in (b): half of what the loader needs. The issue names
+/// 40 MB/s, for a machine whose loader needs more; on 2 cores the view's ~600 images/s with a
+/// quarter of them cached need only 36-49 MB/s (measured), so at 40 MB/s the throttle hardly
+/// showed.
+const SLOW_BYTES_PER_S: u64 = 20_000_000;
 /// The device bandwidth of (c): a plain SSD-less volume.
 const STEADY_BYTES_PER_S: u64 = 100_000_000;
 /// Memory the daemon's cgroup holds beyond `--cache-mem` in (b) and (c): its own code, request
@@ -39,7 +42,7 @@ const OTHER_JOBS: usize = 2;
 pub enum Scenario {
     /// (a) CPU load (stress-ng on every core) arriving and leaving.
     Cpu,
-    /// (b) The source device slowed to 40 MB/s and back.
+    /// (b) The source device slowed to 20 MB/s and back.
     Source,
     /// (c) A working set that fits the budget, then one twice the budget, then the first again.
     WorkingSet,
@@ -75,7 +78,7 @@ impl Scenario {
     pub fn title(self) -> &'static str {
         match self {
             Scenario::Cpu => "(a) CPU load arrives and leaves",
-            Scenario::Source => "(b) the source slows to 40 MB/s and recovers",
+            Scenario::Source => "(b) the source slows to 20 MB/s and recovers",
             Scenario::WorkingSet => "(c) a working set that fits, then twice the budget",
             Scenario::Memory => "(d) a memory hog in the daemon's cgroup",
             Scenario::Jobs => "(e) two more jobs join and leave",
@@ -85,7 +88,7 @@ impl Scenario {
     pub fn phases(self) -> [&'static str; 3] {
         match self {
             Scenario::Cpu => ["quiet", "stress-ng", "quiet again"],
-            Scenario::Source => ["fast", "40 MB/s", "fast again"],
+            Scenario::Source => ["fast", "20 MB/s", "fast again"],
             Scenario::WorkingSet => ["fits", "2x budget", "fits again"],
             Scenario::Memory => ["calm", "hog", "calm again"],
             Scenario::Jobs => ["1 job", "3 jobs", "1 job again"],
@@ -139,7 +142,8 @@ impl World {
             Scenario::Cpu | Scenario::Jobs => (self.small.clone(), 256 << 20, None, None),
             Scenario::Source => {
                 let (disk, bytes) = disk()?;
-                // A quarter of the data: reads at the loader's pace need more than 40 MB/s.
+                // A quarter of the data (a tenth would be below the 32 MiB a mount with views
+                // needs).
                 let budget = bytes / 4;
                 (
                     disk.mountpoint.clone(),
@@ -189,7 +193,8 @@ pub struct Setup {
     pub source: PathBuf,
     pub cache_mem: u64,
     pub group: Cgroup,
-    device: Option<String>,
+    /// "major:minor" of the loop device under the source (the disk scenarios).
+    pub device: Option<String>,
     pub mountpoint: PathBuf,
     pub log: PathBuf,
     running: Vec<(Child, Guard)>,
@@ -273,6 +278,13 @@ impl Drop for Setup {
             guard.disarm();
         }
     }
+}
+
+/// Bytes read from block device `devnum` ("major:minor") since boot; `None` if unreadable.
+pub fn device_read_bytes(devnum: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/sys/dev/block/{devnum}/stat")).ok()?;
+    let sectors: u64 = stat.split_whitespace().nth(2)?.parse().ok()?;
+    Some(sectors * 512)
 }
 
 fn quiet(cmd: &mut Command) -> Result<Child, String> {
