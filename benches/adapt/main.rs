@@ -191,6 +191,31 @@ fn view_files(root: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(files)
 }
 
+/// Each knob's option most in force between stats `s0` and `s1`, with its share of the
+/// decisions taken between them (`scheduler.histogram.<knob>.<option>` counts).
+fn choices(s0: &serde_json::Value, s1: &serde_json::Value) -> String {
+    let Some(knobs) = s1["scheduler"]["histogram"].as_object() else {
+        return String::new();
+    };
+    knobs
+        .iter()
+        .filter_map(|(knob, options)| {
+            let counts: Vec<(&String, u64)> = options
+                .as_object()?
+                .iter()
+                .filter_map(|(option, n)| {
+                    let before = s0["scheduler"]["histogram"][knob][option].as_u64();
+                    Some((option, n.as_u64()?.saturating_sub(before.unwrap_or(0))))
+                })
+                .collect();
+            let total: u64 = counts.iter().map(|(_, n)| n).sum();
+            let (option, n) = counts.into_iter().max_by_key(|(_, n)| *n)?;
+            (total > 0).then(|| format!("{knob}={option} {:.0}%", n as f64 / total as f64 * 100.0))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn stall_seconds(s: &serde_json::Value) -> f64 {
     let f = |k: &str| s["stall"][k].as_f64().unwrap_or(0.0);
     f("fetch_seconds") + f("prep_seconds")
@@ -231,6 +256,12 @@ fn run(
     phase_s: f64,
     seed: u64,
 ) -> Result<Run, String> {
+    if scenario.on_disk() {
+        // The image's pages a previous run read stay in the page cache (charged to that run's
+        // cgroup): without this, every run after the first read little from the device, and a
+        // throttle on it showed nothing.
+        sandbox::drop_caches()?;
+    }
     let mut setup = world.setup(scenario, mode)?;
     let mut mount_args: Vec<String> = vec![
         "mount".into(),
@@ -328,6 +359,7 @@ fn run(
             given_back_bytes: memory(&s1, "given_back_bytes")
                 .saturating_sub(memory(&s0, "given_back_bytes")),
             held_back_bytes: memory(&s1, "held_back_bytes"),
+            choices: choices(&s0, &s1),
             device_mb_s: device0
                 .zip(device1)
                 .map(|(a, b)| b.saturating_sub(a) as f64 / 1e6 / t0.elapsed().as_secs_f64()),
@@ -406,26 +438,21 @@ fn bench(raw: &[String]) -> Result<(), String> {
             for k in 0..a.modes.len() {
                 let i = (k + round) % a.modes.len();
                 let r = run(&world, scenario, a.modes[i], a.phase, round as u64)?;
-                eprintln!(
-                    "round {round} ({}) {}: {}",
-                    scenario.letter(),
-                    a.modes[i].0,
-                    r.phases
-                        .iter()
-                        .map(|p| format!(
-                            "{:.0} img/s, p50 {:.1} ms, p99 {:.1} ms, pressure {}x, {:.0} MB given back, {:.0} MB held back{}",
-                            p.images_per_s,
-                            p.p50_ms,
-                            p.p99_ms,
-                            p.pressure_events,
-                            p.given_back_bytes as f64 / 1e6,
-                            p.held_back_bytes as f64 / 1e6,
-                            p.device_mb_s
-                                .map_or(String::new(), |d| format!(", device {d:.0} MB/s"))
-                        ))
-                        .collect::<Vec<_>>()
-                        .join(" | ")
-                );
+                eprintln!("round {round} ({}) {}:", scenario.letter(), a.modes[i].0);
+                for (name, p) in scenario.phases().iter().zip(&r.phases) {
+                    eprintln!(
+                        "  {name}: {:.0} img/s, p50 {:.1} ms, p99 {:.1} ms; pressure {}x, {:.0} MB given back, {:.0} MB held back{}; {}",
+                        p.images_per_s,
+                        p.p50_ms,
+                        p.p99_ms,
+                        p.pressure_events,
+                        p.given_back_bytes as f64 / 1e6,
+                        p.held_back_bytes as f64 / 1e6,
+                        p.device_mb_s
+                            .map_or(String::new(), |d| format!(", device {d:.0} MB/s")),
+                        p.choices
+                    );
+                }
                 results[s][i].1.push(r);
             }
         }

@@ -33,6 +33,9 @@ pub struct Phase {
     /// What the source's device read per second in the phase (the disk scenarios): whether a
     /// throttle binds.
     pub device_mb_s: Option<f64>,
+    /// Each knob's option most in force in the phase, with its share of the decisions
+    /// (`scheduler.histogram`), e.g. `codec=zstd 80%`.
+    pub choices: String,
 }
 
 /// One run of one mode in one scenario.

@@ -96,7 +96,7 @@ impl Scenario {
     }
 
     /// Whether it needs the loop-mounted image (root, loop devices, cgroups).
-    fn on_disk(self) -> bool {
+    pub fn on_disk(self) -> bool {
         matches!(
             self,
             Scenario::Source | Scenario::WorkingSet | Scenario::Memory

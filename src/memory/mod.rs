@@ -14,9 +14,9 @@
 //! its own, then fails. Under memory pressure (see `pressure`) admission to cache and staging stops
 //! and everything that can be shed is shed; after it, they admit only into room the pressure watch
 //! has seen free again (`room_seen`), so admission does not take back at once what pressure just
-//! freed. Must never hand out more than the limit for anything
-//! but reads in flight, never evict a cached file block to make room, and never block a FUSE thread
-//! (only renders wait, on their own threads).
+//! freed. Must never hand out more than the limit for anything but reads in flight, never evict a
+//! cached file block to make room, and never block a FUSE thread (only renders wait, on their own
+//! threads).
 
 pub mod heap;
 pub mod limits;
