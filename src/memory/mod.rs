@@ -331,6 +331,11 @@ impl MemoryBudget {
         self.used(Use::Cache) + self.used(Use::Staging)
     }
 
+    /// What cache and staging may hold together when nothing holds admission back: their slices.
+    fn admittable(&self) -> u64 {
+        self.slice(Use::Cache) + self.slice(Use::Staging)
+    }
+
     /// Whether `bytes` more stay under the ceiling since pressure (a hint: two admissions at
     /// once may pass it by one charge; the budget's limit is what is never passed).
     fn under_ceiling(&self, bytes: u64) -> bool {
@@ -350,8 +355,11 @@ impl MemoryBudget {
             return;
         }
         let reach = self.admitted().saturating_add(room);
-        let whole = self.slice(Use::Cache) + self.slice(Use::Staging);
-        let raised = if reach >= whole { u64::MAX } else { reach };
+        let raised = if reach >= self.admittable() {
+            u64::MAX
+        } else {
+            reach
+        };
         let was = self.ceiling.fetch_max(raised, Ordering::AcqRel);
         if raised == u64::MAX && was != u64::MAX {
             tracing::info!("memory: room seen again, cache and staging may fill their slices");
@@ -546,9 +554,7 @@ impl MemoryBudget {
             given_back_bytes: load(&self.given_back),
             held_back: match self.ceiling.load(Ordering::Relaxed) {
                 u64::MAX => 0,
-                ceiling => {
-                    (self.slice(Use::Cache) + self.slice(Use::Staging)).saturating_sub(ceiling)
-                }
+                ceiling => self.admittable().saturating_sub(ceiling),
             },
             waits: load(&self.waits),
             refused: load(&self.refused),
