@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 
 use super::memfd::MemfdBody;
 use super::slots::{Slots, Vacant};
-use super::{Content, Shared, Tally};
+use super::{Content, RamRoom, Shared, Tally};
 use crate::cache::block::{self, Block, Packed};
 use crate::cache::codec::{self, Codec};
 use crate::cache::policy::strength;
@@ -392,14 +392,20 @@ impl RamFile {
         self.slots.len()
     }
 
-    /// Keeps `block`, fetched for block `index`, if the slot is vacant and the budget has room;
-    /// true when the RAM tier holds the block now. Compressible layouts are queued for packing.
-    pub fn store(self: &Arc<Self>, index: usize, block: &Arc<Block>) -> bool {
+    /// Keeps `block`, fetched for block `index`, if the slot is vacant and `room` (reserved for
+    /// it) or else the budget has room; true when the RAM tier holds the block now. Compressible
+    /// layouts are queued for packing.
+    pub fn store(
+        self: &Arc<Self>,
+        index: usize,
+        block: &Arc<Block>,
+        room: Option<RamRoom<'_>>,
+    ) -> bool {
         let stored = self
             .slots
             .with(index, |slot| {
                 if slot.stored.is_none() {
-                    slot.stored = self.admit(index, block);
+                    slot.stored = self.admit(index, block, room);
                     return slot.stored.is_some().then_some(true);
                 }
                 Some(false)
@@ -417,6 +423,12 @@ impl RamFile {
     /// Whether a block of `len` bytes of this file would fit the RAM tier's budget now (a hint).
     pub fn fits(&self, len: u64) -> bool {
         self.ram.ledger.has_room(self.charge(len))
+    }
+
+    /// Room for a block of `len` bytes of this file, taken from the RAM tier's budget now, for
+    /// `store` to use once the block is read; none when the budget has no room.
+    pub fn reserve(&self, len: u64) -> Option<RamRoom<'_>> {
+        self.ram.ledger.reserve(self.charge(len))
     }
 
     /// What storing `len` raw bytes of this file costs the budget (a memfd takes whole pages).
@@ -441,7 +453,7 @@ impl RamFile {
 
     /// Admits a fetched block if the budget allows; returns how it is stored. The first block
     /// admitted decides the file's layout.
-    fn admit(&self, index: usize, block: &Arc<Block>) -> Option<Stored> {
+    fn admit(&self, index: usize, block: &Arc<Block>, room: Option<RamRoom<'_>>) -> Option<Stored> {
         let ledger = &self.ram.ledger;
         self.layout.get_or_init(|| {
             let lag = match self.rows {
@@ -466,7 +478,7 @@ impl RamFile {
             }
         });
         let bytes = self.charge(block.data.len() as u64);
-        if !ledger.try_reserve(self.content, bytes) {
+        if !ledger.try_reserve(self.content, bytes, room) {
             self.ram.metrics.admission_rejected.inc();
             return None;
         }
@@ -534,7 +546,7 @@ impl RamFile {
             let outcome = self.slots.with(index, |slot| match &slot.stored {
                 Some(_) => Some(false),
                 None => {
-                    slot.stored = Some(self.admit(index, &block)?);
+                    slot.stored = Some(self.admit(index, &block, None)?);
                     Some(true)
                 }
             });

@@ -107,10 +107,34 @@ impl Ledger {
         }
     }
 
-    /// Reserves `bytes` for `content` if they fit the cache slice; false (and nothing reserved)
-    /// otherwise.
-    fn try_reserve(&self, content: Content, bytes: u64) -> bool {
-        let reserved = self.budget.admit(Use::Cache, bytes);
+    /// Room for a block of about `bytes` in the cache slice, taken now, before the block is read.
+    fn reserve(&self, bytes: u64) -> Option<RamRoom<'_>> {
+        // Lazily: a `RamRoom` made and dropped on refusal would give back bytes never taken.
+        self.budget.admit(Use::Cache, bytes).then(|| RamRoom {
+            ledger: self,
+            bytes,
+        })
+    }
+
+    /// Charges `bytes` for a block of `content` being stored: to `room` where one was reserved
+    /// for it (topped up, or the rest given back, when the stored charge differs from the
+    /// guess), else to the cache slice if it has room now. False, and nothing charged, otherwise.
+    fn try_reserve(&self, content: Content, bytes: u64, room: Option<RamRoom<'_>>) -> bool {
+        let reserved = match room {
+            None => self.budget.admit(Use::Cache, bytes),
+            Some(mut room) => {
+                let held = std::mem::take(&mut room.bytes);
+                if held >= bytes {
+                    self.budget.release(Use::Cache, held - bytes);
+                    true
+                } else if self.budget.admit(Use::Cache, bytes - held) {
+                    true
+                } else {
+                    self.budget.release(Use::Cache, held);
+                    false
+                }
+            }
+        };
         if reserved {
             self.tally(content)
                 .stored
@@ -129,6 +153,21 @@ impl Ledger {
             .stored
             .fetch_sub(bytes, Ordering::Relaxed);
         self.budget.release(Use::Cache, bytes);
+    }
+}
+
+/// Room in the cache slice taken for one block before its source read (`RamFile::reserve`), so
+/// that no other admission takes it while the read runs: a fetch ahead of the readers that found
+/// room and lost it to a reader's miss meanwhile read the block for nothing, and the reader read
+/// it again. Given back when dropped unless the block's `store` used it.
+pub struct RamRoom<'a> {
+    ledger: &'a Ledger,
+    bytes: u64,
+}
+
+impl Drop for RamRoom<'_> {
+    fn drop(&mut self) {
+        self.ledger.budget.release(Use::Cache, self.bytes);
     }
 }
 
