@@ -264,7 +264,14 @@ impl BlockFetcher {
             Some(Err(e)) => Err(e),
             Some(Ok(_)) if entry.is_stored(index) => Ok(Prefetched::Fetched),
             Some(Ok(_)) if self.staging.contains(entry.identity(), index) => Ok(Prefetched::Staged),
-            Some(Ok(_)) => Ok(Prefetched::NoRoom),
+            // Fetched and kept nowhere (a tier below keeps its hits out of RAM and staging is
+            // full; a memfd write failed): counted, since its reader fetches it again.
+            Some(Ok(block)) => {
+                self.metrics
+                    .prefetch_discarded_bytes
+                    .add(block.data.len() as u64);
+                Ok(Prefetched::NoRoom)
+            }
         }
     }
 
@@ -903,6 +910,31 @@ mod tests {
         }
     }
 
+    /// A block prefetch fetched and could keep nowhere (a tier below keeps its hits out of RAM,
+    /// and staging has no room) is counted as discarded: its reader fetches it again.
+    #[test]
+    fn a_prefetched_block_kept_nowhere_is_counted() {
+        let (fetcher, lower) = chain(64 << 20, 0, Codec::None);
+        lower.not_in_ram.store(true, Ordering::Relaxed);
+        let data = vec![3u8; 4096];
+        let id = identity(6, 0, data.len());
+        let (source, reads) = MemFile::of(id, &data);
+        let key = BlockKey {
+            identity: id,
+            index: 0,
+        };
+        lower.put(
+            &key,
+            &Arc::from(Path::new("f")),
+            &Arc::new(Block::new(data.clone())),
+        );
+        let entry = fetcher.ram().file(id, Path::new("f"));
+        assert_eq!(fetcher.prefetch(&entry, 0, &source), Ok(Prefetched::NoRoom));
+        assert_eq!(reads.load(Ordering::Relaxed), 0);
+        assert_eq!(entry.cached_blocks(), 0);
+        assert_eq!(fetcher.metrics.prefetch_discarded_bytes.get(), 4096);
+    }
+
     /// A block a tier below did not answer for in time is left to its readers by prefetch (no
     /// source read ahead of them); a reader reads it from the source.
     #[test]
@@ -976,6 +1008,7 @@ mod tests {
         });
         assert_eq!(entries[0].cached_blocks(), 1);
         assert_eq!(a_reads.load(Ordering::Relaxed), 1);
+        assert_eq!(fetcher.metrics.prefetch_discarded_bytes.get(), 0);
         assert_eq!(fetcher.budget.used(Use::Cache), held + len as u64);
         assert_eq!(
             fetcher.prefetch(&entries[2], 0, &c_source),

@@ -254,6 +254,12 @@ pub const STAGED_WASTED_BYTES: Metric = Metric::counter(
     "prefetch_staged_wasted_bytes_total",
     "Staged bytes dropped unread.",
 );
+/// Bytes prefetch fetched and kept nowhere.
+pub const PREFETCH_DISCARDED_BYTES: Metric = Metric::counter(
+    "prefetch.discarded_bytes",
+    "prefetch_discarded_bytes_total",
+    "Bytes prefetch fetched that neither the RAM tier nor the staging buffer kept (their reader fetches them again).",
+);
 /// Disk entries.
 pub const DISK_ENTRIES: Metric = Metric::gauge(
     "disk.entries",
@@ -405,6 +411,8 @@ pub struct CacheMetrics {
     pub staged_reads: Counter,
     /// See `STAGED_WASTED_BYTES`.
     pub staged_wasted_bytes: Counter,
+    /// See `PREFETCH_DISCARDED_BYTES`.
+    pub prefetch_discarded_bytes: Counter,
     /// See `DISK_HITS`.
     pub disk_hits: Counter,
     /// See `DISK_MISSES`.
@@ -559,6 +567,7 @@ impl CacheMetrics {
         out.put(&STAGED_BUDGET_BYTES, now.staged_budget_bytes as f64);
         out.count(&STAGED_READS, &self.staged_reads);
         out.count(&STAGED_WASTED_BYTES, &self.staged_wasted_bytes);
+        out.count(&PREFETCH_DISCARDED_BYTES, &self.prefetch_discarded_bytes);
         if let Some(d) = &now.disk {
             out.put(&DISK_ENTRIES, d.entries as f64);
             out.put(&DISK_BYTES, d.bytes as f64);
