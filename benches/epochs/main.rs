@@ -10,7 +10,8 @@
 //! is M plus the reader's own measured footprint (a tenth more in `--quick`, so a smoke run never
 //! thrashes on a footprint measured low), and prepfs gets `--cache-mem` = M minus the daemon's
 //! measured footprint. Results: JSON files, SVG plots and Markdown tables (appended to
-//! docs/BENCHMARKS-HISTORY.md), and the targets of issue 3 checked side by side. The views comparison
+//! docs/BENCHMARKS-HISTORY.md for a run of this checkout's build, not of `PREPFS_BENCH_BIN`'s),
+//! and the targets of issue 3 checked side by side. The views comparison
 //! (`views`: tensor views against stock PyTorch, torchvision.io and DALI on the CPU, issues 4 and
 //! 25; with `--jobs 1,3`, several training jobs at once over one mount, issue 35) runs on a
 //! dataset of its own (`--view-files`, 2,000 by default) and asks

@@ -1,5 +1,5 @@
 //! What the epochs benchmark tells: the JSON results files, the SVG plots, the Markdown tables
-//! appended to docs/BENCHMARKS-HISTORY.md, and the targets of issue 3 evaluated from the
+//! appended to docs/BENCHMARKS-HISTORY.md (for runs of this checkout's build), and the targets of issue 3 evaluated from the
 //! side-by-side runs (with those of the views comparison, its runs of several jobs and prefetch,
 //! which their own modules evaluate).
 //!
@@ -157,12 +157,25 @@ pub fn write(
 ) -> Result<String, String> {
     std::fs::create_dir_all(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
     let date = shell("date -u +%Y-%m-%d");
-    // A run of uncommitted changes says so: its numbers belong to no commit.
-    let commit = shell(
-        "cd \"$CARGO_MANIFEST_DIR\" && git rev-parse --short HEAD 2>/dev/null && \
-         { git diff --quiet HEAD 2>/dev/null || echo +uncommitted; }",
-    )
-    .replace('\n', "");
+    // A run of uncommitted changes says so: its numbers belong to no commit. A run of another
+    // build (`PREPFS_BENCH_BIN`) names that build instead, and is not added to the history,
+    // whose sections each name the commit they measured.
+    let binary = crate::binary::prepfs();
+    let own_build = binary == Path::new(env!("CARGO_BIN_EXE_prepfs"));
+    let commit = if own_build {
+        shell(
+            "cd \"$CARGO_MANIFEST_DIR\" && git rev-parse --short HEAD 2>/dev/null && \
+             { git diff --quiet HEAD 2>/dev/null || echo +uncommitted; }",
+        )
+        .replace('\n', "")
+    } else {
+        format!("build {}", binary.display())
+    };
+    let label = if own_build {
+        format!("commit {commit}")
+    } else {
+        commit.clone()
+    };
     let machine = machine();
     let header = json!({
         "date": date,
@@ -186,7 +199,7 @@ pub fn write(
         Ok(path)
     };
     let mut md = format!(
-        "\n### Epochs, {date} (commit {commit})\n\n\
+        "\n### Epochs, {date} ({label})\n\n\
          Command: `{}` (as root). Machine: {machine}.\n",
         command(opts)
     );
@@ -254,7 +267,7 @@ pub fn write(
         targets.extend(view_targets);
     }
     md.push_str(&targets_markdown(&targets));
-    if !opts.quick {
+    if !opts.quick && own_build {
         let mut text = std::fs::read_to_string(crate::BENCHMARKS_HISTORY_MD).unwrap_or_default();
         text.push_str(&md);
         std::fs::write(crate::BENCHMARKS_HISTORY_MD, text)
