@@ -8,19 +8,19 @@
 //! best once the writer is idle and the policy allows it, as the RAM tier's packer upgrades its
 //! blocks), blocks the writer could not take when they were fetched (its queue full, the scan below
 //! not finished, no room in the memory budget), remembered by key and written from the RAM tier
-//! when it is idle, and the scan of an old cache in the background (entries of changed or deleted
-//! files are removed and the rest counted against the budget). Admission waits for that scan;
-//! lookups do not, so the mount is ready at once. A missing, truncated or corrupt entry is a miss
-//! and a counter. Where entries live and how the directory is touched belong to `dir` (`CacheDir`):
-//! this module never opens a path inside the cache dir itself. Must never fail a read: no room,
-//! ENOSPC or an I/O error only stop admission.
+//! when it is idle, and the scan of an old cache in the background (`scan`: entries of changed or
+//! deleted files are removed and the rest counted against the budget). Admission waits for that
+//! scan; lookups do not, so the mount is ready at once. A missing, truncated or corrupt entry is
+//! a miss and a counter. Where entries live and how the directory is touched belong to `dir`
+//! (`CacheDir`): this module never opens a path inside the cache dir itself. Must never fail a
+//! read: no room, ENOSPC or an I/O error only stop admission.
 
 mod dir;
 pub mod entry;
+mod scan;
 
 use std::collections::VecDeque;
 use std::io;
-use std::ops::ControlFlow;
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
@@ -721,54 +721,6 @@ impl Inner {
         }
     }
 
-    /// Counts the entries an earlier mount left, removing leftovers of interrupted writes and
-    /// entries whose source file changed or vanished; then opens admission. What prepfs did not
-    /// write is left in place, counted in the log.
-    fn scan(&self, validate: &Validate) {
-        let started = Instant::now();
-        let (mut kept, mut dropped) = (0u64, 0u64);
-        let mut foreign = self.dir.clear_tmp();
-        foreign += self.dir.visit_entries(|shard, name, file| {
-            if self.stop.load(Ordering::Acquire) {
-                return ControlFlow::Break(());
-            }
-            match self.check_entry(name, &file, validate) {
-                Some(logical) => {
-                    self.used.fetch_add(file.len, Ordering::Relaxed);
-                    self.logical.fetch_add(logical, Ordering::Relaxed);
-                    self.entries.fetch_add(1, Ordering::Relaxed);
-                    kept += 1;
-                }
-                None => {
-                    drop(file);
-                    shard.remove(name);
-                    self.metrics.disk_stale_dropped.inc();
-                    dropped += 1;
-                }
-            }
-            ControlFlow::Continue(())
-        });
-        if self.stop.load(Ordering::Acquire) {
-            return;
-        }
-        if foreign > 0 {
-            tracing::warn!(
-                path = %self.dir.path.display(),
-                foreign,
-                "the cache dir holds things prepfs did not write under blocks/ or tmp/; left in place"
-            );
-        }
-        self.scanned.store(true, Ordering::Release);
-        tracing::info!(
-            kept,
-            dropped,
-            foreign,
-            bytes = self.used.load(Ordering::Relaxed),
-            took_ms = started.elapsed().as_millis() as u64,
-            "disk cache scanned"
-        );
-    }
-
     /// The image row length of the file whose block `index` of `identity` holds `logical` (0:
     /// none known): block 0's `.npy` header says it, and later blocks find it in block 0's
     /// entry (written first when the file is read from its start, as the RAM tier needs too).
@@ -785,19 +737,6 @@ impl Inner {
             .and_then(|file| read_header(&file))
             .filter(|h| h.identity == *identity && h.index == 0)
             .map_or(0, |h| h.rows)
-    }
-
-    /// The logical bytes of entry `name`, open as `file`, when its header is intact and its
-    /// source file is still the version it was written for; `None` for anything else.
-    fn check_entry(&self, name: &EntryName, file: &EntryFile, validate: &Validate) -> Option<u64> {
-        let header = read_header(file)?;
-        use std::os::unix::ffi::OsStrExt;
-        let path = Path::new(std::ffi::OsStr::from_bytes(&header.path));
-        let current = validate(path)?;
-        (current == header.identity
-            && header.entry_len() as u64 == file.len
-            && EntryName::of(&header.identity, header.index as usize) == *name)
-            .then_some(header.len as u64)
     }
 }
 
