@@ -338,15 +338,16 @@ impl BlockFetcher {
     ) -> Result<ReadBytes, FsError> {
         let span = entry.block_span(index);
         let len = span.end - span.start;
-        if !entry.fits(len) && !self.lower_has_room(len) {
+        let key = BlockKey {
+            identity: entry.identity(),
+            index,
+        };
+        // A fetch of this block in flight (a prefetch holding room for it) is joined below.
+        if !entry.fits(len) && !self.lower_has_room(len) && self.flights.get(&key).is_none() {
             // Never-evict and full: this block can never be admitted, so fetching all of it
             // would only multiply source reads for small or unaligned requests. Serve it from
             // the staging buffer (fetched ahead: no miss) or the disk tier if either has it,
             // else read exactly what was asked for.
-            let key = BlockKey {
-                identity: entry.identity(),
-                index,
-            };
             if let Some(block) = self.in_tier(self.staging.as_ref(), &key, entry.path(), &range) {
                 return Ok(ReadBytes::Shared(block, range));
             }
@@ -378,8 +379,8 @@ impl BlockFetcher {
 
     /// Block `index` of `entry`, fetched once however many ask at the same time (the first
     /// fetches and places it, the others wait on its flight); `None` when the RAM tier holds it.
-    /// `room`: staging room prefetch reserved for the block, used if the RAM tier does not keep
-    /// it (given back otherwise).
+    /// `room`: room prefetch reserved for the block, in the RAM tier or else in staging (given
+    /// back if unused).
     fn shared(
         &self,
         entry: &Arc<RamFile>,
@@ -908,6 +909,45 @@ mod tests {
             );
             assert_eq!(entry.cached_blocks(), held);
         }
+    }
+
+    /// A reader of a block whose prefetch holds the cache's last room joins that fetch: one
+    /// source read, and the block is kept (the reader used to see a full cache and read the
+    /// bytes again beside it, and `prepfs warm` reported the file as not fitting).
+    #[test]
+    fn a_reader_joins_the_prefetch_that_holds_the_last_room_for_its_block() {
+        let len = 64 << 10;
+        let overhead = chain(64 << 20, 0, Codec::None)
+            .0
+            .ram()
+            .file(identity(20, 0, len), Path::new("a"))
+            .charged_bytes();
+        let (fetcher, lower) = chain(overhead + len as u64 + len as u64 / 2, 0, Codec::None);
+        // No tier below with room either: the cache is full but for the room prefetch holds.
+        lower.refuse.store(true, Ordering::Relaxed);
+        let data = vec![5u8; len];
+        let id = identity(24, 0, len);
+        let (source, reads) = MemFile::of(id, &data);
+        let entry = fetcher.ram().file(id, Path::new("a"));
+        let reading = source.now.lock();
+        std::thread::scope(|s| {
+            let ahead = s.spawn(|| fetcher.prefetch(&entry, 0, &source));
+            while reads.load(Ordering::Relaxed) == 0 {
+                std::thread::yield_now();
+            }
+            let reader = s.spawn(|| {
+                fetcher
+                    .read(&entry, &source, 0, len as u32, &Unpacked::default())
+                    .map(|b| b.as_slice() == &data[..])
+            });
+            // Give the reader time to reach the block (it waits on the flight or the source).
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            drop(reading);
+            assert_eq!(ahead.join().expect("prefetch"), Ok(Prefetched::Fetched));
+            assert_eq!(reader.join().expect("reader"), Ok(true));
+        });
+        assert_eq!(reads.load(Ordering::Relaxed), 1, "one source read");
+        assert_eq!(entry.cached_blocks(), 1);
     }
 
     /// A block prefetch fetched and could keep nowhere (a tier below keeps its hits out of RAM,
