@@ -34,7 +34,7 @@ use crate::source::{Identity, SourceFile, read_full};
 /// What `BlockFetcher::prefetch` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prefetched {
-    /// Already held: nothing to do.
+    /// Already held, or being fetched by another: nothing to do.
     Present,
     /// Fetched into the RAM tier.
     Fetched,
@@ -237,6 +237,15 @@ impl BlockFetcher {
         source: &dyn SourceFile,
     ) -> Result<Prefetched, FsError> {
         if index >= entry.blocks() || entry.is_stored(index) {
+            return Ok(Prefetched::Present);
+        }
+        // Being fetched (by a reader): that fetch keeps it if the RAM tier has room. Taking the
+        // room now and joining it would make its store fail, and neither would keep the block.
+        let key = BlockKey {
+            identity: entry.identity(),
+            index,
+        };
+        if self.flights.get(&key).is_some() {
             return Ok(Prefetched::Present);
         }
         // A version that may still be being written can be read but not kept: nothing to do
