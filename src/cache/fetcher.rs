@@ -82,6 +82,30 @@ impl Flight {
     }
 }
 
+/// The fetch of one block this thread leads. Ending it (or dropping it unfinished, which answers
+/// "ask the RAM tier again") takes the flight out of the map and wakes its waiters.
+struct Lead<'a> {
+    flights: &'a ShardedMap<BlockKey, Arc<Flight>>,
+    key: BlockKey,
+    flight: Arc<Flight>,
+    result: Option<Fetched>,
+}
+
+impl Lead<'_> {
+    /// Ends the fetch with `result` for every waiter.
+    fn finish(mut self, result: Fetched) {
+        self.result = Some(result);
+    }
+}
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        self.flights
+            .remove_if(&self.key, |f| Arc::ptr_eq(f, &self.flight));
+        self.flight.finish(self.result.take().unwrap_or(Ok(None)));
+    }
+}
+
 /// The fetch chain of one mount.
 pub struct BlockFetcher {
     ram: Arc<RamTier>,
@@ -239,15 +263,17 @@ impl BlockFetcher {
         if index >= entry.blocks() || entry.is_stored(index) {
             return Ok(Prefetched::Present);
         }
-        // Being fetched (by a reader): that fetch keeps it if the RAM tier has room. Taking the
-        // room now and joining it would make its store fail, and neither would keep the block.
+        // Being fetched (by a reader): that fetch keeps it if the RAM tier has room. Prefetch
+        // leads the fetch before it takes room, so a reader that comes meanwhile joins it rather
+        // than fetching beside it (taking the room for a block a reader fetches made the
+        // reader's store fail, and neither kept the block).
         let key = BlockKey {
             identity: entry.identity(),
             index,
         };
-        if self.flights.get(&key).is_some() {
+        let Ok(lead) = self.lead(key) else {
             return Ok(Prefetched::Present);
-        }
+        };
         // A version that may still be being written can be read but not kept: nothing to do
         // ahead of its readers.
         if !source.settled(SystemTime::now()) {
@@ -267,7 +293,7 @@ impl BlockFetcher {
                 None => return Ok(Prefetched::NoRoom),
             },
         };
-        match self.shared(entry, index, source, Asker::Prefetch, Some(room)) {
+        match self.fetch(lead, entry, index, source, Asker::Prefetch, Some(room)) {
             None if entry.is_stored(index) => Ok(Prefetched::Present),
             None => Ok(Prefetched::Late),
             Some(Err(e)) => Err(e),
@@ -372,7 +398,7 @@ impl BlockFetcher {
             return Ok(ReadBytes::Owned(bytes));
         }
         loop {
-            match self.shared(entry, index, source, Asker::Reader, None) {
+            match self.shared(entry, index, source, Asker::Reader) {
                 // Stored meanwhile: a hit, unless it failed its checksum and was dropped again.
                 None => match entry.hit(index, range.clone(), memo) {
                     Some(bytes) => return Ok(bytes),
@@ -388,15 +414,12 @@ impl BlockFetcher {
 
     /// Block `index` of `entry`, fetched once however many ask at the same time (the first
     /// fetches and places it, the others wait on its flight); `None` when the RAM tier holds it.
-    /// `room`: room prefetch reserved for the block, in the RAM tier or else in staging (given
-    /// back if unused).
     fn shared(
         &self,
         entry: &Arc<RamFile>,
         index: usize,
         source: &dyn SourceFile,
         asker: Asker,
-        room: Option<Reserved<'_>>,
     ) -> Option<Result<Arc<Block>, FsError>> {
         if entry.is_stored(index) {
             return None;
@@ -405,15 +428,42 @@ impl BlockFetcher {
             identity: entry.identity(),
             index,
         };
+        match self.lead(key) {
+            Ok(lead) => self.fetch(lead, entry, index, source, asker, None),
+            Err(leader) => leader.wait().transpose(),
+        }
+    }
+
+    /// The lead of the fetch of `key`, or the flight of the fetch another leads.
+    fn lead(&self, key: BlockKey) -> Result<Lead<'_>, Arc<Flight>> {
         let flight = Arc::new(Flight::default());
         let leader = self.flights.get_or_insert_with(key, || flight.clone());
         if !Arc::ptr_eq(&leader, &flight) {
-            return leader.wait().transpose();
+            return Err(leader);
         }
-        // Stored by a fetch that ended between the check above and this flight: nothing to do.
+        Ok(Lead {
+            flights: &self.flights,
+            key,
+            flight,
+            result: None,
+        })
+    }
+
+    /// The fetch `lead` leads, of block `index` of `entry`, placed where it may be kept; `None`
+    /// when the RAM tier holds it already, or a prefetch leaves it to its readers. `room`: room
+    /// prefetch reserved for the block, in the RAM tier or else in staging (given back if unused).
+    fn fetch(
+        &self,
+        lead: Lead<'_>,
+        entry: &Arc<RamFile>,
+        index: usize,
+        source: &dyn SourceFile,
+        asker: Asker,
+        room: Option<Reserved<'_>>,
+    ) -> Option<Result<Arc<Block>, FsError>> {
+        let key = lead.key;
+        // Stored by a fetch that ended before this one began: nothing to do.
         if entry.is_stored(index) {
-            self.flights.remove_if(&key, |f| Arc::ptr_eq(f, &flight));
-            flight.finish(Ok(None));
             return None;
         }
         let span = entry.block_span(index);
@@ -429,11 +479,7 @@ impl BlockFetcher {
             // A tier below may hold it but did not answer in time: a fetch ahead of the readers
             // leaves the block to them (a reader waiting on this flight asks again) rather than
             // reading the source for it.
-            None if late && asker == Asker::Prefetch => {
-                self.flights.remove_if(&key, |f| Arc::ptr_eq(f, &flight));
-                flight.finish(Ok(None));
-                return None;
-            }
+            None if late && asker == Asker::Prefetch => return None,
             None => match self.read_source(key.identity, span.clone(), source) {
                 Ok((bytes, settled)) => {
                     let block = Arc::new(Block::new(bytes));
@@ -465,8 +511,7 @@ impl BlockFetcher {
                 self.staging.stage(&key, entry.path(), block, staging_room);
             }
         }
-        self.flights.remove_if(&key, |f| Arc::ptr_eq(f, &flight));
-        flight.finish(result.clone().map(Some));
+        lead.finish(result.clone().map(Some));
         Some(result)
     }
 
@@ -666,6 +711,28 @@ mod tests {
             metrics,
         );
         (fetcher, lower)
+    }
+
+    /// What the RAM tier charges for one entry's bookkeeping (a file of `len` bytes).
+    fn entry_overhead(len: usize) -> u64 {
+        chain(64 << 20, 0, Codec::None)
+            .0
+            .ram()
+            .file(identity(20, 0, len), Path::new("a"))
+            .charged_bytes()
+    }
+
+    /// Puts `data` into `lower` as block 0 of file version `id`.
+    fn held_below(lower: &Faulty<Memory>, id: Identity, data: &[u8]) {
+        let key = BlockKey {
+            identity: id,
+            index: 0,
+        };
+        lower.put(
+            &key,
+            &Arc::from(Path::new("f")),
+            &Arc::new(Block::new(data.to_vec())),
+        );
     }
 
     /// What a test holds open: the version it opened and its entry.
@@ -894,15 +961,7 @@ mod tests {
             let data: Vec<u8> = (0..BLOCK_SIZE as usize).map(|i| (i % 253) as u8).collect();
             let id = identity(4, 0, data.len());
             let (source, reads) = MemFile::of(id, &data);
-            let key = BlockKey {
-                identity: id,
-                index: 0,
-            };
-            lower.put(
-                &key,
-                &Arc::from(Path::new("f")),
-                &Arc::new(Block::new(data.clone())),
-            );
+            held_below(&lower, id, &data);
             let entry = fetcher.ram().file(id, Path::new("f"));
             let memo = Unpacked::default();
             for _ in 0..3 {
@@ -926,11 +985,7 @@ mod tests {
     #[test]
     fn a_reader_joins_the_prefetch_that_holds_the_last_room_for_its_block() {
         let len = 64 << 10;
-        let overhead = chain(64 << 20, 0, Codec::None)
-            .0
-            .ram()
-            .file(identity(20, 0, len), Path::new("a"))
-            .charged_bytes();
+        let overhead = entry_overhead(len);
         let (fetcher, lower) = chain(overhead + len as u64 + len as u64 / 2, 0, Codec::None);
         // No tier below with room either: the cache is full but for the room prefetch holds.
         lower.refuse.store(true, Ordering::Relaxed);
@@ -959,6 +1014,44 @@ mod tests {
         assert_eq!(entry.cached_blocks(), 1);
     }
 
+    /// Prefetch leaves a block a reader is fetching to that reader: no room taken, no source
+    /// read beside it, and the reader's fetch keeps the block in the cache's last room (prefetch
+    /// used to take that room and join the reader's fetch: the reader's store found no room,
+    /// and neither kept the block).
+    #[test]
+    fn prefetch_leaves_a_block_a_reader_is_fetching_to_that_reader() {
+        let len = 64 << 10;
+        let overhead = entry_overhead(len);
+        let (fetcher, lower) = chain(overhead + len as u64 + len as u64 / 2, 0, Codec::None);
+        lower.refuse.store(true, Ordering::Relaxed);
+        let data = vec![9u8; len];
+        let id = identity(25, 0, len);
+        let (source, reads) = MemFile::of(id, &data);
+        let entry = fetcher.ram().file(id, Path::new("a"));
+        let held = fetcher.budget.used(Use::Cache);
+        let reading = source.now.lock();
+        std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                fetcher
+                    .read(&entry, &source, 0, len as u32, &Unpacked::default())
+                    .map(|b| b.as_slice() == &data[..])
+            });
+            while reads.load(Ordering::Relaxed) == 0 {
+                std::thread::yield_now();
+            }
+            let ahead = s.spawn(|| fetcher.prefetch(&entry, 0, &source));
+            // Give the prefetch time to reach the block before the reader's read ends.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            drop(reading);
+            assert_eq!(ahead.join().expect("prefetch"), Ok(Prefetched::Present));
+            assert_eq!(reader.join().expect("reader"), Ok(true));
+        });
+        assert_eq!(fetcher.budget.used(Use::Cache), held + len as u64);
+        assert_eq!(reads.load(Ordering::Relaxed), 1, "one source read");
+        assert_eq!(entry.cached_blocks(), 1, "the reader's fetch keeps it");
+        assert_eq!(fetcher.metrics.prefetch_discarded_bytes.get(), 0);
+    }
+
     /// A block prefetch fetched and could keep nowhere (a tier below keeps its hits out of RAM,
     /// and staging has no room) is counted as discarded: its reader fetches it again.
     #[test]
@@ -968,15 +1061,7 @@ mod tests {
         let data = vec![3u8; 4096];
         let id = identity(6, 0, data.len());
         let (source, reads) = MemFile::of(id, &data);
-        let key = BlockKey {
-            identity: id,
-            index: 0,
-        };
-        lower.put(
-            &key,
-            &Arc::from(Path::new("f")),
-            &Arc::new(Block::new(data.clone())),
-        );
+        held_below(&lower, id, &data);
         let entry = fetcher.ram().file(id, Path::new("f"));
         assert_eq!(fetcher.prefetch(&entry, 0, &source), Ok(Prefetched::NoRoom));
         assert_eq!(reads.load(Ordering::Relaxed), 0);
@@ -1019,11 +1104,7 @@ mod tests {
     #[test]
     fn prefetch_keeps_the_ram_room_it_found_while_it_reads() {
         let len = 64 << 10;
-        let overhead = chain(64 << 20, 0, Codec::None)
-            .0
-            .ram()
-            .file(identity(20, 0, len), Path::new("a"))
-            .charged_bytes();
+        let overhead = entry_overhead(len);
         // Room for the entries' bookkeeping and one block, not two.
         let cache = 3 * overhead + len as u64 + len as u64 / 2;
         let (fetcher, _) = chain(cache, 0, Codec::None);
