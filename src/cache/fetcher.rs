@@ -1152,6 +1152,44 @@ mod tests {
         );
     }
 
+    /// Room prefetch takes for a file's first block covers what a memfd charges (whole pages):
+    /// a reader's miss meanwhile cannot take the difference, which the block's store used to
+    /// top up and, in a full cache, fail to (the block thrown away; 0-1.7 MB of epoch 2 in the
+    /// epochs quick check).
+    #[test]
+    fn prefetch_takes_room_for_the_pages_a_memfd_charges() {
+        // Two blocks, the last of 5,000 bytes: a memfd layout, 8,192 bytes charged for it.
+        let tail = 5000;
+        let len = BLOCK_SIZE as usize + tail;
+        let small = 4096;
+        let cache = entry_overhead(len) + entry_overhead(small) + 8192 + small as u64 - 1;
+        let (fetcher, _) = chain(cache, 0, Codec::None);
+        let data = vec![4u8; len];
+        let (a, b) = (identity(26, 0, len), identity(27, 0, small));
+        let ((a_source, a_reads), (b_source, _)) =
+            (MemFile::of(a, &data), MemFile::of(b, &data[..small]));
+        let (a_entry, b_entry) = (
+            fetcher.ram().file(a, Path::new("a")),
+            fetcher.ram().file(b, Path::new("b")),
+        );
+        let reading = a_source.now.lock();
+        std::thread::scope(|s| {
+            let ahead = s.spawn(|| fetcher.prefetch(&a_entry, 1, &a_source));
+            while a_reads.load(Ordering::Relaxed) == 0 {
+                std::thread::yield_now();
+            }
+            let got = fetcher
+                .read(&b_entry, &b_source, 0, small as u32, &Unpacked::default())
+                .expect("read");
+            assert!(got.as_slice() == &data[..small]);
+            drop(reading);
+            assert_eq!(ahead.join().expect("prefetch"), Ok(Prefetched::Fetched));
+        });
+        assert_eq!(b_entry.cached_blocks(), 0, "the reader's block: no room");
+        assert_eq!(a_entry.cached_blocks(), 1);
+        assert_eq!(fetcher.metrics.prefetch_discarded_bytes.get(), 0);
+    }
+
     /// Prefetch reads a block only once it holds room to keep it: a second prefetch that comes
     /// while the first is reading into staging's last room gets no room and reads nothing (it
     /// used to read a block too, and one of the two was thrown away).

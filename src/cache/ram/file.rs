@@ -426,9 +426,15 @@ impl RamFile {
     }
 
     /// Room for a block of `len` bytes of this file, taken from the RAM tier's budget now, for
-    /// `store` to use once the block is read; none when the budget has no room.
+    /// `store` to use once the block is read; none when the budget has no room. Before the first
+    /// block sets the layout, room for the dearer one (a memfd's whole pages), the rest given
+    /// back at `store`: a top-up there fails in a full cache, and the block read is thrown away.
     pub fn reserve(&self, len: u64) -> Option<RamRoom<'_>> {
-        self.ram.ledger.reserve(self.charge(len))
+        let charge = match self.layout.get() {
+            Some(_) => self.charge(len),
+            None => len.div_ceil(PAGE) * PAGE,
+        };
+        self.ram.ledger.reserve(charge)
     }
 
     /// What storing `len` raw bytes of this file costs the budget (a memfd takes whole pages).
