@@ -216,6 +216,11 @@ fn choices(s0: &serde_json::Value, s1: &serde_json::Value) -> String {
         .join(" ")
 }
 
+/// Bytes prepfs has read from the source (`source.bytes_read`).
+fn source_bytes(s: &serde_json::Value) -> u64 {
+    s["source"]["bytes_read"].as_u64().unwrap_or(0)
+}
+
 fn stall_seconds(s: &serde_json::Value) -> f64 {
     let f = |k: &str| s["stall"][k].as_f64().unwrap_or(0.0);
     f("fetch_seconds") + f("prep_seconds")
@@ -363,6 +368,9 @@ fn run(
             device_mb_s: device0
                 .zip(device1)
                 .map(|(a, b)| b.saturating_sub(a) as f64 / 1e6 / t0.elapsed().as_secs_f64()),
+            source_mb_s: source_bytes(&s1).saturating_sub(source_bytes(&s0)) as f64
+                / 1e6
+                / t0.elapsed().as_secs_f64(),
             reacted_s: reacted,
             policy_share: guarded.then(|| f64::from(policy_polls) / f64::from(polls.max(1))),
             ..Default::default()
@@ -448,8 +456,10 @@ fn bench(raw: &[String]) -> Result<(), String> {
                         p.pressure_events,
                         p.given_back_bytes as f64 / 1e6,
                         p.held_back_bytes as f64 / 1e6,
-                        p.device_mb_s
-                            .map_or(String::new(), |d| format!(", device {d:.0} MB/s")),
+                        p.device_mb_s.map_or(String::new(), |d| format!(
+                            ", device {d:.0} MB/s (prepfs read {:.0} MB/s from the source)",
+                            p.source_mb_s
+                        )),
                         p.choices
                     );
                 }

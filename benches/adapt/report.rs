@@ -33,6 +33,9 @@ pub struct Phase {
     /// What the source's device read per second in the phase (the disk scenarios): whether a
     /// throttle binds.
     pub device_mb_s: Option<f64>,
+    /// What prepfs read from the source per second (`source.bytes_read`): beside the device's,
+    /// the share the kernel's page cache served (a mode may win (b) only by warming it).
+    pub source_mb_s: f64,
     /// Each knob's option most in force in the phase, with its share of the decisions
     /// (`scheduler.histogram`), e.g. `codec=zstd 80%`.
     pub choices: String,
