@@ -43,6 +43,12 @@ pub const HELD_BACK_BYTES: Metric = Metric::gauge(
     "memory_held_back_bytes",
     "Bytes of the budget cache and staging may not take since memory pressure, until that much is seen free.",
 );
+/// Memory left under the limit.
+pub const LEFT_BYTES: Metric = Metric::gauge(
+    "memory.left_bytes",
+    "memory_left_bytes",
+    "Memory left under the cgroup's limit (file pages counted as free), else the host's available memory, at the pressure watch's last look.",
+);
 /// Heap trims.
 pub const HEAP_TRIMS: Metric = Metric::counter(
     "memory.heap_trims",
@@ -85,6 +91,7 @@ impl MemoryGauges {
         out.put(&SHED_BYTES, self.shed_bytes as f64);
         out.put(&GIVEN_BACK_BYTES, self.given_back_bytes as f64);
         out.put(&HELD_BACK_BYTES, self.held_back as f64);
+        out.put(&LEFT_BYTES, self.left as f64);
         out.put(&HEAP_TRIMS, self.heap_trims as f64);
         out.put(&RENDER_WAITS, self.waits as f64);
         out.put(&RENDER_REFUSALS, self.refused as f64);

@@ -200,6 +200,8 @@ pub struct MemoryGauges {
     pub refused: u64,
     /// Times freed heap memory was given back to the kernel.
     pub heap_trims: u64,
+    /// Memory left at the pressure watch's last look (`saw_left`; 0 before it).
+    pub left: u64,
 }
 
 /// The budget of one mount.
@@ -224,6 +226,8 @@ pub struct MemoryBudget {
     waits: AtomicU64,
     refused: AtomicU64,
     heap_trims: AtomicU64,
+    /// Memory left at the pressure watch's last look.
+    left: AtomicU64,
     /// Renders waiting for room; released bytes wake them.
     room: Mutex<usize>,
     freed: Condvar,
@@ -256,6 +260,7 @@ impl MemoryBudget {
             waits: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             heap_trims: AtomicU64::new(0),
+            left: AtomicU64::new(0),
             room: Mutex::new(0),
             freed: Condvar::new(),
             shedders: Mutex::new(Vec::new()),
@@ -345,6 +350,12 @@ impl MemoryBudget {
     /// Holds admission to what cache and staging hold now: memory ran short with this much.
     fn hold_admission(&self) {
         self.ceiling.fetch_min(self.admitted(), Ordering::AcqRel);
+    }
+
+    /// The pressure watch saw `left` bytes of memory left (for the stats: what admission held
+    /// back since pressure is measured against).
+    pub fn saw_left(&self, left: u64) {
+        self.left.store(left, Ordering::Relaxed);
     }
 
     /// The pressure watch saw `room` bytes stay free beyond where admission should stop:
@@ -559,6 +570,7 @@ impl MemoryBudget {
             waits: load(&self.waits),
             refused: load(&self.refused),
             heap_trims: load(&self.heap_trims),
+            left: load(&self.left),
         }
     }
 }

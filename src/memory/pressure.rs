@@ -88,6 +88,7 @@ impl Watch {
             trim = false;
             left = read().unwrap_or(left);
         }
+        budget.saw_left(left);
         let now = pressing(left, self.pressing);
         if now != self.pressing {
             budget.set_pressure(now);
@@ -242,6 +243,11 @@ mod tests {
             "nothing more given back"
         );
         assert!(hog.held_back > 0, "admission held short of the slices");
+        assert!(
+            (ON_LEFT..OFF_LEFT + 30 * MIB).contains(&hog.left),
+            "what was left at the last beat: {} MiB",
+            hog.left / MIB
+        );
         assert!(
             hog.used[0] >= 100 * MIB,
             "the cache kept what fits beside the co-tenant: {} MiB",
