@@ -4,7 +4,7 @@
 //! Owns: one thread (`prepfs-memory`) that every `EVERY` reads the daemon's cgroup (its memory
 //! that the kernel cannot reclaim, against its limit) or, outside a limited cgroup, the host's
 //! available memory, and turns the budget's pressure on when little is left and off once there is
-//! room again (with hysteresis); when memory is still short a beat after everything was shed, it
+//! room again (with hysteresis) or memory has not been short for 3 s; when memory is still short a beat after everything was shed, it
 //! asks the budget to give back what is kept for good (`MemoryBudget::give_back`: the RAM tier's
 //! unopened cached files) up to the room pressure ends at. Since pressure the budget admits only
 //! into room this watch has seen free (`MemoryBudget::room_seen`, short of where pressure would
@@ -89,7 +89,19 @@ impl Watch {
             left = read().unwrap_or(left);
         }
         budget.saw_left(left);
-        let now = pressing(left, self.pressing);
+        let mut now = pressing(left, self.pressing);
+        // Pressure that shed what it could ends, though less than `OFF_LEFT` is free, once
+        // memory has not been short for `ROOM_BEATS` beats: the ceiling keeps admission out of
+        // the room memory lacks, while pressure held on paused admission for good (measured: a
+        // run of the epochs bench sat at 63 MiB left with pressure on for four epochs, the cache
+        // 26 MB short of its slice).
+        if now
+            && left >= ON_LEFT
+            && self.recent.len() == ROOM_BEATS
+            && self.recent.iter().all(|&l| l >= ON_LEFT)
+        {
+            now = false;
+        }
         if now != self.pressing {
             budget.set_pressure(now);
             trim |= now;
@@ -163,6 +175,50 @@ mod tests {
     }
 
     const MIB: u64 = 1 << 20;
+
+    /// Memory that was short once and then not, though less than `OFF_LEFT` stays free (what
+    /// a transient spike leaves, or a co-tenant that gave back part of what it took): pressure
+    /// ends within 3 s, and admission takes the room seen beyond `ROOM_LEFT` (pressure used to
+    /// hold on, admission paused, for as long as memory stayed in that band).
+    #[test]
+    fn pressure_ends_once_memory_is_no_longer_short_though_less_than_its_end_is_free() {
+        let (limit, daemon_own) = (400 * MIB, 30 * MIB);
+        let budget = MemoryBudget::new(MemoryPlan {
+            cache: 300 * MIB,
+            staging: 0,
+            work: 40 * MIB,
+        });
+        let mut cached = 0;
+        while cached < 250 * MIB && budget.admit(Use::Cache, MIB) {
+            cached += MIB;
+        }
+        let mut watch = Watch::default();
+        let mut beat = |co_tenant: u64| {
+            let left = || Some(limit - daemon_own - co_tenant - budget.used(Use::Cache));
+            watch.beat(&budget, &left, false);
+            // The readers' misses fill the cache as far as admission lets them.
+            while budget.admit(Use::Cache, MIB) {}
+            watch.pressing
+        };
+        assert!(beat(100 * MIB), "20 MiB left: pressure");
+        // 63 MiB left from now on: no longer short, not yet OFF_LEFT.
+        let beats = (1..=100).find(|_| !beat(57 * MIB));
+        assert!(
+            beats.is_some_and(|n| n <= ROOM_BEATS + 1),
+            "pressure ended after {beats:?} beats"
+        );
+        for _ in 0..40 {
+            assert!(!beat(57 * MIB), "pressure stays off");
+        }
+        let g = budget.gauges();
+        assert_eq!(g.pressure_events, 1);
+        assert_eq!(
+            g.used[Use::Cache as usize],
+            265 * MIB,
+            "admission took the room beyond ROOM_LEFT (63 - 48 MiB), no more"
+        );
+        assert_eq!(g.left, ROOM_LEFT);
+    }
 
     /// A RAM tier: holds what it admitted, gives back whole 24 MiB files when asked.
     struct Tier {
