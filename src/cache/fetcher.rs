@@ -722,6 +722,15 @@ mod tests {
             .charged_bytes()
     }
 
+    /// A chain whose cache has room for the bookkeeping and one block of a file of `len` bytes
+    /// (and half a block more), with no tier below that takes anything.
+    fn room_for_one_block(len: usize) -> BlockFetcher {
+        let overhead = entry_overhead(len);
+        let (fetcher, lower) = chain(overhead + len as u64 + len as u64 / 2, 0, Codec::None);
+        lower.refuse.store(true, Ordering::Relaxed);
+        fetcher
+    }
+
     /// Puts `data` into `lower` as block 0 of file version `id`.
     fn held_below(lower: &Faulty<Memory>, id: Identity, data: &[u8]) {
         let key = BlockKey {
@@ -985,10 +994,8 @@ mod tests {
     #[test]
     fn a_reader_joins_the_prefetch_that_holds_the_last_room_for_its_block() {
         let len = 64 << 10;
-        let overhead = entry_overhead(len);
-        let (fetcher, lower) = chain(overhead + len as u64 + len as u64 / 2, 0, Codec::None);
         // No tier below with room either: the cache is full but for the room prefetch holds.
-        lower.refuse.store(true, Ordering::Relaxed);
+        let fetcher = room_for_one_block(len);
         let data = vec![5u8; len];
         let id = identity(24, 0, len);
         let (source, reads) = MemFile::of(id, &data);
@@ -1021,9 +1028,7 @@ mod tests {
     #[test]
     fn prefetch_leaves_a_block_a_reader_is_fetching_to_that_reader() {
         let len = 64 << 10;
-        let overhead = entry_overhead(len);
-        let (fetcher, lower) = chain(overhead + len as u64 + len as u64 / 2, 0, Codec::None);
-        lower.refuse.store(true, Ordering::Relaxed);
+        let fetcher = room_for_one_block(len);
         let data = vec![9u8; len];
         let id = identity(25, 0, len);
         let (source, reads) = MemFile::of(id, &data);

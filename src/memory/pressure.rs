@@ -4,11 +4,12 @@
 //! Owns: one thread (`prepfs-memory`) that every `EVERY` reads the daemon's cgroup (its memory
 //! that the kernel cannot reclaim, against its limit) or, outside a limited cgroup, the host's
 //! available memory, and turns the budget's pressure on when little is left and off once there is
-//! room again (with hysteresis) or memory has not been short for 3 s; when memory is still short a beat after everything was shed, it
-//! asks the budget to give back what is kept for good (`MemoryBudget::give_back`: the RAM tier's
-//! unopened cached files) up to the room pressure ends at. Since pressure the budget admits only
-//! into room this watch has seen free (`MemoryBudget::room_seen`, short of where pressure would
-//! begin), so a co-tenant that keeps its memory does not make pressure come and go. On the same
+//! room again (with hysteresis) or memory has not been short for 3 s; when memory is still short
+//! a beat after everything was shed, it asks the budget to give back what is kept for good
+//! (`MemoryBudget::give_back`: the RAM tier's unopened cached files) up to the room pressure ends
+//! at. Since pressure the budget admits only into room this watch has seen free
+//! (`MemoryBudget::room_seen`, short of where pressure would begin), so a co-tenant that keeps
+//! its memory does not make pressure come and go. On the same
 //! beat it hands freed heap pages back to the kernel when `heap::Trimmer` says so, and as
 //! pressure begins or cached files are given back (after shedding, so the shed bytes leave the
 //! process). Must never block anything but itself (a trim holds each allocator arena's lock in
@@ -54,10 +55,15 @@ fn left(cgroup: Option<&Cgroup>) -> Option<u64> {
     }
 }
 
-/// Whether pressure holds, given what is `left` and whether it held before.
-fn pressing(left: u64, before: bool) -> bool {
+/// Whether pressure holds, given what is `left`, whether it held before, and whether memory was
+/// not short at any of the last `ROOM_BEATS` beats (`calm`). Pressure that shed what it could
+/// ends then, though less than `OFF_LEFT` is free: the ceiling since pressure keeps admission out
+/// of the room memory lacks, while pressure held on paused admission for good (measured: a run of
+/// the epochs bench sat at 63 MiB left with pressure on for four epochs, the cache 26 MB short of
+/// its slice).
+fn pressing(left: u64, before: bool, calm: bool) -> bool {
     if before {
-        left < OFF_LEFT
+        left < OFF_LEFT && !(calm && left >= ON_LEFT)
     } else {
         left < ON_LEFT
     }
@@ -89,19 +95,8 @@ impl Watch {
             left = read().unwrap_or(left);
         }
         budget.saw_left(left);
-        let mut now = pressing(left, self.pressing);
-        // Pressure that shed what it could ends, though less than `OFF_LEFT` is free, once
-        // memory has not been short for `ROOM_BEATS` beats: the ceiling keeps admission out of
-        // the room memory lacks, while pressure held on paused admission for good (measured: a
-        // run of the epochs bench sat at 63 MiB left with pressure on for four epochs, the cache
-        // 26 MB short of its slice).
-        if now
-            && left >= ON_LEFT
-            && self.recent.len() == ROOM_BEATS
-            && self.recent.iter().all(|&l| l >= ON_LEFT)
-        {
-            now = false;
-        }
+        let calm = self.recent.len() == ROOM_BEATS && self.recent.iter().all(|&l| l >= ON_LEFT);
+        let now = pressing(left, self.pressing, calm);
         if now != self.pressing {
             budget.set_pressure(now);
             trim |= now;
@@ -164,13 +159,13 @@ mod tests {
 
     #[test]
     fn pressure_turns_on_near_the_limit_and_off_with_room_again() {
-        assert!(!pressing(OFF_LEFT, false));
-        assert!(pressing(ON_LEFT - 1, false));
+        assert!(!pressing(OFF_LEFT, false, false));
+        assert!(pressing(ON_LEFT - 1, false, false));
         assert!(
-            pressing(ON_LEFT + 1, true),
+            pressing(ON_LEFT + 1, true, false),
             "hysteresis: still on until OFF_LEFT"
         );
-        assert!(!pressing(OFF_LEFT, true));
+        assert!(!pressing(OFF_LEFT, true, false));
         assert!(left(None).is_some(), "the host's memory is readable");
     }
 

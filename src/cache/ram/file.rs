@@ -34,6 +34,11 @@ use crate::source::Identity;
 /// Page size used to account memfd storage (the kernel allocates whole pages).
 const PAGE: u64 = 4096;
 
+/// What `len` bytes in a memfd take: whole pages.
+fn whole_pages(len: u64) -> u64 {
+    len.div_ceil(PAGE) * PAGE
+}
+
 /// Where a published block's bytes live.
 #[derive(Debug, Clone)]
 enum Stored {
@@ -432,7 +437,7 @@ impl RamFile {
     pub fn reserve(&self, len: u64) -> Option<RamRoom<'_>> {
         let charge = match self.layout.get() {
             Some(_) => self.charge(len),
-            None => len.div_ceil(PAGE) * PAGE,
+            None => whole_pages(len),
         };
         self.ram.ledger.reserve(charge)
     }
@@ -440,7 +445,7 @@ impl RamFile {
     /// What storing `len` raw bytes of this file costs the budget (a memfd takes whole pages).
     fn charge(&self, len: u64) -> u64 {
         if self.uses_memfd() {
-            len.div_ceil(PAGE) * PAGE
+            whole_pages(len)
         } else {
             len
         }
