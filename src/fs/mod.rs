@@ -720,11 +720,10 @@ impl Fs {
             .map_err(|e| FsError::from_source(&e))?;
         let names = Listing::of(
             entries
-                .into_iter()
+                .iter()
                 // `.prepfs` is reachable but never listed: loaders such as torchvision's
                 // ImageFolder treat every listed directory as a class.
-                .filter(|e| !(ino == ROOT && e.name == CONTROL_DIR_NAME))
-                .map(|e| (e.name, e.kind)),
+                .filter(|(name, _)| !(ino == ROOT && *name == CONTROL_DIR_NAME)),
         );
         let dots = (node.ino, node.parent);
         Ok(self.listing_of(node, dots, names))

@@ -5,8 +5,8 @@
 //! and opening view files, which the render service renders. Must never render, or wait for a
 //! render, itself.
 
-use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use super::listing::Listing;
@@ -14,7 +14,7 @@ use super::{Attr, DirSnapshot, Fs, Handle, Intent, SOURCE_TTL};
 use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node};
 use crate::renders::is_image;
-use crate::source::{Kind, Meta};
+use crate::source::{DirEntries, Kind, Meta};
 
 /// Suffix of view files.
 const NPY: &str = ".npy";
@@ -114,19 +114,29 @@ impl Fs {
             .source
             .list(&node.path)
             .map_err(|e| FsError::from_source(&e))?;
-        let names = Listing::of(entries.into_iter().filter_map(|e| match e.kind {
-            Kind::Directory => Some((e.name, Kind::Directory)),
-            Kind::File if is_image(&e.name) => {
-                if e.name.len() + NPY.len() > inode::NAME_MAX {
-                    view.metrics.unlisted_names.inc();
-                    return None;
+        let mut shown = Vec::new();
+        let mut names = DirEntries::default();
+        for (name, kind) in entries.iter() {
+            let name = match kind {
+                Kind::Directory => name,
+                Kind::File if is_image(name) => {
+                    if name.len() + NPY.len() > inode::NAME_MAX {
+                        view.metrics.unlisted_names.inc();
+                        continue;
+                    }
+                    shown.clear();
+                    shown.extend_from_slice(name.as_bytes());
+                    shown.extend_from_slice(NPY.as_bytes());
+                    OsStr::from_bytes(&shown)
                 }
-                let mut shown = e.name.into_vec();
-                shown.extend_from_slice(NPY.as_bytes());
-                Some((OsString::from_vec(shown), Kind::File))
+                _ => continue,
+            };
+            // Names past 4 GiB: the rest of a directory no kernel lists is left out.
+            if names.push(name, kind).is_err() {
+                break;
             }
-            _ => None,
-        }));
+        }
+        let names = Listing::from(names);
         let dots = (node.ino, node.parent);
         Ok(self.listing_of(node, dots, names))
     }

@@ -4,7 +4,7 @@
 //! sorting and indexing a million-entry directory takes about a second. Must never be made on
 //! the planner thread.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -28,7 +28,7 @@ pub(super) struct Names {
 
 impl Names {
     /// `names`, indexed; `None` when their bytes pass what `ends` can address (4 GiB).
-    fn index(names: Vec<OsString>) -> Option<Names> {
+    fn index(names: &[&OsStr]) -> Option<Names> {
         let total: usize = names.iter().map(|n| n.len()).sum();
         u32::try_from(total).ok()?;
         let mut packed = Names {
@@ -36,7 +36,7 @@ impl Names {
             ends: Vec::with_capacity(names.len()),
             at: HashTable::with_capacity(names.len()),
         };
-        for n in &names {
+        for n in names {
             packed.bytes.extend_from_slice(n.as_bytes());
             packed.ends.push(packed.bytes.len() as u32);
         }
@@ -99,11 +99,12 @@ impl Listing {
             dir
         };
         let entries = source.list(at).ok()?;
+        // Borrowed from the source's packed entries: the only copy made is the one kept.
         let (mut files, mut dirs) = (Vec::new(), Vec::new());
-        for e in entries {
-            match e.kind {
-                Kind::File => files.push(e.name),
-                Kind::Directory => dirs.push(e.name),
+        for (name, kind) in entries.iter() {
+            match kind {
+                Kind::File => files.push(name),
+                Kind::Directory => dirs.push(name),
                 Kind::Symlink | Kind::Other => {}
             }
         }
@@ -112,14 +113,16 @@ impl Listing {
             dirs.sort_unstable();
         }
         Some(Listing {
-            files: Names::index(files)?,
-            dirs: Names::index(dirs)?,
+            files: Names::index(&files)?,
+            dirs: Names::index(&dirs)?,
         })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::ffi::OsString;
+
     use super::*;
 
     #[test]
@@ -127,7 +130,8 @@ mod tests {
         let names: Vec<OsString> = (0..5_000)
             .map(|i| OsString::from(format!("f{i:05}.jpg")))
             .collect();
-        let packed = Names::index(names.clone()).expect("fits");
+        let borrowed: Vec<&OsStr> = names.iter().map(OsString::as_os_str).collect();
+        let packed = Names::index(&borrowed).expect("fits");
         assert_eq!(packed.len(), names.len());
         for (i, n) in names.iter().enumerate() {
             assert_eq!(packed.get(i), Some(n.as_os_str()));

@@ -890,11 +890,10 @@ mod tests {
         let src = source(&dir);
         // The order os.walk without sorting would give.
         let mut listed = Vec::new();
-        let mut dirs: Vec<_> = src.list(Path::new(".")).expect("list");
-        dirs.retain(|e| e.kind == Kind::Directory);
-        for d in dirs {
-            for e in src.list(Path::new(&d.name)).expect("list") {
-                listed.push(FileKey::from(Path::new(&d.name).join(e.name).as_path()));
+        let top = src.list(Path::new(".")).expect("list");
+        for (d, _) in top.iter().filter(|(_, kind)| *kind == Kind::Directory) {
+            for (name, _) in src.list(Path::new(d)).expect("list").iter() {
+                listed.push(FileKey::from(Path::new(d).join(name).as_path()));
             }
         }
         let s = score(&mut Tree::new(src, false, Chores::inline()), &[], &listed);

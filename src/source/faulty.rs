@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::{DirEntry, Identity, Meta, Source, SourceFile, SpaceStats};
+use super::{DirEntries, Identity, Meta, Source, SourceFile, SpaceStats};
 
 /// What to break, shared between the test and every file the double opens.
 #[derive(Debug, Default)]
@@ -60,7 +60,7 @@ impl Source for FaultySource {
         self.check()?;
         self.inner.stat(path)
     }
-    fn list(&self, path: &Path) -> io::Result<Vec<DirEntry>> {
+    fn list(&self, path: &Path) -> io::Result<DirEntries> {
         self.check()?;
         self.inner.list(path)
     }

@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 
 use rustix::fs::{Advice, Dir, FileType, Mode, OFlags, ResolveFlags, Stat};
 
-use super::{DirEntry, Identity, Kind, Meta, Source, SourceFile, SpaceStats};
+use super::{DirEntries, Identity, Kind, Meta, Source, SourceFile, SpaceStats};
 
 /// openat2 resolution rules for every source path: stay beneath the root, follow no link (mounts
 /// inside the root are crossed: see the module doc).
@@ -184,10 +184,10 @@ impl Source for LocalSource {
         }
     }
 
-    fn list(&self, path: &Path) -> io::Result<Vec<DirEntry>> {
+    fn list(&self, path: &Path) -> io::Result<DirEntries> {
         let fd = self.open_path(path, OFlags::RDONLY | OFlags::DIRECTORY)?;
         let mut dir = Dir::read_from(&fd)?;
-        let mut out = Vec::new();
+        let mut out = DirEntries::default();
         while let Some(entry) = dir.read() {
             let entry = entry?;
             let name = entry.file_name().to_bytes();
@@ -206,10 +206,7 @@ impl Source for LocalSource {
                 }
                 other => kind_of(other),
             };
-            out.push(DirEntry {
-                name: OsStr::from_bytes(name).to_owned(),
-                kind,
-            });
+            out.push(OsStr::from_bytes(name), kind)?;
         }
         Ok(out)
     }
