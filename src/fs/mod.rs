@@ -263,7 +263,7 @@ impl Fs {
                 Ok(meta)
             }
             Ok(_) | Err(FsError::NotFound) => {
-                if let Some(old) = node.last_identity.lock().take() {
+                if let Some(old) = node.take_last_identity() {
                     self.fetcher.forget(&old);
                 }
                 Err(FsError::NotFound)
@@ -511,16 +511,10 @@ impl Fs {
     /// node's last version; an older cached version is dropped.
     fn open_file(&self, node: &Node, source: Arc<dyn SourceFile>, intent: Intent) -> Opened {
         let identity = source.identity();
-        {
-            let mut last = node.last_identity.lock();
-            if let Some(old) = *last
-                && old != identity
-            {
-                self.fetcher.drop_stale(&old);
-                tracing::info!(path = %node.path.display(), "source file changed; old cache entry dropped");
-            }
-            *last = Some(identity);
-        }
+        node.saw(identity, |old| {
+            self.fetcher.drop_stale(&old);
+            tracing::info!(path = %node.path.display(), "source file changed; old cache entry dropped");
+        });
         let cached = self.fetcher.ram().file(identity, node.path.clone());
         if intent == Intent::Read {
             self.prefetcher.opened(0, &node.path, Some(identity));
@@ -545,7 +539,7 @@ impl Fs {
             Tree::Source(node) if node.kind == Kind::File => node,
             _ => return None,
         };
-        let identity = (*node.last_identity.lock())?;
+        let identity = node.last_identity()?;
         let cached = self
             .fetcher
             .ram()

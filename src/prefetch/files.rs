@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 
-use crate::source::Identity;
+use crate::source::{Identity, LastSeen};
 
 /// A file of the set, by its path relative to the source root. Hashed and compared as the bytes
 /// of its name (`OsStr`), not by `Path`'s component-wise rules: the planner hashes and compares
@@ -125,7 +125,8 @@ fn spread(hash: u32) -> u64 {
 #[derive(Clone, Default)]
 pub struct Files {
     keys: Vec<FileKey>,
-    identities: Vec<Option<Identity>>,
+    /// 40 bytes a file (`LastSeen`), not an `Option`'s 48.
+    identities: Vec<LastSeen>,
     index: HashTable<Slot>,
     hasher: foldhash::fast::RandomState,
 }
@@ -171,14 +172,14 @@ impl Files {
                 self.index
                     .insert_unique(spread(hash), Slot { id, hash }, |s| spread(s.hash));
                 self.keys.push(file);
-                self.identities.push(None);
+                self.identities.push(LastSeen::NONE);
                 id
             }
         };
         if identity.is_some()
             && let Some(known) = self.identities.get_mut(id as usize)
         {
-            *known = identity;
+            *known = LastSeen::from(identity);
         }
         Some(FileId(id))
     }
@@ -190,12 +191,12 @@ impl Files {
 
     /// The identity the latest open of `id` saw (`None` for files no open identified, such as a
     /// view's).
-    pub fn identity(&self, id: FileId) -> Option<&Identity> {
-        self.identities.get(id.index())?.as_ref()
+    pub fn identity(&self, id: FileId) -> Option<Identity> {
+        self.identities.get(id.index())?.get()
     }
 
     /// The identity the latest open of `path` saw.
-    pub fn identity_of(&self, path: &Path) -> Option<&Identity> {
+    pub fn identity_of(&self, path: &Path) -> Option<Identity> {
         self.identity(self.id(path)?)
     }
 

@@ -355,7 +355,7 @@ impl SetState {
         let files = self.tracker.files();
         let parked_full = shared.parked.is_full();
         // A file's first block, as much as a prefetch of it needs room for at first.
-        let first_block = |identity: Option<&Identity>| {
+        let first_block = |identity: Option<Identity>| {
             identity.map_or(crate::cache::BLOCK_SIZE, |id| {
                 id.size.clamp(1, crate::cache::BLOCK_SIZE)
             })
@@ -384,7 +384,7 @@ impl SetState {
             }
             let identity = id.and_then(|f| files.identity(f));
             if identity
-                .and_then(|id| fetcher.ram().get(id))
+                .and_then(|id| fetcher.ram().get(&id))
                 .is_some_and(|e| e.is_complete())
             {
                 return Verdict::Settled;
@@ -467,7 +467,7 @@ impl SetState {
             .retain(|j| !matches!(j, Job::File { set: s, .. } if *s == set));
         let due = !next.is_empty();
         for file in next {
-            let identity = self.tracker.files().identity_of(&file).copied();
+            let identity = self.tracker.files().identity_of(&file);
             jobs.queue.push_back(Job::File {
                 set,
                 file,

@@ -37,6 +37,35 @@ pub struct Identity {
     pub ctime_ns: i64,
 }
 
+/// The identity a file was last seen at, or none yet, in the 40 bytes of one identity (an
+/// `Option` takes 48): no file lives on device 0 on Linux (block devices have a major number,
+/// anonymous ones start at minor 1), so the identity on device 0 stands for none. For what keeps
+/// one per file (the inode table's nodes, the planner's files).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LastSeen(Identity);
+
+impl LastSeen {
+    /// None seen yet.
+    pub const NONE: LastSeen = LastSeen(Identity {
+        dev: 0,
+        ino: 0,
+        size: 0,
+        mtime_ns: 0,
+        ctime_ns: 0,
+    });
+
+    /// The identity, if one was seen.
+    pub fn get(self) -> Option<Identity> {
+        (self.0.dev != 0).then_some(self.0)
+    }
+}
+
+impl From<Option<Identity>> for LastSeen {
+    fn from(identity: Option<Identity>) -> LastSeen {
+        identity.map_or(LastSeen::NONE, LastSeen)
+    }
+}
+
 /// How long after its last modification a file version may still be being written: bytes read
 /// from it before then are served but never cached (see `Identity::settled_at`). A write stamps
 /// the file's mtime when it starts, then copies its data, so an open during one big write sees
