@@ -278,7 +278,7 @@ impl ViewWork for ViewsAhead {
         let idle = self.telemetry.cpu_idle() >= WORK_AHEAD_IDLE;
         let inodes = &self.inodes;
         self.views
-            .ahead(view, || inodes.view_file(view, path), path, source, idle)
+            .ahead(view, || inodes.view_file(view, path), source, idle)
     }
 }
 

@@ -190,15 +190,10 @@ impl BlockFetcher {
         self.ram.derived()
     }
 
-    /// The first `limit` bytes of `source`, the open file at `path`, read through the cache
-    /// (fewer at its end). May wait on the source.
-    pub fn read_prefix(
-        &self,
-        source: &dyn SourceFile,
-        path: &Path,
-        limit: u64,
-    ) -> Result<Vec<u8>, FsError> {
-        let entry = self.ram.file(source.identity(), path);
+    /// The first `limit` bytes of `source` read through the cache (fewer at its end). May wait
+    /// on the source.
+    pub fn read_prefix(&self, source: &dyn SourceFile, limit: u64) -> Result<Vec<u8>, FsError> {
+        let entry = self.ram.file(source.identity());
         let memo = Unpacked::default();
         let end = source.identity().size.min(limit);
         let mut out = Vec::with_capacity(end as usize);
@@ -383,11 +378,11 @@ impl BlockFetcher {
             // would only multiply source reads for small or unaligned requests. Serve it from
             // the staging buffer (fetched ahead: no miss) or the disk tier if either has it,
             // else read exactly what was asked for.
-            if let Some(block) = self.in_tier(self.staging.as_ref(), &key, entry.path(), &range) {
+            if let Some(block) = self.in_tier(self.staging.as_ref(), &key, source.path(), &range) {
                 return Ok(ReadBytes::Shared(block, range));
             }
             self.metrics.misses.inc();
-            if let (Some((block, _)), _) = self.in_lower(&key, entry.path(), &range, Asker::Reader)
+            if let (Some((block, _)), _) = self.in_lower(&key, source.path(), &range, Asker::Reader)
             {
                 return Ok(ReadBytes::Shared(block, range));
             }
@@ -470,9 +465,9 @@ impl BlockFetcher {
         let whole = 0..(span.end - span.start) as usize;
         // `keep`: the block may be kept at all; `in_ram`: by the RAM tier too (else only
         // staged for the reader a prefetch fetched it for).
-        let (below, late) = match self.in_tier(self.staging.as_ref(), &key, entry.path(), &whole) {
+        let (below, late) = match self.in_tier(self.staging.as_ref(), &key, source.path(), &whole) {
             Some(block) => (Some((block, true)), false),
-            None => self.in_lower(&key, entry.path(), &whole, asker),
+            None => self.in_lower(&key, source.path(), &whole, asker),
         };
         let (result, keep, in_ram) = match below {
             Some((block, in_ram)) => (Ok(block), true, in_ram),
@@ -487,7 +482,7 @@ impl BlockFetcher {
                     // one of a version that may still be being written is only served.
                     if settled {
                         for tier in &self.lower {
-                            tier.put(&key, entry.path(), &block);
+                            tier.put(&key, source.path(), &block);
                         }
                     }
                     (Ok(block), settled, true)
@@ -508,7 +503,7 @@ impl BlockFetcher {
                 // The RAM tier holds these bytes now; the kernel's copy would be a second one.
                 source.drop_page_cache(span);
             } else if asker == Asker::Prefetch {
-                self.staging.stage(&key, entry.path(), block, staging_room);
+                self.staging.stage(&key, source.path(), block, staging_room);
             }
         }
         lead.finish(result.clone().map(Some));
@@ -637,6 +632,7 @@ mod tests {
         opened: Identity,
         now: Arc<Mutex<Versions>>,
         reads: Arc<AtomicU64>,
+        path: Arc<Path>,
     }
 
     impl MemFile {
@@ -650,6 +646,7 @@ mod tests {
                     data: data.to_vec(),
                 })),
                 reads: reads.clone(),
+                path: Arc::from(Path::new("f")),
             };
             (file, reads)
         }
@@ -658,6 +655,10 @@ mod tests {
     impl SourceFile for MemFile {
         fn identity(&self) -> Identity {
             self.opened
+        }
+
+        fn path(&self) -> &Arc<Path> {
+            &self.path
         }
 
         fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
@@ -718,7 +719,7 @@ mod tests {
         chain(64 << 20, 0, Codec::None)
             .0
             .ram()
-            .file(identity(20, 0, len), Path::new("a"))
+            .file(identity(20, 0, len))
             .charged_bytes()
     }
 
@@ -798,8 +799,9 @@ mod tests {
                         opened: id,
                         now: files[f].clone(),
                         reads: reads.clone(),
+                        path: Arc::from(Path::new("f")),
                     },
-                    entry: fetcher.ram().file(id, Path::new("f")),
+                    entry: fetcher.ram().file(id),
                     memo: Unpacked::default(),
                 }
             };
@@ -883,7 +885,7 @@ mod tests {
             .as_nanos() as i64;
         let id = identity(3, now_ns, data.len());
         let (source, _) = MemFile::of(id, &data);
-        let entry = fetcher.ram().file(id, Path::new("f"));
+        let entry = fetcher.ram().file(id);
         let memo = Unpacked::default();
         for _ in 0..2 {
             let got = fetcher
@@ -923,7 +925,7 @@ mod tests {
         for file in 0..4 {
             let id = identity(10 + file, 0, data.len());
             let (source, reads) = MemFile::of(id, &data);
-            let entry = fetcher.ram().file(id, Path::new("f"));
+            let entry = fetcher.ram().file(id);
             fetcher.read(&entry, &source, 0, 4096, &memo).expect("read");
             assert_eq!(entry.cached_blocks(), 1);
             sources.push((id, source, reads));
@@ -949,7 +951,7 @@ mod tests {
         assert_eq!(kept, 1, "two of the three unopened files given back");
         for (id, source, reads) in &sources[1..] {
             let before = reads.load(Ordering::Relaxed);
-            let entry = fetcher.ram().file(*id, Path::new("f"));
+            let entry = fetcher.ram().file(*id);
             let got = fetcher
                 .read(&entry, source, 0, 4096, &memo)
                 .expect("read again");
@@ -971,7 +973,7 @@ mod tests {
             let id = identity(4, 0, data.len());
             let (source, reads) = MemFile::of(id, &data);
             held_below(&lower, id, &data);
-            let entry = fetcher.ram().file(id, Path::new("f"));
+            let entry = fetcher.ram().file(id);
             let memo = Unpacked::default();
             for _ in 0..3 {
                 let got = fetcher.read(&entry, &source, 0, 4096, &memo).expect("read");
@@ -999,7 +1001,7 @@ mod tests {
         let data = vec![5u8; len];
         let id = identity(24, 0, len);
         let (source, reads) = MemFile::of(id, &data);
-        let entry = fetcher.ram().file(id, Path::new("a"));
+        let entry = fetcher.ram().file(id);
         let reading = source.now.lock();
         std::thread::scope(|s| {
             let ahead = s.spawn(|| fetcher.prefetch(&entry, 0, &source));
@@ -1032,7 +1034,7 @@ mod tests {
         let data = vec![9u8; len];
         let id = identity(25, 0, len);
         let (source, reads) = MemFile::of(id, &data);
-        let entry = fetcher.ram().file(id, Path::new("a"));
+        let entry = fetcher.ram().file(id);
         let held = fetcher.budget.used(Use::Cache);
         let reading = source.now.lock();
         std::thread::scope(|s| {
@@ -1067,7 +1069,7 @@ mod tests {
         let id = identity(6, 0, data.len());
         let (source, reads) = MemFile::of(id, &data);
         held_below(&lower, id, &data);
-        let entry = fetcher.ram().file(id, Path::new("f"));
+        let entry = fetcher.ram().file(id);
         assert_eq!(fetcher.prefetch(&entry, 0, &source), Ok(Prefetched::NoRoom));
         assert_eq!(reads.load(Ordering::Relaxed), 0);
         assert_eq!(entry.cached_blocks(), 0);
@@ -1083,7 +1085,7 @@ mod tests {
         let data: Vec<u8> = (0..BLOCK_SIZE as usize).map(|i| (i % 251) as u8).collect();
         let id = identity(5, 0, data.len());
         let (source, reads) = MemFile::of(id, &data);
-        let entry = fetcher.ram().file(id, Path::new("f"));
+        let entry = fetcher.ram().file(id);
         assert_eq!(fetcher.prefetch(&entry, 0, &source), Ok(Prefetched::Late));
         assert_eq!(reads.load(Ordering::Relaxed), 0, "no source read ahead");
         assert_eq!(entry.cached_blocks(), 0);
@@ -1124,7 +1126,7 @@ mod tests {
             MemFile::of(b, &data),
             MemFile::of(c, &data),
         );
-        let entries = [a, b, c].map(|id| fetcher.ram().file(id, Path::new("a")));
+        let entries = [a, b, c].map(|id| fetcher.ram().file(id));
         let held = fetcher.budget.used(Use::Cache);
         assert_eq!(held, 3 * overhead);
         let reading = a_source.now.lock();
@@ -1173,10 +1175,7 @@ mod tests {
         let (a, b) = (identity(26, 0, len), identity(27, 0, small));
         let ((a_source, a_reads), (b_source, _)) =
             (MemFile::of(a, &data), MemFile::of(b, &data[..small]));
-        let (a_entry, b_entry) = (
-            fetcher.ram().file(a, Path::new("a")),
-            fetcher.ram().file(b, Path::new("b")),
-        );
+        let (a_entry, b_entry) = (fetcher.ram().file(a), fetcher.ram().file(b));
         let reading = a_source.now.lock();
         std::thread::scope(|s| {
             let ahead = s.spawn(|| fetcher.prefetch(&a_entry, 1, &a_source));
@@ -1206,10 +1205,7 @@ mod tests {
         let (a, b) = (identity(21, 0, len), identity(22, 0, len));
         let ((a_source, a_reads), (b_source, b_reads)) =
             (MemFile::of(a, &data), MemFile::of(b, &data));
-        let (a_entry, b_entry) = (
-            fetcher.ram().file(a, Path::new("a")),
-            fetcher.ram().file(b, Path::new("b")),
-        );
+        let (a_entry, b_entry) = (fetcher.ram().file(a), fetcher.ram().file(b));
         let a_held = a_source.now.clone();
         let reading = a_held.lock();
         std::thread::scope(|s| {
@@ -1253,7 +1249,7 @@ mod tests {
             data: data.clone(),
         }));
         let reads = Arc::new(AtomicU64::new(0));
-        let entry = fetcher.ram().file(id, Path::new("f"));
+        let entry = fetcher.ram().file(id);
         let done = Arc::new(AtomicUsize::new(0));
         std::thread::scope(|s| {
             for t in 0..16u64 {
@@ -1270,6 +1266,7 @@ mod tests {
                         opened: id,
                         now,
                         reads,
+                        path: Arc::from(Path::new("f")),
                     };
                     let memo = Unpacked::default();
                     let mut rng = fastrand::Rng::with_seed(t);

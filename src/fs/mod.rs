@@ -515,7 +515,7 @@ impl Fs {
             self.fetcher.drop_stale(&old);
             tracing::info!(path = %node.path.display(), "source file changed; old cache entry dropped");
         });
-        let cached = self.fetcher.ram().file(identity, node.path.clone());
+        let cached = self.fetcher.ram().file(identity);
         if intent == Intent::Read {
             self.prefetcher.opened(0, &node.path, Some(identity));
         }

@@ -748,7 +748,6 @@ fn renders_that_read_their_jpeg_scaled_never_render_from_cached_pixels() {
     let pixels = crate::view::render::decode(&jpeg).expect("decodes");
     assert!(fs.fetcher.derived().offer_decoded(
         identity,
-        Path::new("a.jpg"),
         (pixels.byte_len() as u64, pixels.row_len()),
         Duration::from_secs(1),
         || pixels.to_bytes(),

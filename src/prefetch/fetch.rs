@@ -95,10 +95,7 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
     let opened_now = parked.is_none();
     match parked.map_or_else(|| shared.source.open(file), Ok) {
         Ok(source) => {
-            let entry = shared
-                .fetcher
-                .ram()
-                .file(source.identity(), file.shared().clone());
+            let entry = shared.fetcher.ram().file(source.identity());
             let mut no_room = false;
             for index in 0..entry.blocks().min(FILE_BLOCKS) {
                 if shared.stop.load(Ordering::Acquire) {

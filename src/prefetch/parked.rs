@@ -105,11 +105,14 @@ mod tests {
     use super::*;
     use std::io;
 
-    struct Fake(Identity);
+    struct Fake(Identity, Arc<Path>);
 
     impl SourceFile for Fake {
         fn identity(&self) -> Identity {
             self.0
+        }
+        fn path(&self) -> &Arc<Path> {
+            &self.1
         }
         fn read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<usize> {
             Ok(0)
@@ -139,7 +142,7 @@ mod tests {
     #[test]
     fn a_parked_file_is_taken_once_and_only_at_its_version() {
         let parked = Parked::new(4);
-        parked.park(key(1), Arc::new(Fake(id(1))));
+        parked.park(key(1), Arc::new(Fake(id(1), Arc::from(Path::new("f")))));
         assert!(
             parked.take(&key(1), Some(id(2))).is_none(),
             "another version"
@@ -148,7 +151,7 @@ mod tests {
             parked.take(&key(1), Some(id(1))).is_none(),
             "a mismatch closes it"
         );
-        parked.park(key(1), Arc::new(Fake(id(1))));
+        parked.park(key(1), Arc::new(Fake(id(1), Arc::from(Path::new("f")))));
         assert_eq!(
             parked.take(&key(1), Some(id(1))).map(|f| f.identity()),
             Some(id(1))
@@ -163,7 +166,10 @@ mod tests {
         let mut closed = Vec::new();
         for n in 0..CAPACITY + 10 {
             assert_eq!(parked.is_full(), n >= CAPACITY);
-            closed.extend(parked.park(key(n), Arc::new(Fake(id(n as u64)))));
+            closed.extend(parked.park(
+                key(n),
+                Arc::new(Fake(id(n as u64), Arc::from(Path::new("f")))),
+            ));
         }
         assert_eq!(closed, (0..10).map(key).collect::<Vec<_>>());
         assert_eq!(parked.len(), CAPACITY);
@@ -174,7 +180,7 @@ mod tests {
         // Parking again and taking many times keeps the order list bounded.
         for round in 0..10 {
             for n in 0..CAPACITY {
-                parked.park(key(n), Arc::new(Fake(id(round))));
+                parked.park(key(n), Arc::new(Fake(id(round), Arc::from(Path::new("f")))));
             }
         }
         assert_eq!(parked.len(), CAPACITY);

@@ -4,7 +4,6 @@
 //! `AHEAD_RENDERS` for `AHEAD_PATIENCE`. Must never let such work wait for memory or shed
 //! anything to get it, nor run while a render for an open waits for a thread.
 
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -26,8 +25,8 @@ const AHEAD_RENDERS: usize = 8;
 const AHEAD_PATIENCE: Duration = Duration::from_secs(2);
 
 impl Views {
-    /// Makes ready, while no render waits for a thread, what the next open of `path`'s image in
-    /// view `view` will need: its decoded pixels when the cache keeps them (every later open of
+    /// Makes ready, while no render waits for a thread, what the next open of `source`'s image
+    /// in view `view` will need: its decoded pixels when the cache keeps them (every later open of
     /// any view starts from them; only while the CPU is `idle`, since the pixels may never be
     /// used, and a file passed over is not asked for again), else that open's render itself,
     /// when the view file (`node()`) is known, with memory nobody else wants now (work that open
@@ -38,12 +37,11 @@ impl Views {
         &self,
         view: u16,
         node: impl FnOnce() -> Option<Arc<Node>>,
-        path: &Path,
         source: &dyn SourceFile,
         idle: bool,
     ) -> Ahead {
         if self.fetcher.derived().decoded_choice().1.keeps() {
-            let decoded = idle && self.renders_waiting() == 0 && self.decode_ahead(path, source);
+            let decoded = idle && self.renders_waiting() == 0 && self.decode_ahead(source);
             return if decoded { Ahead::Done } else { Ahead::Nothing };
         }
         if self.renders_waiting() > 0 {
@@ -116,10 +114,10 @@ impl Views {
         answer
     }
 
-    /// Decodes the image at `path` (the open `source`) into the decoded-pixel cache ahead of its
+    /// Decodes the image the open `source` holds into the decoded-pixel cache ahead of its
     /// open, unless the cache holds its pixels already or would not keep them now; true when it
     /// decoded and the cache kept them.
-    fn decode_ahead(&self, path: &Path, source: &dyn SourceFile) -> bool {
+    fn decode_ahead(&self, source: &dyn SourceFile) -> bool {
         let identity = source.identity();
         if self.fetcher.derived().has_decoded(&identity)
             || !self.fetcher.derived().decoded_choice().1.keeps()
@@ -134,14 +132,14 @@ impl Views {
         else {
             return false;
         };
-        self.read_image(source, path)
+        self.read_image(source)
             .and_then(|encoded| {
                 let (w, h) = render::dimensions(&encoded).map_err(|e| e.to_string())?;
                 let overhead = render::decode_overhead(&encoded, (w, h));
                 let _room = budget
                     .try_work(2 * u64::from(w) * u64::from(h) * 3 + overhead)
                     .ok_or("no memory to spare")?;
-                self.decode_and_offer(&encoded, identity, path)
+                self.decode_and_offer(&encoded, identity)
             })
             .is_ok_and(|(_, _, kept)| kept)
     }

@@ -324,9 +324,7 @@ impl Views {
             .map_err(|e| FsError::from_source(&e))?;
         let mut header = Err(RenderError::NotAnImage("empty file".into()));
         for probe in [HEADER_PROBE, HEADER_PROBE_MAX] {
-            let prefix = self
-                .fetcher
-                .read_prefix(source.as_ref(), &node.path, probe)?;
+            let prefix = self.fetcher.read_prefix(source.as_ref(), probe)?;
             header = render::dimensions(&prefix);
             // Only a known format whose header the probe cut short is worth a longer one.
             if !matches!(header, Err(RenderError::Corrupt(_))) || (prefix.len() as u64) < probe {
@@ -341,12 +339,12 @@ impl Views {
             })
     }
 
-    /// The whole encoded image `source` at `path`, through the cache; refused unread when it is
-    /// larger than any image a decode could use (`MAX_ENCODED_BYTES`).
-    fn read_image(&self, source: &dyn SourceFile, path: &Path) -> Result<Vec<u8>, String> {
+    /// The whole encoded image `source`, through the cache; refused unread when it is larger
+    /// than any image a decode could use (`MAX_ENCODED_BYTES`).
+    fn read_image(&self, source: &dyn SourceFile) -> Result<Vec<u8>, String> {
         encoded_size(source)?;
         self.fetcher
-            .read_prefix(source, path, MAX_ENCODED_BYTES)
+            .read_prefix(source, MAX_ENCODED_BYTES)
             .map_err(|e| format!("cannot read the image: {e}"))
     }
 
@@ -440,8 +438,7 @@ impl Views {
         };
         let work = memory(&plan, render::decode_overhead(encoded.as_slice(), size))?;
         let image = if self.decodes_whole(&plan) {
-            let (image, decode, _) =
-                self.decode_and_offer(encoded.as_slice(), identity, &node.path)?;
+            let (image, decode, _) = self.decode_and_offer(encoded.as_slice(), identity)?;
             Image::Decoded(image, Some(decode))
         } else {
             Image::Encoded(encoded)
@@ -467,7 +464,7 @@ impl Views {
         if let Some(copy) = derived.marked(&identity, &Unpacked::default()) {
             return Ok(copy);
         }
-        let encoded = self.read_image(source, path)?;
+        let encoded = self.read_image(source)?;
         if !self.copies
             || !render::is_complete_jpeg(&encoded)
             || !derived.has_room(encoded.len() as u64)
@@ -485,7 +482,7 @@ impl Views {
         };
         match jpeg::restart_marked(&encoded) {
             Ok(copy) => {
-                derived.offer_marked(identity, path, copy.clone());
+                derived.offer_marked(identity, copy.clone());
                 Ok(ReadBytes::Owned(copy))
             }
             Err(refused) => {
@@ -507,20 +504,18 @@ impl Views {
                 .may_keep_decoded(Rgb::cached_len(plan.size))
     }
 
-    /// Decodes `encoded`, image `identity` at `path`, and offers the pixels to the cache; the
-    /// pixels, the decode time and whether the cache kept them.
+    /// Decodes `encoded`, image `identity`, and offers the pixels to the cache; the pixels, the
+    /// decode time and whether the cache kept them.
     fn decode_and_offer(
         &self,
         encoded: &[u8],
         identity: Identity,
-        path: &Path,
     ) -> Result<(Rgb, Duration, bool), String> {
         let started = Instant::now();
         let image = self.executor.decode(encoded).map_err(|e| e.to_string())?;
         let decode = started.elapsed();
         let kept = self.fetcher.derived().offer_decoded(
             identity,
-            path,
             (image.byte_len() as u64, image.row_len()),
             decode,
             || image.to_bytes(),

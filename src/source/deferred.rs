@@ -8,7 +8,7 @@
 
 use std::io;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -19,17 +19,17 @@ use super::{Identity, Source, SourceFile};
 /// A source file of a known identity, opened on first use.
 pub struct Deferred {
     source: Arc<dyn Source>,
-    path: PathBuf,
+    path: Arc<Path>,
     identity: Identity,
     file: Mutex<Option<Arc<dyn SourceFile>>>,
 }
 
 impl Deferred {
     /// `path` of `source`, expected at version `identity`.
-    pub fn new(source: Arc<dyn Source>, path: &Path, identity: Identity) -> Deferred {
+    pub fn new(source: Arc<dyn Source>, path: &Arc<Path>, identity: Identity) -> Deferred {
         Deferred {
             source,
-            path: path.to_path_buf(),
+            path: path.clone(),
             identity,
             file: Mutex::new(None),
         }
@@ -54,6 +54,10 @@ impl Deferred {
 impl SourceFile for Deferred {
     fn identity(&self) -> Identity {
         self.identity
+    }
+
+    fn path(&self) -> &Arc<Path> {
+        &self.path
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {

@@ -92,6 +92,10 @@ impl SourceFile for FaultyFile {
         self.inner.identity()
     }
 
+    fn path(&self) -> &Arc<Path> {
+        self.inner.path()
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let n = self.plan.reads.fetch_add(1, Ordering::SeqCst) + 1;
         let delay = self.plan.read_delay_us.load(Ordering::SeqCst);

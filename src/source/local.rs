@@ -227,6 +227,7 @@ impl Source for LocalSource {
         Ok(Arc::new(LocalFile {
             fd,
             identity: identity_of(&st),
+            path: Arc::from(path),
             settle: self.settle,
         }))
     }
@@ -250,12 +251,17 @@ impl Source for LocalSource {
 struct LocalFile {
     fd: OwnedFd,
     identity: Identity,
+    path: Arc<Path>,
     settle: Duration,
 }
 
 impl SourceFile for LocalFile {
     fn identity(&self) -> Identity {
         self.identity
+    }
+
+    fn path(&self) -> &Arc<Path> {
+        &self.path
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {

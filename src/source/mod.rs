@@ -226,6 +226,9 @@ pub trait Source: Send + Sync + 'static {
 pub trait SourceFile: Send + Sync {
     /// The identity observed when the file was opened.
     fn identity(&self) -> Identity;
+    /// Its path relative to the source root, as it was opened (what tiers below the RAM tier
+    /// record beside its blocks).
+    fn path(&self) -> &Arc<Path>;
     /// Reads at `offset` into `buf`; returns the number of bytes read (0 at end of file).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
     /// The identity of the open file now (to detect changes made during a read).

@@ -9,7 +9,6 @@
 //! the budget needs room, while no render reads them (`shed_unread`). Must never evict another
 //! entry to make room, and never hand out pixels whose checksums do not verify.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
@@ -87,13 +86,12 @@ impl Derived {
         self.decoded.get(identity).is_some()
     }
 
-    /// Offers the decoded pixels of image `identity` (at `path`): `len` bytes in rows of `row`
+    /// Offers the decoded pixels of image `identity`: `len` bytes in rows of `row`
     /// bytes that took `decode` to produce, made by `pixels` only if the policy finds them worth
     /// their memory and the budget has room. True when they were admitted.
     pub fn offer_decoded(
         &self,
         identity: Identity,
-        path: &Path,
         (len, row): (u64, usize),
         decode: Duration,
         pixels: impl FnOnce() -> Vec<u8>,
@@ -115,7 +113,7 @@ impl Derived {
             metrics.decoded_rejected.inc();
             return false;
         }
-        let admitted = self.admit_whole(Content::Decoded, identity, path, Some(row), pixels());
+        let admitted = self.admit_whole(Content::Decoded, identity, row, pixels());
         if admitted {
             metrics.decoded_admitted.inc();
         } else {
@@ -143,27 +141,27 @@ impl Derived {
         self.shared.ledger.has_room(bytes)
     }
 
-    /// Offers the restart-marked copy of JPEG `identity` (at `path`); true when the budget had
-    /// room for it and it was admitted.
-    pub fn offer_marked(&self, identity: Identity, path: &Path, copy: Vec<u8>) -> bool {
+    /// Offers the restart-marked copy of JPEG `identity`; true when the budget had room for it
+    /// and it was admitted.
+    pub fn offer_marked(&self, identity: Identity, copy: Vec<u8>) -> bool {
         if copy.len() as u64 > u64::from(u32::MAX) || !self.has_room(copy.len() as u64) {
             return false;
         }
-        let admitted = self.admit_whole(Content::Marked, identity, path, None, copy);
+        let admitted = self.admit_whole(Content::Marked, identity, 0, copy);
         if admitted {
             self.shared.metrics.marked_admitted.inc();
         }
         admitted
     }
 
-    /// Admits `bytes` (image rows of `row` bytes, when they are) whole as the `content` entry
-    /// of `identity`; true when admitted (a failed admission leaves no entry behind).
+    /// Admits `bytes` (image rows of `row` bytes for decoded pixels, else 0) whole as the
+    /// `content` entry of `identity`; true when admitted (a failed admission leaves no entry
+    /// behind).
     fn admit_whole(
         &self,
         content: Content,
         identity: Identity,
-        path: &Path,
-        row: Option<usize>,
+        row: usize,
         bytes: Vec<u8>,
     ) -> bool {
         let map = match content {
@@ -176,7 +174,6 @@ impl Derived {
                 content,
                 bytes.len() as u64,
                 row,
-                Arc::from(path),
                 self.shared.clone(),
             ))
         });

@@ -15,7 +15,7 @@ use std::any::Any;
 use std::borrow::Cow;
 use std::ops::Range;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -135,22 +135,19 @@ pub struct RamFile {
     content: Content,
     /// Bytes of content: the file's size, or the decoded pixels' length.
     len: u64,
-    /// Length of the content's image rows when known up front (decoded pixels); else found
-    /// from an `.npy` header, if any, when the layout is decided. 32 bits: every field counts,
-    /// one entry per cached file.
-    rows: Option<u32>,
-    /// Source path, recorded in disk entries so an old cache can be validated against the source.
-    path: Arc<std::path::Path>,
+    /// Length of decoded pixels' image rows (0: stored unfiltered); other content finds its rows
+    /// from an `.npy` header, if any, when the layout is decided. Every field counts (one entry
+    /// per cached file; `an_entry_fits_a_160_byte_chunk`): 32 bits, no `Option`.
+    rows: u32,
     slots: Slots<Slot>,
-    /// Bytes of this entry's own bookkeeping, charged to the budget while it lives.
-    overhead: u64,
     layout: OnceLock<Layout>,
     /// Multi-block raw files only; `Some(None)` when the memfd could not be created. Boxed, so
     /// the many files that never have one carry a pointer, not its state.
     memfd: OnceLock<Option<Box<MemfdPart>>>,
     ram: Arc<Shared>,
     admitted_bytes: AtomicU64,
-    present: AtomicUsize,
+    /// Blocks held: at most what fits in memory, far below 2^32 blocks of 1 MiB.
+    present: AtomicU32,
 }
 
 /// What only a file whose bytes live in a memfd has.
@@ -175,37 +172,44 @@ impl crate::shards::Keyed for RamFile {
 impl RamFile {
     /// Bytes of the budget it holds: its blocks as stored and its own overhead.
     pub fn charged_bytes(&self) -> u64 {
-        self.admitted_bytes.load(Ordering::Acquire) + self.overhead
+        self.admitted_bytes.load(Ordering::Acquire) + self.overhead()
     }
 
+    /// Bytes of this entry's own bookkeeping, charged to the budget while it lives.
+    fn overhead(&self) -> u64 {
+        std::mem::size_of::<RamFile>() as u64 + self.slots.overhead()
+    }
+
+    /// An empty entry of `len` bytes of `content`; `rows`, the row length of decoded pixels
+    /// (`Content::Decoded` only).
     pub(super) fn new(
         identity: Identity,
         content: Content,
         len: u64,
-        rows: Option<usize>,
-        path: Arc<std::path::Path>,
+        rows: usize,
         ram: Arc<Shared>,
     ) -> RamFile {
         let slots = Slots::new(usize::try_from(len.div_ceil(BLOCK_SIZE)).unwrap_or(usize::MAX));
-        let overhead = std::mem::size_of::<RamFile>() as u64
-            + slots.overhead()
-            + path.as_os_str().len() as u64;
-        ram.ledger.budget.charge(Use::Cache, overhead);
-        RamFile {
+        let file = RamFile {
             identity,
             content,
             len,
             // A row past 4 GiB is no image's: such bytes are stored unfiltered.
-            rows: rows.map(|row| u32::try_from(row).unwrap_or(0)),
-            path,
+            rows: u32::try_from(rows).unwrap_or(0),
             slots,
-            overhead,
             layout: OnceLock::new(),
             memfd: OnceLock::new(),
             ram,
             admitted_bytes: AtomicU64::new(0),
-            present: AtomicUsize::new(0),
-        }
+            present: AtomicU32::new(0),
+        };
+        file.ram.ledger.budget.charge(Use::Cache, file.overhead());
+        file
+    }
+
+    /// Blocks held.
+    fn present(&self) -> usize {
+        self.present.load(Ordering::Acquire) as usize
     }
 
     /// The file version this entry holds.
@@ -216,11 +220,6 @@ impl RamFile {
     /// Bytes of content: the file's size, or its decoded pixels' length.
     pub fn content_len(&self) -> u64 {
         self.len
-    }
-
-    /// The path of the file relative to the source root (recorded in disk entries).
-    pub fn path(&self) -> &Arc<std::path::Path> {
-        &self.path
     }
 
     /// Raw files of more than one block (and a dense slot array: a huge file's bytes stay on
@@ -281,7 +280,7 @@ impl RamFile {
 
     /// Whether every block is cached.
     pub fn is_complete(&self) -> bool {
-        self.present.load(Ordering::Acquire) == self.slots.len()
+        self.present() == self.slots.len()
     }
 
     /// Answers a read only if every block it touches is cached and verifies; `None` means the
@@ -389,7 +388,7 @@ impl RamFile {
 
     /// Number of blocks held in RAM.
     pub fn cached_blocks(&self) -> usize {
-        self.present.load(Ordering::Acquire)
+        self.present()
     }
 
     /// Number of blocks.
@@ -467,12 +466,12 @@ impl RamFile {
     fn admit(&self, index: usize, block: &Arc<Block>, room: Option<RamRoom<'_>>) -> Option<Stored> {
         let ledger = &self.ram.ledger;
         self.layout.get_or_init(|| {
-            let lag = match self.rows {
-                Some(row) => row,
-                None if index == 0 => rows::npy_row_bytes(&block.data)
+            let lag = match self.content {
+                Content::Decoded => self.rows,
+                Content::Source | Content::Marked if index == 0 => rows::npy_row_bytes(&block.data)
                     .and_then(|row| u32::try_from(row).ok())
                     .unwrap_or(0),
-                None => 0,
+                Content::Source | Content::Marked => 0,
             };
             if self.ram.packer.enabled() && (lag > 0 || codec::is_compressible(&block.data)) {
                 // Image rows compress once filtered, even when the raw bytes look random.
@@ -525,7 +524,7 @@ impl RamFile {
         };
         self.admitted_bytes.fetch_add(bytes, Ordering::AcqRel);
         ledger.count_block(self.content, Codec::None, block.data.len() as u64, true);
-        let before = self.present.fetch_add(1, Ordering::AcqRel);
+        let before = self.present.fetch_add(1, Ordering::AcqRel) as usize;
         if before == 0 {
             self.tally().entries.fetch_add(1, Ordering::Relaxed);
         }
@@ -659,7 +658,7 @@ impl RamFile {
         if let Some(part) = self.memfd_part() {
             part.verified_complete.store(false, Ordering::Release);
         }
-        let before = self.present.fetch_sub(1, Ordering::AcqRel);
+        let before = self.present.fetch_sub(1, Ordering::AcqRel) as usize;
         if before == self.slots.len() {
             self.tally().complete.fetch_sub(1, Ordering::Relaxed);
         }
@@ -755,7 +754,7 @@ impl RamFile {
 impl Drop for RamFile {
     fn drop(&mut self) {
         let ledger = &self.ram.ledger;
-        let present = *self.present.get_mut();
+        let present = *self.present.get_mut() as usize;
         ledger.release(self.content, *self.admitted_bytes.get_mut());
         let (content, len) = (self.content, self.len);
         self.slots.for_each_held(|index, slot| {
@@ -765,7 +764,7 @@ impl Drop for RamFile {
                 ledger.count_block(content, stored.codec(), logical, false);
             }
         });
-        ledger.budget.release(Use::Cache, self.overhead);
+        ledger.budget.release(Use::Cache, self.overhead());
         if self.layout.get() == Some(&Layout::Raw { memfd: true }) {
             self.ram.memfds.give_back();
         }
@@ -781,11 +780,11 @@ impl Drop for RamFile {
 
 #[cfg(test)]
 mod size {
-    /// An entry is made per cached file: with its `Arc` header it fits the allocator's 192-byte
+    /// An entry is made per cached file: with its `Arc` header it fits the allocator's 160-byte
     /// chunk (fields widened past it cost 16-32 bytes per file at a million files).
     #[test]
-    fn an_entry_fits_a_192_byte_chunk() {
+    fn an_entry_fits_a_160_byte_chunk() {
         let size = std::mem::size_of::<super::RamFile>();
-        assert!(size + 16 <= 184, "RamFile is {size} bytes");
+        assert!(size + 16 <= 152, "RamFile is {size} bytes");
     }
 }

@@ -20,7 +20,6 @@ mod memfd;
 pub(crate) mod packer;
 mod slots;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -286,16 +285,16 @@ impl RamTier {
         }
     }
 
-    /// The cache entry of one file version, created empty on first use. `path` (relative to the
-    /// source root) is recorded in disk entries; an `Arc` passed in is shared, not copied.
-    pub fn file(&self, identity: Identity, path: impl Into<Arc<Path>>) -> Arc<RamFile> {
+    /// The cache entry of one file version, created empty on first use. It keeps no path: the
+    /// tiers below that record one take it from the open source file (a path kept here was a
+    /// second copy of each file's name whenever prefetch made the entry before an open).
+    pub fn file(&self, identity: Identity) -> Arc<RamFile> {
         self.files.get_or_insert_with(&identity, || {
             Arc::new(RamFile::new(
                 identity,
                 Content::Source,
                 identity.size,
-                None,
-                path.into(),
+                0,
                 self.shared.clone(),
             ))
         })
