@@ -1,23 +1,27 @@
 //! `Listing`: one directory's files and subdirectories as a tree walk reads them (sorted by name
 //! or in listing order), indexed so that a walk finds where to go on after a name in one lookup,
-//! whatever the directory's size. Made on the planner's helper thread (`Chores`), since listing,
-//! sorting and indexing a million-entry directory takes about a second. Must never be made on
-//! the planner thread.
+//! whatever the directory's size. The names are packed once per directory and pass and shared by
+//! both walks (`Shelf`): the listed walk reads them as they are, the sorted one through the order
+//! that sorts them (8 bytes a name instead of a second packed copy and its index, ~33). Made on
+//! the planner's helper thread (`Chores`), since listing, sorting and indexing a million-entry
+//! directory takes about a second. Must never be made on the planner thread.
 
-use std::ffi::OsStr;
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::{Arc, Weak};
 
 use hashbrown::HashTable;
+use parking_lot::Mutex;
 
 use crate::source::{Kind, Source};
 
-/// Names of one kind in a directory, in walk order, with where each stands (a prediction after a
-/// file finds it in one lookup, whatever the directory's size). The names lie one after another
-/// in one buffer: a name costs its bytes and 4 more, not a heap string of its own (the two tree
-/// walks each keep a listing of every directory they walk, a million names for a flat dataset).
+/// Names of one kind in a directory, in listing order, with where each stands (a prediction
+/// after a file finds it in one lookup, whatever the directory's size). The names lie one after
+/// another in one buffer: a name costs its bytes and 4 more, not a heap string of its own.
 #[derive(Default)]
-pub(super) struct Names {
+struct Packed {
     bytes: Vec<u8>,
     /// Where each name ends in `bytes`.
     ends: Vec<u32>,
@@ -26,12 +30,12 @@ pub(super) struct Names {
     at: HashTable<u32>,
 }
 
-impl Names {
+impl Packed {
     /// `names`, indexed; `None` when their bytes pass what `ends` can address (4 GiB).
-    fn index(names: &[&OsStr]) -> Option<Names> {
+    fn index(names: &[&OsStr]) -> Option<Packed> {
         let total: usize = names.iter().map(|n| n.len()).sum();
         u32::try_from(total).ok()?;
-        let mut packed = Names {
+        let mut packed = Packed {
             bytes: Vec::with_capacity(total),
             ends: Vec::with_capacity(names.len()),
             at: HashTable::with_capacity(names.len()),
@@ -42,31 +46,26 @@ impl Names {
         }
         // Names of one directory are distinct: each goes in once.
         for (i, n) in names.iter().enumerate() {
-            let Names { bytes, ends, at } = &mut packed;
+            let Packed { bytes, ends, at } = &mut packed;
             let rehash = |&j: &u32| name_hash(name_at(bytes, ends, j as usize).unwrap_or_default());
             at.insert_unique(name_hash(n), i as u32, rehash);
         }
         Some(packed)
     }
 
-    /// Where the names after `name` start (0 when `None`; the end when `name` is not there).
-    pub(super) fn start_after(&self, name: Option<&OsStr>) -> usize {
-        match name {
-            Some(name) => self
-                .at
-                .find(name_hash(name), |&i| self.get(i as usize) == Some(name))
-                .map_or(self.len(), |&i| i as usize + 1),
-            None => 0,
-        }
+    /// Where `name` stands.
+    fn find(&self, name: &OsStr) -> Option<usize> {
+        self.at
+            .find(name_hash(name), |&i| self.get(i as usize) == Some(name))
+            .map(|&i| i as usize)
     }
 
     /// The name at `i`.
-    pub(super) fn get(&self, i: usize) -> Option<&OsStr> {
+    fn get(&self, i: usize) -> Option<&OsStr> {
         name_at(&self.bytes, &self.ends, i)
     }
 
-    /// How many names.
-    pub(super) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.ends.len()
     }
 }
@@ -82,17 +81,138 @@ fn name_hash(name: &OsStr) -> u64 {
     xxhash_rust::xxh3::xxh3_64(name.as_encoded_bytes())
 }
 
+/// The order that sorts packed names by their bytes: `by_name[k]` is the `k`th name's place in
+/// listing order, `place[i]` the sorted position of the name listed `i`th.
+struct Sorted {
+    by_name: Vec<u32>,
+    place: Vec<u32>,
+}
+
+impl Sorted {
+    fn of(packed: &Packed) -> Sorted {
+        let mut by_name: Vec<u32> = (0..packed.len() as u32).collect();
+        by_name.sort_unstable_by(|&a, &b| packed.get(a as usize).cmp(&packed.get(b as usize)));
+        let mut place = vec![0; by_name.len()];
+        for (k, &i) in by_name.iter().enumerate() {
+            place[i as usize] = k as u32;
+        }
+        Sorted { by_name, place }
+    }
+}
+
+/// Names of one kind in a directory, in walk order: the packed names as listed, or through the
+/// order that sorts them.
+pub(super) struct Names {
+    packed: Arc<Packed>,
+    sorted: Option<Sorted>,
+}
+
+impl Names {
+    fn of(packed: Arc<Packed>, sorted: bool) -> Names {
+        let sorted = sorted.then(|| Sorted::of(&packed));
+        Names { packed, sorted }
+    }
+
+    /// Where the names after `name` start (0 when `None`; the end when `name` is not there).
+    pub(super) fn start_after(&self, name: Option<&OsStr>) -> usize {
+        let Some(name) = name else { return 0 };
+        match (self.packed.find(name), &self.sorted) {
+            (None, _) => self.len(),
+            (Some(i), None) => i + 1,
+            (Some(i), Some(sorted)) => sorted.place[i] as usize + 1,
+        }
+    }
+
+    /// The name at `i`.
+    pub(super) fn get(&self, i: usize) -> Option<&OsStr> {
+        match &self.sorted {
+            None => self.packed.get(i),
+            Some(sorted) => self.packed.get(*sorted.by_name.get(i)? as usize),
+        }
+    }
+
+    /// How many names.
+    pub(super) fn len(&self) -> usize {
+        self.packed.len()
+    }
+}
+
 /// A directory's files and subdirectories, in walk order.
 pub(super) struct Listing {
     pub(super) files: Names,
     pub(super) dirs: Names,
 }
 
+/// A directory's packed names as one pass listed them.
+struct Shelved {
+    pass: u64,
+    files: Weak<Packed>,
+    dirs: Weak<Packed>,
+}
+
+/// The packed names of the directories the walks of a pass listed, while a walk keeps them: the
+/// second walk to ask for a directory in a pass reads the first one's names instead of listing
+/// and packing the directory again. Only the helper thread uses it.
+#[derive(Default)]
+pub(super) struct Shelf(Mutex<HashMap<OsString, Shelved>>);
+
+/// Directories the shelf remembers before it forgets those no walk keeps any more (two walks'
+/// kept listings, see `predict::LISTINGS_KEPT`).
+const SHELVED: usize = 2 * super::predict::LISTINGS_KEPT;
+
+impl Shelf {
+    /// `dir`'s packed (files, dirs) as pass `pass` listed them, while a walk keeps them.
+    fn take(&self, pass: u64, dir: &Path) -> Option<(Arc<Packed>, Arc<Packed>)> {
+        let shelf = self.0.lock();
+        let shelved = shelf.get(dir.as_os_str()).filter(|s| s.pass == pass)?;
+        Some((shelved.files.upgrade()?, shelved.dirs.upgrade()?))
+    }
+
+    fn put(&self, pass: u64, dir: &Path, files: &Arc<Packed>, dirs: &Arc<Packed>) {
+        let mut shelf = self.0.lock();
+        if shelf.len() >= SHELVED {
+            shelf.retain(|_, s| s.pass == pass && s.files.strong_count() > 0);
+        }
+        shelf.insert(
+            dir.as_os_str().to_owned(),
+            Shelved {
+                pass,
+                files: Arc::downgrade(files),
+                dirs: Arc::downgrade(dirs),
+            },
+        );
+    }
+}
+
 impl Listing {
-    /// Lists `dir` of `source`, sorted by name or in listing order (on the helper thread: a
+    /// `dir` of `source`, sorted by name or in listing order, as pass `pass` lists it: from the
+    /// names `shelf` holds for that pass, else listed now (on the helper thread: a
     /// million-entry directory takes about a second); `None` when the source cannot list it (or
     /// its names pass 4 GiB).
-    pub(super) fn of(source: &dyn Source, dir: &Path, sorted: bool) -> Option<Listing> {
+    pub(super) fn of(
+        source: &dyn Source,
+        dir: &Path,
+        sorted: bool,
+        shelf: &Shelf,
+        pass: u64,
+    ) -> Option<Listing> {
+        let (files, dirs) = match shelf.take(pass, dir) {
+            Some(packed) => packed,
+            None => {
+                let (files, dirs) = Listing::packed(source, dir)?;
+                let (files, dirs) = (Arc::new(files), Arc::new(dirs));
+                shelf.put(pass, dir, &files, &dirs);
+                (files, dirs)
+            }
+        };
+        Some(Listing {
+            files: Names::of(files, sorted),
+            dirs: Names::of(dirs, sorted),
+        })
+    }
+
+    /// The files and subdirectories of `dir`, packed in listing order.
+    fn packed(source: &dyn Source, dir: &Path) -> Option<(Packed, Packed)> {
         let at = if dir.as_os_str().is_empty() {
             Path::new(".")
         } else {
@@ -108,39 +228,68 @@ impl Listing {
                 Kind::Symlink | Kind::Other => {}
             }
         }
-        if sorted {
-            files.sort_unstable();
-            dirs.sort_unstable();
-        }
-        Some(Listing {
-            files: Names::index(&files)?,
-            dirs: Names::index(&dirs)?,
-        })
+        Some((Packed::index(&files)?, Packed::index(&dirs)?))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::ffi::OsString;
-
     use super::*;
 
+    fn names(n: usize) -> Vec<OsString> {
+        (0..n)
+            .map(|i| OsString::from(format!("f{:05}.jpg", (i * 7919) % n)))
+            .collect()
+    }
+
     #[test]
-    fn every_name_is_found_where_it_stands() {
-        let names: Vec<OsString> = (0..5_000)
-            .map(|i| OsString::from(format!("f{i:05}.jpg")))
-            .collect();
+    fn every_name_is_found_where_it_stands_in_either_order() {
+        let names = names(5_000);
         let borrowed: Vec<&OsStr> = names.iter().map(OsString::as_os_str).collect();
-        let packed = Names::index(&borrowed).expect("fits");
-        assert_eq!(packed.len(), names.len());
-        for (i, n) in names.iter().enumerate() {
-            assert_eq!(packed.get(i), Some(n.as_os_str()));
-            assert_eq!(packed.start_after(Some(n)), i + 1);
+        let packed = Arc::new(Packed::index(&borrowed).expect("fits"));
+        let mut sorted_names = borrowed.clone();
+        sorted_names.sort_unstable();
+        for (sorted, order) in [(false, &borrowed), (true, &sorted_names)] {
+            let walk = Names::of(packed.clone(), sorted);
+            assert_eq!(walk.len(), names.len());
+            for (i, n) in order.iter().enumerate() {
+                assert_eq!(walk.get(i), Some(*n), "sorted {sorted}");
+                assert_eq!(walk.start_after(Some(n)), i + 1, "sorted {sorted}");
+            }
+            assert_eq!(walk.get(names.len()), None);
+            assert_eq!(walk.start_after(None), 0);
+            assert_eq!(walk.start_after(Some(OsStr::new("absent"))), walk.len());
         }
-        assert_eq!(packed.start_after(None), 0);
-        assert_eq!(packed.start_after(Some(OsStr::new("absent"))), packed.len());
-        let at = packed.start_after(Some(OsStr::new("f04997.jpg")));
-        let after: Vec<&OsStr> = (at..packed.len()).filter_map(|i| packed.get(i)).collect();
+        let sorted = Names::of(packed, true);
+        let at = sorted.start_after(Some(OsStr::new("f04997.jpg")));
+        let after: Vec<&OsStr> = (at..sorted.len()).filter_map(|i| sorted.get(i)).collect();
         assert_eq!(after, ["f04998.jpg", "f04999.jpg"]);
+    }
+
+    #[test]
+    fn the_second_walk_of_a_pass_shares_the_first_ones_names() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for n in ["b.jpg", "a.jpg", "c.jpg"] {
+            std::fs::write(dir.path().join(n), b"x").expect("write");
+        }
+        std::fs::create_dir(dir.path().join("sub")).expect("mkdir");
+        let source = crate::source::LocalSource::open(dir.path()).expect("source");
+        let shelf = Shelf::default();
+        let listed = Listing::of(&source, Path::new(""), false, &shelf, 1).expect("listed");
+        let sorted = Listing::of(&source, Path::new(""), true, &shelf, 1).expect("listed");
+        assert!(Arc::ptr_eq(&listed.files.packed, &sorted.files.packed));
+        assert!(Arc::ptr_eq(&listed.dirs.packed, &sorted.dirs.packed));
+        let in_order: Vec<&OsStr> = (0..3).filter_map(|i| sorted.files.get(i)).collect();
+        assert_eq!(in_order, ["a.jpg", "b.jpg", "c.jpg"]);
+        assert_eq!(sorted.dirs.get(0), Some(OsStr::new("sub")));
+        // Another pass lists the directory again: it may have changed since.
+        std::fs::write(dir.path().join("d.jpg"), b"x").expect("write");
+        let next = Listing::of(&source, Path::new(""), true, &shelf, 2).expect("listed");
+        assert_eq!(next.files.len(), 4);
+        assert!(!Arc::ptr_eq(&next.files.packed, &listed.files.packed));
+        // Once no walk keeps a directory's names, they are listed again too.
+        drop((listed, sorted, next));
+        let again = Listing::of(&source, Path::new(""), false, &shelf, 2).expect("listed");
+        assert_eq!(again.files.len(), 4);
     }
 }

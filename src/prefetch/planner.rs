@@ -119,7 +119,11 @@ impl SetState {
         hint: Option<&OrderSlot>,
         chores: &Chores,
     ) -> SetState {
-        let tree = |sorted| Box::new(Tree::new(source.clone(), sorted, chores.clone()));
+        // Both walks read each directory's names from one listing a pass (`listing::Shelf`).
+        let shelf = Arc::default();
+        let tree = |sorted| {
+            Box::new(Tree::new(source.clone(), sorted, chores.clone()).sharing(Arc::clone(&shelf)))
+        };
         let mut predictors: Vec<(Box<dyn Predictor>, Score)> = vec![
             (Box::new(Replay), Score::default()),
             (tree(true), Score::default()),

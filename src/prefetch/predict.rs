@@ -22,7 +22,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use super::chores::Chores;
 use super::epoch::{EpochTracker, Positions};
 use super::files::FileKey;
-use super::listing::Listing;
+use super::listing::{Listing, Shelf};
 use crate::source::Source;
 
 /// Opens within which a prediction must come true to count as right.
@@ -37,7 +37,7 @@ const RECENT_WEIGHT: f64 = 0.05;
 /// Recent recall and precision a predictor needs before its order is followed.
 const TRUSTED: f64 = 0.5;
 /// Listings kept per tree walk before the cache is cleared (bounds memory on huge trees).
-const LISTINGS_KEPT: usize = 4096;
+pub(super) const LISTINGS_KEPT: usize = 4096;
 /// Directories a walk may ask listings of for one prediction (bounds the helper's I/O on sparse
 /// trees).
 const LISTINGS_PER_PREDICTION: usize = 16;
@@ -216,6 +216,8 @@ pub struct Tree {
     chores: Chores,
     /// By the directory's path as bytes (`FileKey`'s reason: `Path` hashes component by component).
     listings: foldhash::HashMap<OsString, Walked>,
+    /// Where the other walk of a pass finds the names this one listed, and this one the other's.
+    shelf: Arc<Shelf>,
     /// Directories asked of the helper and not answered yet; answers come through `listed`, and
     /// those asked before `forget_listings` (an older `pass`) are dropped.
     asked: foldhash::HashSet<OsString>,
@@ -241,6 +243,7 @@ impl Tree {
             sorted,
             chores,
             listings: Default::default(),
+            shelf: Arc::default(),
             asked: Default::default(),
             pass: 0,
             answer,
@@ -250,6 +253,13 @@ impl Tree {
             work: 0,
             candidate: PathBuf::new(),
         }
+    }
+
+    /// This walk, sharing the names it lists with the other walks on `shelf` (those of one set:
+    /// they walk the same tree, pass for pass).
+    pub(super) fn sharing(mut self, shelf: Arc<Shelf>) -> Tree {
+        self.shelf = shelf;
+        self
     }
 
     /// `dir`'s listing once the helper has made it; until then it is asked for (within the
@@ -264,15 +274,16 @@ impl Tree {
             return None;
         }
         self.budget -= 1;
-        let (source, sorted, answer, pass) = (
+        let (source, sorted, answer, pass, shelf) = (
             self.source.clone(),
             self.sorted,
             self.answer.clone(),
             self.pass,
+            self.shelf.clone(),
         );
         let dir = dir.to_path_buf();
         let asked = self.chores.run(Box::new(move || {
-            let walked = Listing::of(&*source, &dir, sorted).map(Walked::of);
+            let walked = Listing::of(&*source, &dir, sorted, &shelf, pass).map(Walked::of);
             let _ = answer.send((pass, dir.into_os_string(), walked));
         }));
         if asked {
