@@ -16,6 +16,17 @@ pub struct Listing {
     fixed: Vec<u64>,
 }
 
+/// The listing of `entries` as they are.
+impl From<DirEntries> for Listing {
+    fn from(mut entries: DirEntries) -> Listing {
+        entries.shrink_to_fit();
+        Listing {
+            entries,
+            fixed: Vec::new(),
+        }
+    }
+}
+
 impl Listing {
     /// The listing of `entries` (name, kind), names of at most 255 bytes each.
     pub fn of<'a>(entries: impl IntoIterator<Item = (&'a OsStr, Kind)>) -> Listing {
@@ -27,15 +38,6 @@ impl Listing {
             }
         }
         Listing::from(packed)
-    }
-
-    /// The listing of `entries` as they are.
-    pub fn from(mut entries: DirEntries) -> Listing {
-        entries.shrink_to_fit();
-        Listing {
-            entries,
-            fixed: Vec::new(),
-        }
     }
 
     /// The listing of a virtual directory: entries with fixed inode numbers.
