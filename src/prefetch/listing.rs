@@ -1,10 +1,10 @@
 //! `Listing`: one directory's files and subdirectories as a tree walk reads them (sorted by name
 //! or in listing order), indexed so that a walk finds where to go on after a name in one lookup,
-//! whatever the directory's size. The names are packed once per directory and pass and shared by
-//! both walks (`Shelf`): the listed walk reads them as they are, the sorted one through the order
-//! that sorts them (8 bytes a name instead of a second packed copy and its index, ~33). Made on
-//! the planner's helper thread (`Chores`), since listing, sorting and indexing a million-entry
-//! directory takes about a second. Must never be made on the planner thread.
+//! whatever the directory's size. The names are packed once per directory and pass, sorted, and
+//! shared by both walks (`Shelf`): the sorted walk reads them in place, the listed one through
+//! the listing's order (8 bytes a name instead of a second packed copy and its index, ~33). Made
+//! on the planner's helper thread (`Chores`), since listing, sorting and indexing a
+//! million-entry directory takes about a second. Must never be made on the planner thread.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -17,9 +17,12 @@ use parking_lot::Mutex;
 
 use crate::source::{Kind, Source};
 
-/// Names of one kind in a directory, in listing order, with where each stands (a prediction
-/// after a file finds it in one lookup, whatever the directory's size). The names lie one after
-/// another in one buffer: a name costs its bytes and 4 more, not a heap string of its own.
+/// Names of one kind in a directory, sorted by their bytes, with where each stands (a prediction
+/// after a file finds it in one lookup, whatever the directory's size) and the order the
+/// directory listed them in. The names lie one after another in one buffer: a name costs its
+/// bytes and 12 more (its end, and its place in the other order both ways), not a heap string
+/// of its own. Sorted, because the sorted walk is the one loaders follow most (ImageFolder sorts)
+/// and reads them in place; the listed walk reads them through `listed`.
 #[derive(Default)]
 struct Packed {
     bytes: Vec<u8>,
@@ -28,41 +31,57 @@ struct Packed {
     /// Each name's position, hashed by the xxh3 of its bytes and compared through `bytes`: 4
     /// bytes a name, not a hash and a position beside it.
     at: HashTable<u32>,
+    /// `listed[i]`: the sorted position of the name listed `i`th.
+    listed: Vec<u32>,
+    /// `listed_at[k]`: where the `k`th name in sorted order stands in the listing.
+    listed_at: Vec<u32>,
 }
 
 impl Packed {
-    /// `names`, indexed; `None` when their bytes pass what `ends` can address (4 GiB).
+    /// `names` in listing order, sorted and indexed; `None` when their bytes pass what `ends`
+    /// can address (4 GiB).
     fn index(names: &[&OsStr]) -> Option<Packed> {
         let total: usize = names.iter().map(|n| n.len()).sum();
         u32::try_from(total).ok()?;
+        let mut listed_at: Vec<u32> = (0..names.len() as u32).collect();
+        listed_at.sort_unstable_by_key(|&i| names[i as usize]);
+        let mut listed = vec![0; names.len()];
+        for (k, &i) in listed_at.iter().enumerate() {
+            listed[i as usize] = k as u32;
+        }
         let mut packed = Packed {
             bytes: Vec::with_capacity(total),
             ends: Vec::with_capacity(names.len()),
             at: HashTable::with_capacity(names.len()),
+            listed,
+            listed_at,
         };
-        for n in names {
-            packed.bytes.extend_from_slice(n.as_bytes());
+        for &i in &packed.listed_at {
+            packed.bytes.extend_from_slice(names[i as usize].as_bytes());
             packed.ends.push(packed.bytes.len() as u32);
         }
         // Names of one directory are distinct: each goes in once.
-        for (i, n) in names.iter().enumerate() {
-            let Packed { bytes, ends, at } = &mut packed;
+        for k in 0..packed.ends.len() {
+            let Packed {
+                bytes, ends, at, ..
+            } = &mut packed;
+            let name = name_at(bytes, ends, k).unwrap_or_default();
             let rehash = |&j: &u32| name_hash(name_at(bytes, ends, j as usize).unwrap_or_default());
-            at.insert_unique(name_hash(n), i as u32, rehash);
+            at.insert_unique(name_hash(name), k as u32, rehash);
         }
         Some(packed)
     }
 
-    /// Where `name` stands.
+    /// Where `name` stands in sorted order.
     fn find(&self, name: &OsStr) -> Option<usize> {
         self.at
-            .find(name_hash(name), |&i| self.get(i as usize) == Some(name))
-            .map(|&i| i as usize)
+            .find(name_hash(name), |&k| self.get(k as usize) == Some(name))
+            .map(|&k| k as usize)
     }
 
-    /// The name at `i`.
-    fn get(&self, i: usize) -> Option<&OsStr> {
-        name_at(&self.bytes, &self.ends, i)
+    /// The name at sorted position `k`.
+    fn get(&self, k: usize) -> Option<&OsStr> {
+        name_at(&self.bytes, &self.ends, k)
     }
 
     fn len(&self) -> usize {
@@ -81,53 +100,30 @@ fn name_hash(name: &OsStr) -> u64 {
     xxhash_rust::xxh3::xxh3_64(name.as_encoded_bytes())
 }
 
-/// The order that sorts packed names by their bytes: `by_name[k]` is the `k`th name's place in
-/// listing order, `place[i]` the sorted position of the name listed `i`th.
-struct Sorted {
-    by_name: Vec<u32>,
-    place: Vec<u32>,
-}
-
-impl Sorted {
-    fn of(packed: &Packed) -> Sorted {
-        let mut by_name: Vec<u32> = (0..packed.len() as u32).collect();
-        by_name.sort_unstable_by(|&a, &b| packed.get(a as usize).cmp(&packed.get(b as usize)));
-        let mut place = vec![0; by_name.len()];
-        for (k, &i) in by_name.iter().enumerate() {
-            place[i as usize] = k as u32;
-        }
-        Sorted { by_name, place }
-    }
-}
-
-/// Names of one kind in a directory, in walk order: the packed names as listed, or through the
-/// order that sorts them.
+/// Names of one kind in a directory, in walk order: the packed names as they lie (sorted), or
+/// in the order the directory listed them.
 pub(super) struct Names {
     packed: Arc<Packed>,
-    sorted: Option<Sorted>,
+    sorted: bool,
 }
 
 impl Names {
-    fn of(packed: Arc<Packed>, sorted: bool) -> Names {
-        let sorted = sorted.then(|| Sorted::of(&packed));
-        Names { packed, sorted }
-    }
-
     /// Where the names after `name` start (0 when `None`; the end when `name` is not there).
     pub(super) fn start_after(&self, name: Option<&OsStr>) -> usize {
         let Some(name) = name else { return 0 };
-        match (self.packed.find(name), &self.sorted) {
-            (None, _) => self.len(),
-            (Some(i), None) => i + 1,
-            (Some(i), Some(sorted)) => sorted.place[i] as usize + 1,
+        match self.packed.find(name) {
+            None => self.len(),
+            Some(k) if self.sorted => k + 1,
+            Some(k) => self.packed.listed_at[k] as usize + 1,
         }
     }
 
     /// The name at `i`.
     pub(super) fn get(&self, i: usize) -> Option<&OsStr> {
-        match &self.sorted {
-            None => self.packed.get(i),
-            Some(sorted) => self.packed.get(*sorted.by_name.get(i)? as usize),
+        if self.sorted {
+            self.packed.get(i)
+        } else {
+            self.packed.get(*self.packed.listed.get(i)? as usize)
         }
     }
 
@@ -206,8 +202,14 @@ impl Listing {
             }
         };
         Some(Listing {
-            files: Names::of(files, sorted),
-            dirs: Names::of(dirs, sorted),
+            files: Names {
+                packed: files,
+                sorted,
+            },
+            dirs: Names {
+                packed: dirs,
+                sorted,
+            },
         })
     }
 
@@ -250,7 +252,10 @@ mod tests {
         let mut sorted_names = borrowed.clone();
         sorted_names.sort_unstable();
         for (sorted, order) in [(false, &borrowed), (true, &sorted_names)] {
-            let walk = Names::of(packed.clone(), sorted);
+            let walk = Names {
+                packed: packed.clone(),
+                sorted,
+            };
             assert_eq!(walk.len(), names.len());
             for (i, n) in order.iter().enumerate() {
                 assert_eq!(walk.get(i), Some(*n), "sorted {sorted}");
@@ -260,7 +265,10 @@ mod tests {
             assert_eq!(walk.start_after(None), 0);
             assert_eq!(walk.start_after(Some(OsStr::new("absent"))), walk.len());
         }
-        let sorted = Names::of(packed, true);
+        let sorted = Names {
+            packed,
+            sorted: true,
+        };
         let at = sorted.start_after(Some(OsStr::new("f04997.jpg")));
         let after: Vec<&OsStr> = (at..sorted.len()).filter_map(|i| sorted.get(i)).collect();
         assert_eq!(after, ["f04998.jpg", "f04999.jpg"]);
