@@ -152,9 +152,12 @@ struct Shelved {
 #[derive(Default)]
 pub(super) struct Shelf(Mutex<HashMap<OsString, Shelved>>);
 
+/// Listings kept per tree walk before the walk clears its cache (bounds memory on huge trees).
+pub(super) const LISTINGS_KEPT: usize = 4096;
+
 /// Directories the shelf remembers before it forgets those no walk keeps any more (two walks'
-/// kept listings, see `predict::LISTINGS_KEPT`).
-const SHELVED: usize = 2 * super::predict::LISTINGS_KEPT;
+/// kept listings).
+const SHELVED: usize = 2 * LISTINGS_KEPT;
 
 impl Shelf {
     /// `dir`'s packed (files, dirs) as pass `pass` listed them, while a walk keeps them.

@@ -22,7 +22,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use super::chores::Chores;
 use super::epoch::{EpochTracker, Positions};
 use super::files::FileKey;
-use super::listing::{Listing, Shelf};
+use super::listing::{LISTINGS_KEPT, Listing, Shelf};
 use crate::source::Source;
 
 /// Opens within which a prediction must come true to count as right.
@@ -36,8 +36,6 @@ pub const SCORED: u64 = HORIZON / 2;
 const RECENT_WEIGHT: f64 = 0.05;
 /// Recent recall and precision a predictor needs before its order is followed.
 const TRUSTED: f64 = 0.5;
-/// Listings kept per tree walk before the cache is cleared (bounds memory on huge trees).
-pub(super) const LISTINGS_KEPT: usize = 4096;
 /// Directories a walk may ask listings of for one prediction (bounds the helper's I/O on sparse
 /// trees).
 const LISTINGS_PER_PREDICTION: usize = 16;

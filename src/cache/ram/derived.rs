@@ -86,9 +86,9 @@ impl Derived {
         self.decoded.get(identity).is_some()
     }
 
-    /// Offers the decoded pixels of image `identity`: `len` bytes in rows of `row`
-    /// bytes that took `decode` to produce, made by `pixels` only if the policy finds them worth
-    /// their memory and the budget has room. True when they were admitted.
+    /// Offers the decoded pixels of image `identity`: `len` bytes in rows of `row` bytes that
+    /// took `decode` to produce, made by `pixels` only if the policy finds them worth their
+    /// memory and the budget has room. True when they were admitted.
     pub fn offer_decoded(
         &self,
         identity: Identity,
