@@ -576,8 +576,10 @@ pub(super) fn plan(
     events: &Receiver<Event>,
     mut order_file: Option<OrderFile>,
 ) {
+    // Published at once, so stats.json names every set from the mount's first moment.
+    publish(shared, &sets);
     let mut published = Instant::now();
-    let mut dirty = true;
+    let mut dirty = false;
     loop {
         if let Some(file) = &mut order_file {
             dirty |= file.poll() == Polled::Published;
@@ -614,13 +616,18 @@ pub(super) fn plan(
             Err(RecvTimeoutError::Disconnected) => return,
         }
         if dirty && published.elapsed() >= STATUS_EVERY {
-            let status: serde_json::Map<String, Value> =
-                sets.iter().map(|s| (s.name.clone(), s.status())).collect();
-            *shared.status.lock() = Value::Object(status);
+            publish(shared, &sets);
             published = Instant::now();
             dirty = false;
         }
     }
+}
+
+/// Puts every set's status where `Prefetcher::status` reads it.
+fn publish(shared: &Shared, sets: &[SetState]) {
+    let status: serde_json::Map<String, Value> =
+        sets.iter().map(|s| (s.name.clone(), s.status())).collect();
+    *shared.status.lock() = Value::Object(status);
 }
 
 #[cfg(test)]
