@@ -22,8 +22,10 @@ use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use parking_lot::Mutex;
 use serde_json::Value;
 
+use crate::cache::ram::whole_file_charge;
 use crate::fs::CACHED_XATTR;
 use crate::inode::dataset_path;
+use crate::memory::Use;
 use crate::metrics::Metric;
 use crate::stats::table;
 
@@ -235,9 +237,8 @@ struct Readers {
     stop: Arc<AtomicBool>,
     /// Set once the cache has no room left: no file is read after it.
     full: AtomicBool,
-    /// Room in the cache at the last stats sample, less the sizes of the files started since
-    /// (bytes of content).
-    room: AtomicI64,
+    /// The cache's room, as handed out to the files read.
+    ledger: Ledger,
     /// Files read now.
     warmed: Tally,
     /// Files the RAM tier already held whole.
@@ -271,7 +272,7 @@ fn read_all(
         next: AtomicUsize::new(0),
         stop,
         full: AtomicBool::new(false),
-        room: AtomicI64::new(i64::MAX),
+        ledger: Ledger::default(),
         warmed: Tally::default(),
         held: Tally::default(),
         unfit: Mutex::new(Vec::new()),
@@ -330,12 +331,13 @@ impl Readers {
     /// `FULL_BELOW` with no packer work pending that could free some (`full_since`: when it was
     /// first found below).
     fn sample_room(&self, full_since: &mut Option<Instant>) {
-        let Ok(room) = table::read(&self.mnt).map(|s| Room::of(&s)) else {
+        let Some(room) = self
+            .ledger
+            .resample(|| table::read(&self.mnt).map(|s| Room::of(&s)).ok())
+        else {
             // The mount went away: the readers' own errors say so, file by file.
             return;
         };
-        self.room
-            .store(room.bytes.min(i64::MAX as u64) as i64, Ordering::Relaxed);
         if room.bytes >= FULL_BELOW {
             *full_since = None;
             return;
@@ -347,8 +349,8 @@ impl Readers {
     }
 
     /// One reader thread: takes the next file until none is left. A file the RAM tier or disk
-    /// tier already holds whole is not read again. A file is read only if its size fits in the
-    /// room left (first fit: a large file that does not fit is passed over, smaller ones after
+    /// tier already holds whole is not read again. A file is read only if what it costs the
+    /// RAM tier held whole (its size and its entry's bookkeeping) fits in the room left (first fit: a large file that does not fit is passed over, smaller ones after
     /// it still go in, and never-evict is not left holding parts of files), so after the cache
     /// is full the rest are only sorted into already held and did not fit.
     fn run(&self) {
@@ -357,7 +359,7 @@ impl Readers {
                 return;
             }
             let full = self.full.load(Ordering::Relaxed);
-            if !full && self.room.load(Ordering::Relaxed) <= 0 {
+            if !full && !self.ledger.has_room() {
                 // Wait for the next sample: it may show room freed by the packer.
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
@@ -370,33 +372,30 @@ impl Readers {
             if is_held(&path) {
                 self.held.add(*size);
                 self.bar.inc(*size);
-            } else if full || !self.reserve(*size) {
-                self.unfit.lock().push(i);
+                continue;
+            }
+            let reserved = if full {
+                None
             } else {
-                match self.read_file(&path) {
-                    Ok(bytes) if is_held(&path) => self.warmed.add(bytes),
-                    // Read, but the room sampled was more than the cache had.
-                    Ok(_) => self.unfit.lock().push(i),
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return,
-                    Err(e) => self.failed.lock().push((rel.clone(), e.to_string())),
-                }
+                self.ledger.reserve(whole_file_charge(*size))
+            };
+            let Some(to_come) = reserved else {
+                self.unfit.lock().push(i);
+                continue;
+            };
+            match self.read_file(&path, to_come) {
+                Ok(bytes) if is_held(&path) => self.warmed.add(bytes),
+                // Read, but the room sampled was more than the cache had.
+                Ok(_) => self.unfit.lock().push(i),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return,
+                Err(e) => self.failed.lock().push((rel.clone(), e.to_string())),
             }
         }
     }
 
-    /// Takes `size` bytes from the room left, if it has them.
-    fn reserve(&self, size: u64) -> bool {
-        let size = size.min(i64::MAX as u64) as i64;
-        self.room
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |room| {
-                (room >= size).then_some(room - size)
-            })
-            .is_ok()
-    }
-
-    /// Reads one file to its end; its pages are then dropped from the page cache (the point was
-    /// the mount's cache, not the kernel's).
-    fn read_file(&self, path: &Path) -> std::io::Result<u64> {
+    /// Reads one file, for which `to_come` holds room, to its end; its pages are then dropped
+    /// from the page cache (the point was the mount's cache, not the kernel's).
+    fn read_file(&self, path: &Path, mut to_come: ToCome<'_>) -> std::io::Result<u64> {
         let mut file = match File::options()
             .read(true)
             .custom_flags(libc::O_NOATIME)
@@ -421,10 +420,90 @@ impl Readers {
                 Err(e) => return Err(e),
             };
             total += n as u64;
+            to_come.read(n);
             self.bar.inc(n as u64);
         }
         let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed);
         Ok(total)
+    }
+}
+
+/// The cache's room as the readers hand it out, so that what one file was given is never given
+/// again: a stats sample sees the cache's bytes, not the room that files being read have taken
+/// and not yet filled.
+#[derive(Debug)]
+struct Ledger {
+    /// Room for files not started yet, in bytes of content: the room at the last sample less
+    /// what was then still to come of the files being read, less the sizes of the files
+    /// started since. Held while a sample is taken, so no file starts during one.
+    room: Mutex<i64>,
+    /// Bytes of the files being read that have not been read yet.
+    to_come: AtomicI64,
+}
+
+impl Default for Ledger {
+    /// Unbounded until the first sample.
+    fn default() -> Ledger {
+        Ledger {
+            room: Mutex::new(i64::MAX),
+            to_come: AtomicI64::new(0),
+        }
+    }
+}
+
+impl Ledger {
+    /// Takes a fresh `sample` of the cache's room and returns it; none leaves the room as it was.
+    fn resample(&self, sample: impl FnOnce() -> Option<Room>) -> Option<Room> {
+        let mut room = self.room.lock();
+        // Loaded before the sample: a chunk read meanwhile counts twice (the room comes out a
+        // little short), never not at all, since a read returns once its bytes are cached.
+        let to_come = self.to_come.load(Ordering::Relaxed);
+        let sampled = sample()?;
+        *room = (sampled.bytes.min(i64::MAX as u64) as i64).saturating_sub(to_come);
+        Some(sampled)
+    }
+
+    /// Whether any room is left.
+    fn has_room(&self) -> bool {
+        *self.room.lock() > 0
+    }
+
+    /// Takes `size` bytes of room, if that much is left: they are to come until read.
+    fn reserve(&self, size: u64) -> Option<ToCome<'_>> {
+        let size = size.min(i64::MAX as u64) as i64;
+        let mut room = self.room.lock();
+        if *room < size {
+            return None;
+        }
+        *room -= size;
+        self.to_come.fetch_add(size, Ordering::Relaxed);
+        Some(ToCome {
+            of: &self.to_come,
+            left: size,
+        })
+    }
+}
+
+/// The bytes of one file being read that are still to come; what is left when it is dropped
+/// (the file ended early, or its read failed) no longer is.
+#[derive(Debug)]
+struct ToCome<'a> {
+    of: &'a AtomicI64,
+    left: i64,
+}
+
+impl ToCome<'_> {
+    /// `n` more bytes were read (and so are cached).
+    fn read(&mut self, n: usize) {
+        let n = (n.min(i64::MAX as usize) as i64).min(self.left);
+        self.left -= n;
+        self.of.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+impl Drop for ToCome<'_> {
+    fn drop(&mut self) {
+        self.of.fetch_sub(self.left, Ordering::Relaxed);
     }
 }
 
@@ -450,7 +529,10 @@ fn is_held(path: &Path) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Room {
     /// Bytes of content that still fit: the larger of the RAM tier's and the disk tier's room
-    /// (every block fetched is offered to both), each at its current compression ratio.
+    /// (every block fetched is offered to both), each at its current compression ratio. The
+    /// RAM tier's is its memory slice less what admission counts charged to it: blocks, every
+    /// entry's bookkeeping, and room taken for blocks being read (not the cache's `bytes`,
+    /// which counts blocks only).
     bytes: u64,
     /// Whether the packer has blocks queued, whose compression will free RAM.
     packing: bool,
@@ -459,12 +541,14 @@ struct Room {
 impl Room {
     fn of(stats: &Value) -> Room {
         use crate::cache::metrics::{
-            BUDGET_BYTES, BYTES, CAPACITY_RATIO, DISK_BUDGET_BYTES, DISK_BYTES,
-            DISK_CAPACITY_RATIO, DISK_FREE_BYTES, PACK_QUEUE,
+            CAPACITY_RATIO, DISK_BUDGET_BYTES, DISK_BYTES, DISK_CAPACITY_RATIO, DISK_FREE_BYTES,
+            PACK_QUEUE,
         };
+        use crate::memory::metrics::{SLICE_BYTES, USED_BYTES};
         let number = |metric: &Metric| table::number(stats, metric.path);
+        let cache = |metric: &Metric| table::number(stats, &metric.path_for(Use::Cache.name()));
         let ram =
-            (number(&BUDGET_BYTES) - number(&BYTES)).max(0.0) * number(&CAPACITY_RATIO).max(1.0);
+            (cache(&SLICE_BYTES) - cache(&USED_BYTES)).max(0.0) * number(&CAPACITY_RATIO).max(1.0);
         let disk = (number(&DISK_BUDGET_BYTES) - number(&DISK_BYTES))
             .min(number(&DISK_FREE_BYTES))
             .max(0.0)
@@ -539,10 +623,43 @@ impl WarmReport {
 mod tests {
     use super::*;
 
+    fn room(bytes: u64) -> Option<Room> {
+        Some(Room {
+            bytes,
+            packing: false,
+        })
+    }
+
+    #[test]
+    fn room_a_file_being_read_was_given_is_not_given_again_by_a_sample() {
+        const MIB: u64 = 1 << 20;
+        let ledger = Ledger::default();
+        ledger.resample(|| room(8 * MIB));
+        let mut first = ledger.reserve(3 * MIB).expect("3 of 8 MiB");
+        let second = ledger.reserve(3 * MIB).expect("3 of 5 MiB");
+        assert!(ledger.reserve(3 * MIB).is_none(), "2 MiB left");
+        // A sample while the first file is a third read sees 7 MiB free in the cache; 5 of
+        // them are still to come for the two files.
+        first.read(MIB as usize);
+        ledger.resample(|| room(7 * MIB));
+        assert!(ledger.reserve(3 * MIB).is_none(), "still 2 MiB left");
+        let small = ledger.reserve(2 * MIB).expect("the 2 MiB left");
+        assert!(!ledger.has_room());
+        // Read to the end (or failed): nothing of them is to come, a sample sees the cache.
+        drop((first, second, small));
+        ledger.resample(|| room(MIB));
+        assert!(ledger.reserve(MIB).is_some());
+        assert!(!ledger.has_room());
+        // No sample: the room is as it was.
+        assert!(ledger.resample(|| None).is_none());
+        assert!(!ledger.has_room());
+    }
+
     #[test]
     fn room_is_the_larger_tier_room_at_its_compression_ratio() {
         let stats = serde_json::json!({
-            "cache": {"budget_bytes": 100, "bytes": 40, "capacity_ratio": 2.0, "pack_queue": 0},
+            "cache": {"budget_bytes": 100, "bytes": 30, "capacity_ratio": 2.0, "pack_queue": 0},
+            "memory": {"cache": {"slice_bytes": 100, "used_bytes": 40}},
         });
         assert_eq!(
             Room::of(&stats),
@@ -552,7 +669,8 @@ mod tests {
             }
         );
         let stats = serde_json::json!({
-            "cache": {"budget_bytes": 100, "bytes": 100, "capacity_ratio": 1, "pack_queue": 3},
+            "cache": {"budget_bytes": 100, "bytes": 90, "capacity_ratio": 1, "pack_queue": 3},
+            "memory": {"cache": {"slice_bytes": 100, "used_bytes": 100}},
             "disk": {"budget_bytes": 1000, "bytes": 200, "free_bytes": 500, "capacity_ratio": 1},
         });
         assert_eq!(

@@ -33,7 +33,8 @@ fn warm_fills_the_cache_without_counting_an_epoch_and_reports_what_did_not_fit()
     for i in 0..4 {
         fs::write(t.s(&format!("large/{i}")), pattern(3 * MIB, 100 + i)).expect("write");
     }
-    // 8 MiB holds the 3 MiB of small files and one large file, not all four: 15 MiB in all.
+    // 8 MiB, 6 of them the cache's slice (2 are work room): one large file and all but one of
+    // the small ones fit, not all of the 15 MiB.
     t.mount(&[
         "--cache-mem",
         "8M",
@@ -82,9 +83,14 @@ fn warm_fills_the_cache_without_counting_an_epoch_and_reports_what_did_not_fit()
         text.starts_with(&format!("warmed {complete} files, ")),
         "the report counts the files the cache holds whole ({complete}): {text}"
     );
-    // First fit: the large files are read first (name order) and two fit; the small ones after
+    // First fit: the large files are read first (name order) and one fits; the small ones after
     // them still fill the rest of the budget.
     assert!((4..16).contains(&complete), "{stats}");
+    // What is read fits whole: never-evict is not left holding parts of files.
+    assert_eq!(
+        stats["cache"]["files"], stats["cache"]["complete_files"],
+        "{text}{stats}"
+    );
     let unfit: u64 = text
         .split("did not fit: ")
         .nth(1)
@@ -99,11 +105,18 @@ fn warm_fills_the_cache_without_counting_an_epoch_and_reports_what_did_not_fit()
     // Warm reads open with O_NOATIME: served, but not accesses of a training pass.
     assert_eq!(stats["epochs"]["files"]["epoch"], 1, "{stats}");
     assert_eq!(stats["epochs"]["files"]["files_this_epoch"], 0, "{stats}");
-    let held: Vec<bool> = ["small/00", "small/01"]
+    let cached: Vec<String> = ["small/00", "small/01"]
         .iter()
-        .map(|f| cached_xattr(&t.m(f)) == "ram=1 disk=0 blocks=1")
+        .map(|f| cached_xattr(&t.m(f)))
         .collect();
-    assert!(held[0], "the first small file fits after the large ones");
+    let held: Vec<bool> = cached
+        .iter()
+        .map(|c| c == "ram=1 disk=0 blocks=1")
+        .collect();
+    assert!(
+        held[0],
+        "the first small file fits after the large ones: {cached:?}, {text}"
+    );
 
     // A list, in the order-file form: absolute under the mount, relative, a comment, a stranger.
     let list = t.dir.path().join("list");

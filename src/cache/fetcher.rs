@@ -1194,6 +1194,36 @@ mod tests {
         assert_eq!(fetcher.metrics.prefetch_discarded_bytes.get(), 0);
     }
 
+    /// `prepfs warm` reserves `whole_file_charge` of the cache's room per file: a cache of just
+    /// that much holds the file whole, in either raw layout.
+    #[test]
+    fn a_cache_of_a_files_whole_charge_holds_it_whole() {
+        let block = BLOCK_SIZE as usize;
+        for len in [1, 5000, 256 << 10, block, block + 5000, 3 * block] {
+            let charge = crate::cache::ram::whole_file_charge(len as u64);
+            let (fetcher, lower) = chain(charge, 0, Codec::None);
+            lower.refuse.store(true, Ordering::Relaxed);
+            let id = identity(30, 0, len);
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let (source, _) = MemFile::of(id, &data);
+            let entry = fetcher.ram().file(id);
+            for offset in (0..len).step_by(block) {
+                let got = fetcher
+                    .read(
+                        &entry,
+                        &source,
+                        offset as u64,
+                        block as u32,
+                        &Unpacked::default(),
+                    )
+                    .expect("read");
+                assert!(got.as_slice() == &data[offset..(offset + block).min(len)]);
+            }
+            assert_eq!(entry.cached_blocks(), len.div_ceil(block), "{len} bytes");
+            assert!(entry.charged_bytes() <= charge, "{len} bytes");
+        }
+    }
+
     /// Prefetch reads a block only once it holds room to keep it: a second prefetch that comes
     /// while the first is reading into staging's last room gets no room and reads nothing (it
     /// used to read a block too, and one of the two was thrown away).

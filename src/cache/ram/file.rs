@@ -39,6 +39,14 @@ fn whole_pages(len: u64) -> u64 {
     len.div_ceil(PAGE) * PAGE
 }
 
+/// The most a source file of `len` bytes costs the RAM tier's budget once held whole and raw:
+/// its bytes in whole pages (as a memfd holds them) and its entry's own bookkeeping. Packed, it
+/// costs less.
+pub fn whole_file_charge(len: u64) -> u64 {
+    let blocks = usize::try_from(len.div_ceil(BLOCK_SIZE)).unwrap_or(usize::MAX);
+    whole_pages(len) + std::mem::size_of::<RamFile>() as u64 + Slots::<Slot>::overhead_of(blocks)
+}
+
 /// Where a published block's bytes live.
 #[derive(Debug, Clone)]
 enum Stored {

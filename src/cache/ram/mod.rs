@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 pub use derived::Derived;
-pub use file::{PackOutcome, RamFile, ReadBytes, Unpacked};
+pub use file::{PackOutcome, RamFile, ReadBytes, Unpacked, whole_file_charge};
 pub use packer::Packer;
 
 use super::codec::Codec;

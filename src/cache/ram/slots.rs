@@ -72,11 +72,19 @@ impl<T: Default + Vacant> Slots<T> {
 
     /// Bytes of bookkeeping these slots take before any block is held.
     pub fn overhead(&self) -> u64 {
-        match self {
+        Self::overhead_of(self.len())
+    }
+
+    /// Bytes of bookkeeping the slots of a file of `len` blocks take before any block is held
+    /// (as `new` lays them out).
+    pub fn overhead_of(len: usize) -> u64 {
+        if len == 1 {
             // Inline: part of the entry itself.
-            Slots::One(_) => 0,
-            Slots::Dense(slots) => (slots.len() * size_of::<Mutex<T>>()) as u64,
-            Slots::Sparse { .. } => (SHARDS * size_of::<Mutex<HashMap<usize, T>>>()) as u64,
+            0
+        } else if len <= DENSE_MAX {
+            (len * size_of::<Mutex<T>>()) as u64
+        } else {
+            (SHARDS * size_of::<Mutex<HashMap<usize, T>>>()) as u64
         }
     }
 
