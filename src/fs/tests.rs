@@ -1334,6 +1334,36 @@ fn prefetch_for_a_view_plans_only_the_images_it_shows() {
 }
 
 #[test]
+fn what_the_planner_keeps_per_file_seen_is_charged_to_the_budget_once() {
+    let (_dir, fs, _plan) = slow_prefetching_fs(10, 0, None);
+    let metrics = fs.prefetcher.metrics();
+    let planner_bytes = || metrics.planner_bytes.load(Ordering::Relaxed);
+    // What the planner charged once it took `opens` in all (counted as a backlog is taken,
+    // before its opens are: the charge must reach `files` and then stay).
+    let charged_after = |opens: u64, files: u64| {
+        let want = files * crate::prefetch::SEEN_FILE_BYTES;
+        for _ in 0..100 {
+            if metrics.planned.get() == opens && planner_bytes() == want {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(metrics.planned.get(), opens);
+        planner_bytes() / crate::prefetch::SEEN_FILE_BYTES
+    };
+    let before = fs.fetcher.budget().used(Use::Cache);
+    assert_eq!(planner_bytes(), 0);
+    let order: Vec<u8> = (0..10).collect();
+    read_pass(&fs, &order[..6], |i| pattern(64 << 10, i));
+    assert_eq!(charged_after(6, 6), 6);
+    // Files seen again are not charged again; new ones are.
+    read_pass(&fs, &order, |i| pattern(64 << 10, i));
+    assert_eq!(charged_after(16, 10), 10);
+    assert!(fs.fetcher.budget().used(Use::Cache) >= before + planner_bytes());
+}
+
+#[test]
 fn quiet_opens_are_served_but_not_counted_as_accesses() {
     let (_dir, fs, _plan) = slow_prefetching_fs(10, 0, None);
     for i in 0..10u8 {

@@ -93,11 +93,12 @@ pub fn dataset_path(path: &Path, mountpoint: &Path) -> Option<PathBuf> {
 
 /// Longest accepted name component, as Linux NAME_MAX.
 pub const NAME_MAX: usize = 255;
-/// Bytes a node holds beside its path, as charged to the memory budget: the node, its `Arc`, its
-/// entries in both maps and the allocator's headers (measured: 320-390 bytes per looked-up file
-/// with short names while the name index kept each name a second time; keeping an inode number
-/// instead took 53 bytes of heap per file off, heaptrack at 100k files).
-const NODE_BYTES: u64 = 320;
+/// Bytes a node holds beside its path's name bytes, as charged to the memory budget: the node
+/// with its `Arc` (120, the allocator's 128-byte chunk), its entries in both maps (24) and its
+/// path's `Arc` header and rounding (24): heaptrack of a daemon's peak at 100,000 looked-up files
+/// (`benches/memory/heap.sh`; 320 was measured while the name index kept each name a second
+/// time and the node took a 144-byte chunk).
+const NODE_BYTES: u64 = 168;
 
 /// A source entry known to the mount.
 #[derive(Debug)]

@@ -4,6 +4,8 @@
 //! Owns: these figures' definitions (path, Prometheus name, meaning) and their counters. Must
 //! never count a figure another module owns (the staging buffer's are the cache's).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::metrics::{Counter, Metric, Samples};
 
 /// Files fetched ahead.
@@ -84,6 +86,12 @@ pub const PLANNER_WORK: Metric = Metric::counter(
     "prefetch_planner_work_total",
     "Candidate files, names and directories the planner examined for the opens it took (listings are its helper's).",
 );
+/// Memory the planner keeps for the files its sets have seen.
+pub const PLANNER_BYTES: Metric = Metric::gauge(
+    "prefetch.planner.bytes",
+    "prefetch_planner_bytes",
+    "Memory the planner keeps for the files its sets have seen, charged to the cache's slice of the budget.",
+);
 /// The planner's depth.
 pub const DEPTH: Metric = Metric::gauge(
     "prefetch.depth",
@@ -126,6 +134,8 @@ pub struct PrefetchMetrics {
     pub planner_ns: Counter,
     /// See `PLANNER_WORK`.
     pub planner_work: Counter,
+    /// See `PLANNER_BYTES`.
+    pub planner_bytes: AtomicU64,
 }
 
 impl PrefetchMetrics {
@@ -144,6 +154,10 @@ impl PrefetchMetrics {
         out.count(&PLANNED, &self.planned);
         out.seconds(&PLANNER_SECONDS, &self.planner_ns);
         out.count(&PLANNER_WORK, &self.planner_work);
+        out.put(
+            &PLANNER_BYTES,
+            self.planner_bytes.load(Ordering::Relaxed) as f64,
+        );
         out.put(&DEPTH, depth as f64);
         out.put(&PARKED, parked as f64);
     }

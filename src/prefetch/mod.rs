@@ -62,7 +62,7 @@ use files::FileKey;
 use hint::OrderFile;
 use metrics::PrefetchMetrics;
 use parked::Parked;
-pub use planner::controller_depth;
+pub use planner::{SEEN_FILE_BYTES, controller_depth};
 use planner::{SetState, plan};
 
 /// Opens waiting for the planner; beyond it they are dropped (and counted), never waited for.
@@ -393,7 +393,7 @@ impl Prefetcher {
         let chores = chores::Chores::start();
         let sets: Vec<SetState> = names
             .into_iter()
-            .map(|name| SetState::new(name, &source, Marks::now(&shared), slot.as_ref(), &chores))
+            .map(|name| SetState::new(name, &source, &shared, slot.as_ref(), &chores))
             .collect();
         let (tx, rx) = sync_channel(EVENT_QUEUE);
         let s = shared.clone();

@@ -37,6 +37,15 @@ use super::{
 use crate::memory::Use;
 use crate::source::{Identity, Source};
 
+/// Bytes the planner keeps for each file a set has seen, as charged to the memory budget: its
+/// key and identity columns with their vectors' spare room and its index slot (85), its size in
+/// the pass (24), its place in the epoch tracker's pass sets (23) and the predictors' (4), and
+/// its name in the walks' kept listing of its directory (38): heaptrack of a daemon's peak over
+/// two passes of 100,000 files in one directory (`benches/memory/heap.sh`). Charged as the inode
+/// table charges its nodes, so what the planner keeps comes out of the cache's room instead of
+/// on top of the budget (14M files: 2.4 GB).
+pub const SEEN_FILE_BYTES: u64 = 176;
+
 /// Plans from the remaining set a pass needs, at the least, before it counts as shuffled
 /// (`SetState::shuffled`).
 const SHUFFLED_AFTER: u64 = 64;
@@ -45,6 +54,8 @@ const SHUFFLED_AFTER: u64 = 64;
 pub(super) struct SetState {
     name: String,
     tracker: EpochTracker,
+    /// The budget's charge for the files `tracker` has seen.
+    seen: SeenCharge,
     predictors: Vec<(Box<dyn Predictor>, Score)>,
     /// Sizes of the current pass's files, in its order, and their sum (`None` when one is not
     /// known): the remaining-set order of the next pass, kept as files come.
@@ -115,7 +126,7 @@ impl SetState {
     pub(super) fn new(
         name: String,
         source: &Arc<dyn Source>,
-        marks: Marks,
+        shared: &Arc<Shared>,
         hint: Option<&OrderSlot>,
         chores: &Chores,
     ) -> SetState {
@@ -136,6 +147,7 @@ impl SetState {
         SetState {
             name,
             tracker: EpochTracker::default(),
+            seen: SeenCharge::new(shared),
             predictors,
             sizes: Vec::new(),
             working_set: Some(0),
@@ -153,7 +165,7 @@ impl SetState {
             rate: 0.0,
             last_open: None,
             epoch_started: Instant::now(),
-            marks,
+            marks: Marks::now(shared),
             history: VecDeque::new(),
             diagnosis: Value::Null,
         }
@@ -214,6 +226,7 @@ impl SetState {
         let Some((id, opened)) = self.tracker.open(event.file, event.identity) else {
             return false;
         };
+        self.seen.cover(self.tracker.files().len());
         let file = self.tracker.key(id).clone();
         // Sizes are known for dataset files (their identities), not for view files.
         let size_of =
@@ -620,6 +633,50 @@ pub(super) fn plan(
             published = Instant::now();
             dirty = false;
         }
+    }
+}
+
+/// The memory budget's charge for what the planner keeps per file a set has seen
+/// (`SEEN_FILE_BYTES` each, shown as `prefetch.planner.bytes`), grown as the set meets new files
+/// (it never forgets one) and given back when the set goes.
+struct SeenCharge {
+    /// Where the budget and the stats are.
+    shared: Arc<Shared>,
+    files: u64,
+}
+
+impl SeenCharge {
+    /// No files yet, charged to `shared`'s budget.
+    fn new(shared: &Arc<Shared>) -> SeenCharge {
+        SeenCharge {
+            shared: shared.clone(),
+            files: 0,
+        }
+    }
+
+    /// Charges the files of `seen` not charged yet.
+    fn cover(&mut self, seen: usize) {
+        let more = (seen as u64).saturating_sub(self.files);
+        if more > 0 {
+            self.files += more;
+            let bytes = more * SEEN_FILE_BYTES;
+            self.shared.fetcher.ram().budget().charge(Use::Cache, bytes);
+            let shown = &self.shared.metrics.planner_bytes;
+            shown.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for SeenCharge {
+    fn drop(&mut self) {
+        let bytes = self.files * SEEN_FILE_BYTES;
+        self.shared
+            .fetcher
+            .ram()
+            .budget()
+            .release(Use::Cache, bytes);
+        let shown = &self.shared.metrics.planner_bytes;
+        shown.fetch_sub(bytes, Ordering::Relaxed);
     }
 }
 
