@@ -29,6 +29,17 @@ struct Fake {
     replaces: AtomicU64,
 }
 
+/// Releases the requests `Fake::hold` holds when dropped, also when a test fails: a failed
+/// assertion while they are held would otherwise hang in the tier's drop, which joins the
+/// threads they hold.
+struct Release<'a>(&'a Fake);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.released.store(true, Ordering::SeqCst);
+    }
+}
+
 impl Fake {
     fn answer(&self) -> Result<(), RemoteError> {
         self.requests.fetch_add(1, Ordering::SeqCst);
@@ -259,7 +270,10 @@ fn a_slow_node_never_keeps_a_reader_past_the_timeout_and_is_then_skipped() {
 #[test]
 fn lookups_ahead_of_the_readers_never_take_the_readers_threads() {
     let fake = Arc::new(Fake::default());
-    let tier = Arc::new(tier(&fake, Duration::from_secs(5)));
+    // Longer than `until` waits: a queued lookup ahead that timed out would count as late too,
+    // and the refusals would overshoot what the test waits for.
+    let tier = Arc::new(tier(&fake, Duration::from_secs(60)));
+    let release = Release(&fake);
     assert!(tier.put(&key(0), &path(), &block(1)));
     settle(&fake, 1);
     // Prefetch's lookups are held until the reader's was answered: a delay instead (200 ms)
@@ -283,7 +297,7 @@ fn lookups_ahead_of_the_readers_never_take_the_readers_threads() {
     let (found, late) = tier.lookup(&key(0), &path(), &(0..10), Asker::Reader);
     assert_eq!(found.map(|b| b.data.clone()), Some(block(1).data.clone()));
     assert!(!late);
-    fake.released.store(true, Ordering::SeqCst);
+    drop(release);
     let answers: Vec<_> = ahead
         .into_iter()
         .map(|t| t.join().expect("a lookup panicked"))
