@@ -2,7 +2,9 @@
 # Memory per file of a prepfs daemon: N sparse 512-byte files in one directory, `ls -l` of the
 # mount, then a sorted and a shuffled pass reading every file (Python, one thread), as the scale
 # bench does. Prints the daemon's RSS per file after the listing and after the reads (less the
-# empty mount's), and with heaptrack (Debian package heaptrack) its peak heap and the peak's
+# empty mount's), beside what the memory budget was charged per file over the same span (its
+# cache slice's used bytes: cached bytes, entries, inode nodes, the planner's files), and with
+# heaptrack (Debian package heaptrack) its peak heap and the peak's
 # bytes per file grouped by the call sites that made them (the last frames before the allocator).
 #
 #   benches/memory/heap.sh PREPFS_BINARY N [heaptrack]
@@ -37,7 +39,8 @@ trap 'umount "$MNT" 2>/dev/null || true; rmdir "$MNT" 2>/dev/null || true' EXIT
 for _ in $(seq 600); do [ -e "$MNT/.prepfs/stats.json" ] && break; sleep 0.1; done
 PID=$(pgrep -f "^$BIN mount $SRC" | head -1)
 rss() { awk '/VmRSS/{print $2}' "/proc/$PID/status"; }
-R0=$(rss)
+charged() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["memory"]["cache"]["used_bytes"])' "$MNT/.prepfs/stats.json"; }
+R0=$(rss) C0=$(charged)
 ls -l "$MNT" >/dev/null
 R1=$(rss)
 python3 - "$MNT" <<'PY'
@@ -52,8 +55,8 @@ for p in range(2):
             assert len(f.read()) == 512
 PY
 sleep 1
-R2=$(rss)
-echo "RSS KiB: empty $R0, listed $R1, read $R2; per file: after ls -l $(( (R1 - R0) * 1024 / N )) B, after reads $(( (R2 - R0) * 1024 / N )) B"
+R2=$(rss) C2=$(charged)
+echo "RSS KiB: empty $R0, listed $R1, read $R2; per file: after ls -l $(( (R1 - R0) * 1024 / N )) B, after reads $(( (R2 - R0) * 1024 / N )) B, charged to the budget $(( (C2 - C0) / N )) B"
 kill -TERM "$PID"
 wait || true
 if [ "$MODE" = heaptrack ]; then
