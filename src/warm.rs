@@ -350,9 +350,10 @@ impl Readers {
 
     /// One reader thread: takes the next file until none is left. A file the RAM tier or disk
     /// tier already holds whole is not read again. A file is read only if what it costs the
-    /// RAM tier held whole (its size and its entry's bookkeeping) fits in the room left (first fit: a large file that does not fit is passed over, smaller ones after
-    /// it still go in, and never-evict is not left holding parts of files), so after the cache
-    /// is full the rest are only sorted into already held and did not fit.
+    /// RAM tier held whole (its size and its entry's bookkeeping) fits in the room left (first
+    /// fit: a large file that does not fit is passed over, smaller ones after it still go in,
+    /// and never-evict is not left holding parts of files), so after the cache is full the rest
+    /// are only sorted into already held and did not fit.
     fn run(&self) {
         loop {
             if self.stop.load(Ordering::Relaxed) {
