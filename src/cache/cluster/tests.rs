@@ -289,10 +289,24 @@ fn lookups_ahead_of_the_readers_never_take_the_readers_threads() {
         })
         .collect();
     let refused = (asked - AHEAD_THREADS - AHEAD_QUEUE) as u64;
-    until("prefetch's threads busy and the rest refused", || {
-        fake.requests.load(Ordering::SeqCst) == 1 + AHEAD_THREADS as u64
-            && tier.metrics().ahead_late.get() == refused
-    });
+    let seen = || {
+        (
+            fake.requests.load(Ordering::SeqCst),
+            tier.metrics().ahead_late.get(),
+            tier.metrics().skipped.get(),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen().0 != 1 + AHEAD_THREADS as u64 || seen().1 != refused {
+        assert!(
+            Instant::now() < deadline,
+            "prefetch's threads busy and the rest refused: (requests, refused, skipped) = {:?}, \
+             want requests {} and {refused} refused",
+            seen(),
+            1 + AHEAD_THREADS
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     fake.hold.store(false, Ordering::SeqCst);
     let (found, late) = tier.lookup(&key(0), &path(), &(0..10), Asker::Reader);
     assert_eq!(found.map(|b| b.data.clone()), Some(block(1).data.clone()));
