@@ -280,14 +280,20 @@ fn lookups_ahead_of_the_readers_never_take_the_readers_threads() {
     // let a slow start of the asking threads free prefetch's thread before all had asked, and
     // fewer were refused than the test waited for.
     fake.hold.store(true, Ordering::SeqCst);
+    let ask = || {
+        let tier = tier.clone();
+        std::thread::spawn(move || tier.lookup(&key(0), &path(), &(0..10), Asker::Prefetch))
+    };
+    // Prefetch's threads are held first, so the rest find them busy: asked all at once, the
+    // queue could fill before a worker took its first job, and one more was refused than the
+    // test counts (reproduced 9 times in 12 on one loaded core).
+    let mut ahead: Vec<_> = (0..AHEAD_THREADS).map(|_| ask()).collect();
+    until("prefetch's threads busy", || {
+        fake.requests.load(Ordering::SeqCst) == 1 + AHEAD_THREADS as u64
+    });
     // More than the readers' threads and queue would hold, too.
     let asked = LOOKUP_THREADS + LOOKUP_QUEUE + 1;
-    let ahead: Vec<_> = (0..asked)
-        .map(|_| {
-            let tier = tier.clone();
-            std::thread::spawn(move || tier.lookup(&key(0), &path(), &(0..10), Asker::Prefetch))
-        })
-        .collect();
+    ahead.extend((AHEAD_THREADS..asked).map(|_| ask()));
     let refused = (asked - AHEAD_THREADS - AHEAD_QUEUE) as u64;
     let seen = || {
         (
