@@ -44,7 +44,13 @@ fn whole_pages(len: u64) -> u64 {
 /// costs less.
 pub fn whole_file_charge(len: u64) -> u64 {
     let blocks = usize::try_from(len.div_ceil(BLOCK_SIZE)).unwrap_or(usize::MAX);
-    whole_pages(len) + std::mem::size_of::<RamFile>() as u64 + Slots::<Slot>::overhead_of(blocks)
+    whole_pages(len) + entry_overhead(blocks)
+}
+
+/// Bytes of an entry's own bookkeeping for a file of `blocks` blocks, charged to the budget
+/// while the entry lives.
+fn entry_overhead(blocks: usize) -> u64 {
+    std::mem::size_of::<RamFile>() as u64 + Slots::<Slot>::overhead_of(blocks)
 }
 
 /// Where a published block's bytes live.
@@ -185,7 +191,7 @@ impl RamFile {
 
     /// Bytes of this entry's own bookkeeping, charged to the budget while it lives.
     fn overhead(&self) -> u64 {
-        std::mem::size_of::<RamFile>() as u64 + self.slots.overhead()
+        entry_overhead(self.slots.len())
     }
 
     /// An empty entry of `len` bytes of `content`; `rows`, the row length of decoded pixels

@@ -71,6 +71,7 @@ impl<T: Default + Vacant> Slots<T> {
     }
 
     /// Bytes of bookkeeping these slots take before any block is held.
+    #[cfg(test)]
     pub fn overhead(&self) -> u64 {
         Self::overhead_of(self.len())
     }
