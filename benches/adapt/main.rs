@@ -3,7 +3,7 @@
 //! a static setting, with paired t-tests over runs and the scheduler's own CPU cost.
 //!
 //! `cargo bench --bench adapt -- [--scenarios abcde] [--runs N] [--phase SECS] [--images N]
-//! [--modes policy,heuristic,heuristic-again,static]` (as root: cgroups, a loop device). Each
+//! [--modes policy,heuristic,heuristic-again,static] [--save FILE]` (as root: cgroups, a loop device). Each
 //! scenario (scenario.rs) has three phases, the middle one disturbed: (a) stress-ng on every
 //! core, (b) the source device throttled to 20 MB/s, (c) a working set twice the budget instead
 //! of one that fits, (d) a memory hog in the daemon's cgroup, (e) two more jobs over the same
@@ -66,6 +66,8 @@ struct Args {
     images: usize,
     scenarios: Vec<Scenario>,
     modes: Vec<(&'static str, &'static [&'static str])>,
+    /// Where to write the medians per phase as JSON (`--save`), for the simulator's check.
+    save: Option<PathBuf>,
 }
 
 fn args(raw: &[String]) -> Result<Args, String> {
@@ -75,6 +77,7 @@ fn args(raw: &[String]) -> Result<Args, String> {
         images: 400,
         scenarios: Scenario::ALL.to_vec(),
         modes: MODES[..4].to_vec(),
+        save: None,
     };
     let mut it = raw.iter();
     while let Some(flag) = it.next() {
@@ -101,6 +104,7 @@ fn args(raw: &[String]) -> Result<Args, String> {
                     })
                     .collect::<Result<_, _>>()?;
             }
+            "--save" => a.save = Some(PathBuf::from(value()?)),
             "--bench" => {}
             other => return Err(format!("unknown argument {other}")),
         }
@@ -321,6 +325,7 @@ fn run(
     let started = Instant::now();
     let mut phases = Vec::new();
     let mut marks = Vec::new();
+    let mut cache_slice = 0;
     for p in 0..3 {
         let given = setup.enter(p, &root)?;
         let n = ((files.len() as f64 * given.share).ceil() as usize).clamp(1, files.len());
@@ -351,6 +356,7 @@ fn run(
             policy_polls += u32::from(acting == "policy");
         }
         let s1 = sandbox::read_stats(&mnt);
+        cache_slice = s1["memory"]["cache"]["slice_bytes"].as_u64().unwrap_or(0);
         let device1 = setup
             .device
             .as_deref()
@@ -407,6 +413,9 @@ fn run(
     let _ = daemon.wait();
     Ok(Run {
         phases,
+        cache_mem: setup.cache_mem,
+        cache_slice,
+        files: files.len(),
         control_cpu_pct: control / seconds * 100.0,
         killed,
     })
@@ -469,6 +478,25 @@ fn bench(raw: &[String]) -> Result<(), String> {
     }
     for (scenario, rows) in a.scenarios.iter().zip(&results) {
         report::print_scenario(scenario.title(), scenario.phases(), rows);
+    }
+    if let Some(path) = &a.save {
+        let saved = report::Saved {
+            phase_s: a.phase,
+            runs: a.runs,
+            readers: READERS,
+            cores,
+            scenarios: a
+                .scenarios
+                .iter()
+                .zip(&results)
+                .map(|(s, rows)| {
+                    report::SavedScenario::new(s.letter(), s.cpu_load(), s.device_limit(), rows)
+                })
+                .collect(),
+        };
+        let json = serde_json::to_string_pretty(&saved).map_err(|e| e.to_string())?;
+        std::fs::write(path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+        eprintln!("adapt: medians per phase written to {}", path.display());
     }
     println!(
         "\n{} rounds, {} s per phase, {READERS} readers, {cores} cores, load at end {}; medians over rounds, paired ratios are geometric means with a t-test on their logs.",

@@ -44,6 +44,11 @@ pub struct Phase {
 /// One run of one mode in one scenario.
 pub struct Run {
     pub phases: Vec<Phase>,
+    /// The run's `--cache-mem`, the cache's slice of it at the end (`memory.cache.slice_bytes`)
+    /// and the view's files: what the simulator is given to predict it.
+    pub cache_mem: u64,
+    pub cache_slice: u64,
+    pub files: usize,
     /// The scheduler's and telemetry's threads' CPU over the run, in % of a core.
     pub control_cpu_pct: f64,
     /// Whether the daemon was gone before the run's end (killed).
@@ -314,5 +319,76 @@ pub fn print_scenario(title: &str, phases: [&str; 3], results: &[(&str, Vec<Run>
             cell(vs("policy", "static", |x| x.p50_ms)),
             cell(vs("policy", "static", |x| x.p99_ms)),
         );
+    }
+}
+
+/// What `--save` writes, for the simulator's check against the real system
+/// (`cargo bench --features train --bench scheduler -- --real FILE`): per scenario, its setting,
+/// what each phase brought, and each mode's medians over the runs per phase.
+#[derive(serde::Serialize)]
+pub struct Saved {
+    pub phase_s: f64,
+    pub runs: usize,
+    pub readers: usize,
+    pub cores: usize,
+    pub scenarios: Vec<SavedScenario>,
+}
+
+#[derive(serde::Serialize)]
+pub struct SavedScenario {
+    pub letter: char,
+    pub cache_mem: u64,
+    /// The cache's slice of `cache_mem` (median over the runs).
+    pub cache_slice: u64,
+    pub files: usize,
+    /// Per phase: the share of the cores a CPU hog takes, and the source device's read limit
+    /// (bytes/s), if any.
+    pub cpu_load: [f64; 3],
+    pub device_limit: [Option<u64>; 3],
+    /// Mode -> per phase: median images/s, p50 and p99 load latency (ms).
+    pub modes: Vec<(String, [[f64; 3]; 3])>,
+}
+
+impl SavedScenario {
+    /// The medians of `results` (one entry per mode) under the setting given.
+    pub fn new(
+        letter: char,
+        cpu_load: [f64; 3],
+        device_limit: [Option<u64>; 3],
+        results: &[(&str, Vec<Run>)],
+    ) -> SavedScenario {
+        let first = results.iter().flat_map(|(_, r)| r).next();
+        let modes = results
+            .iter()
+            .filter(|(_, runs)| !runs.is_empty())
+            .map(|(mode, runs)| {
+                let per = |p: usize, f: fn(&Phase) -> f64| {
+                    median(&runs.iter().map(|r| f(&r.phases[p])).collect::<Vec<_>>())
+                };
+                let figures = [0, 1, 2].map(|p| {
+                    [
+                        per(p, |x| x.images_per_s),
+                        per(p, |x| x.p50_ms),
+                        per(p, |x| x.p99_ms),
+                    ]
+                });
+                ((*mode).to_owned(), figures)
+            })
+            .collect();
+        SavedScenario {
+            letter,
+            cache_mem: first.map_or(0, |r| r.cache_mem),
+            cache_slice: median(
+                &results
+                    .iter()
+                    .flat_map(|(_, r)| r)
+                    .map(|r| r.cache_slice as f64)
+                    .collect::<Vec<_>>(),
+            ) as u64,
+            files: first.map_or(0, |r| r.files),
+            cpu_load,
+            device_limit,
+            modes,
+        }
     }
 }

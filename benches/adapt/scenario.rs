@@ -95,6 +95,24 @@ impl Scenario {
         }
     }
 
+    /// Per phase, the share of the cores the disturbance's CPU hog takes (stress-ng runs one
+    /// worker per core in (a)'s middle phase).
+    pub fn cpu_load(self) -> [f64; 3] {
+        match self {
+            Scenario::Cpu => [0.0, 1.0, 0.0],
+            _ => [0.0; 3],
+        }
+    }
+
+    /// Per phase, the source device's read limit in bytes/s, if any.
+    pub fn device_limit(self) -> [Option<u64>; 3] {
+        match self {
+            Scenario::Source => [None, Some(SLOW_BYTES_PER_S), None],
+            Scenario::WorkingSet => [Some(STEADY_BYTES_PER_S); 3],
+            _ => [None; 3],
+        }
+    }
+
     /// Whether it needs the loop-mounted image (root, loop devices, cgroups).
     pub fn on_disk(self) -> bool {
         matches!(

@@ -9,12 +9,22 @@
 //! PPO/heuristic latency ratios, and paired t-tests (df = 4; |t| > 2.776 is significant at the
 //! two-sided 5% level). Target: PPO <= 0.7x static and no worse than the heuristic everywhere.
 //!
+//! `--real FILE [--calibration CAL.json] [--disk-calibration DISK.json] [--policy-file
+//! POLICY.json]` instead checks the
+//! simulator against the real system: FILE is what `cargo bench --bench adapt -- --save FILE`
+//! measured; the simulator runs the same scenarios (those it models: (a) CPU load, (b) a slowed
+//! source) with the costs of CAL.json (`prepfs policy calibrate`; the built-in figures without
+//! it), the source figures of DISK.json for the scenarios on the loop-mounted image, and prints its predicted images/s and load latency per phase and mode beside the measured
+//! ones (see `real`).
+//!
 //! Options: `--policy FILE` load instead of training, `--save FILE` write the trained policy,
 //! `--updates N` (default 1000, about a minute), `--seed S` (training seed, default 0),
 //! `--steps N` evaluation intervals per run (default 150 = 30 s). Benchmarks report numbers;
 //! they never assert.
 
 use std::time::Instant;
+
+mod real;
 
 use prepfs::scheduler::sim::baselines::{self, Policy};
 use prepfs::scheduler::sim::scenario::Scenario;
@@ -55,6 +65,14 @@ fn paired_t(a: &[f64], b: &[f64]) -> f64 {
 }
 
 fn main() {
+    if let Some(path) = arg("--real") {
+        return real::check(
+            &path,
+            arg("--calibration"),
+            arg("--disk-calibration"),
+            arg("--policy-file"),
+        );
+    }
     let steps: usize = arg("--steps").and_then(|s| s.parse().ok()).unwrap_or(150);
     let trained: Trained = match arg("--policy") {
         Some(path) => {
