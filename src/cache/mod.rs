@@ -10,7 +10,7 @@
 //! block to make room, never serve bytes that failed their checksum, and never serve bytes of
 //! another file version.
 
-mod block;
+pub(crate) mod block;
 pub mod cluster;
 pub mod codec;
 pub mod disk;

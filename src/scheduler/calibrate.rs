@@ -1,8 +1,10 @@
 //! `prepfs policy calibrate`: measures the simulator's per-item costs on this machine.
 //!
 //! Owns: the measurements: JPEG decode and augmentation time per image on one core (prepfs's
-//! own view code), codec speeds and ratios on the decoded pixels (row-filtered, as the RAM tier
-//! stores them) and the encoded files, and,
+//! own view code), a render that keeps no pixels (its crop-aware decode), the read path's CPU per
+//! rendered tensor (a stand-in: its bytes through a pipe between two threads), codec speeds and
+//! ratios on the decoded pixels (row-filtered, as the RAM tier stores them) and the encoded
+//! files, and,
 //! when a dataset directory is given, its images and the source's read bandwidth and latency.
 //! Each figure is the median of several timed rounds (this machine is shared and noisy). Must
 //! never write anywhere but the output file, and never read outside the given directory.
@@ -10,11 +12,12 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::sim::calibration::{Calibration, CodecCost};
+use super::sim::calibration::{Calibration, CodecCost, REQUEST_CPU_S};
 use crate::cache::rows::{delta, undelta};
 use crate::control::codec::Codec;
+use crate::telemetry::proc::{cpu_ticks, own_cpu};
 use crate::view::ViewSpec;
-use crate::view::render::{decode, transform};
+use crate::view::render::{decode, render, transform};
 
 /// Images measured (synthetic photos, or the first of the dataset's).
 const IMAGES: usize = 24;
@@ -72,13 +75,30 @@ fn jpegs(files: &[PathBuf]) -> impl Iterator<Item = &PathBuf> {
         .take(IMAGES)
 }
 
-/// Bandwidth and first-byte latency of reading `files` in order, up to `SOURCE_SAMPLE` bytes
-/// (page cache included: the figure is what prepfs would see now).
-fn source(files: &[PathBuf]) -> Option<(f64, f64)> {
+/// What reading the source costs.
+struct SourceCost {
+    bytes_per_s: f64,
+    latency_s: f64,
+    /// The machine's CPU seconds per byte read (all cores: the filesystem's and block device's
+    /// kernel work runs outside this process).
+    cpu_s_per_byte: f64,
+}
+
+/// What reading `files` one at a time in a shuffled order costs, as an epoch of training reads
+/// them (a sorted walk would measure the device's readahead), up to `SOURCE_SAMPLE` bytes (page
+/// cache included: the figures are what prepfs would see now).
+fn source(files: &[PathBuf]) -> Option<SourceCost> {
+    let mut order: Vec<&PathBuf> = files.iter().collect();
+    let mut rng = super::rng::Rng::new(7);
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i + 1));
+    }
     use std::io::Read;
     let (mut bytes, mut busy, mut firsts) = (0u64, Duration::ZERO, Vec::new());
     let mut buf = vec![0u8; 1 << 20];
-    for path in files {
+    let busy_ticks = || cpu_ticks().map(|(idle, total)| total - idle);
+    let ticks_before = busy_ticks();
+    for path in order {
         let t = Instant::now();
         let Ok(mut f) = std::fs::File::open(path) else {
             continue;
@@ -100,7 +120,53 @@ fn source(files: &[PathBuf]) -> Option<(f64, f64)> {
             break;
         }
     }
-    (bytes > 0 && !busy.is_zero()).then(|| (bytes as f64 / busy.as_secs_f64(), median(firsts)))
+    let ticks = busy_ticks()
+        .zip(ticks_before)
+        .map_or(0, |(after, before)| after - before);
+    let cpu_s = ticks as f64 / rustix::param::clock_ticks_per_second() as f64;
+    (bytes > 0 && !busy.is_zero()).then(|| SourceCost {
+        bytes_per_s: bytes as f64 / busy.as_secs_f64(),
+        latency_s: median(firsts),
+        cpu_s_per_byte: cpu_s / bytes as f64,
+    })
+}
+
+/// Bytes one FUSE read request carries at most (the kernel's default of 32 pages).
+const READ_REQUEST: usize = 128 << 10;
+
+/// CPU seconds of the read path per tensor of `npys`, without a mount: each written by one
+/// thread through a pipe the size of a FUSE read request and read by another into a fresh
+/// buffer (a reply's copies, the wake-ups on both sides, the reader's new pages), plus the
+/// open's and release's round trip (`REQUEST_CPU_S`). The simulator's check against the real
+/// system (`cargo bench --features train --bench scheduler -- --real`) shows what it leaves out.
+fn delivery(npys: &[Vec<u8>]) -> Result<f64, String> {
+    use std::io::{Read, Write};
+    let mut rounds = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        let (mut rx, mut tx) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
+        // A smaller pipe only means more wake-ups: the figure is then an overestimate.
+        let _ = rustix::pipe::fcntl_setpipe_size(&tx, READ_REQUEST);
+        let started = own_cpu();
+        std::thread::scope(|s| -> Result<(), String> {
+            s.spawn(move || {
+                for npy in npys {
+                    for chunk in npy.chunks(READ_REQUEST) {
+                        if tx.write_all(chunk).is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+            for npy in npys {
+                let mut buf = vec![0u8; npy.len()];
+                rx.read_exact(&mut buf).map_err(|e| format!("pipe: {e}"))?;
+                std::hint::black_box(buf);
+            }
+            Ok(())
+        })?;
+        rounds.push((own_cpu() - started).as_secs_f64() / npys.len().max(1) as f64);
+    }
+    Ok(median(rounds) + REQUEST_CPU_S)
 }
 
 /// Speeds and ratios of `codec` on `pixels` (already row-filtered as the RAM tier stores them,
@@ -159,28 +225,48 @@ pub fn calibrate(dataset: Option<&Path>) -> Result<Calibration, String> {
     let augment_s = per_item(&decoded, |d| {
         std::hint::black_box(transform(&spec, d, 7).ok());
     });
+    let render_s = per_item(&encoded, |e| {
+        std::hint::black_box(render(&spec, e, 7).ok());
+    });
+    let npys: Vec<Vec<u8>> = decoded
+        .iter()
+        .filter_map(|d| transform(&spec, d, 7).ok())
+        .map(|r| r.npy)
+        .collect();
+    let deliver_s = delivery(&npys)?;
     // The RAM tier stores decoded pixels with the "up" row filter before the codec.
     let row = decoded[0].row_len();
     let pixels: Vec<Vec<u8>> = decoded
         .iter()
         .map(|d| delta(&d.to_bytes(), d.row_len()))
         .collect();
+    // A hit: the block's checksums verified, its bytes copied into the render's buffer.
+    let read_s = per_item(&pixels, |p| {
+        std::hint::black_box((crate::cache::block::checksums(p), p.to_vec()));
+    });
     let mean = |items: &[Vec<u8>]| {
         items.iter().map(Vec::len).sum::<usize>() as f64 / items.len().max(1) as f64
     };
     let defaults = Calibration::default();
-    let (source_bytes_per_s, source_latency_s) =
-        source(&files).unwrap_or((defaults.source_bytes_per_s, defaults.source_latency_s));
+    let source = source(&files);
     Ok(Calibration {
         decode_s,
         augment_s,
+        render_s: Some(render_s),
+        deliver_s: Some(deliver_s),
+        cache_read_bytes_per_s: Some(mean(&pixels) / read_s.max(1e-9)),
         image_bytes: mean(&encoded),
         pixel_bytes: mean(&pixels),
         lz4: codec_cost(Codec::Lz4, &pixels, row, &encoded),
         zstd1: codec_cost(Codec::Zstd(1), &pixels, row, &encoded),
         zstd3: codec_cost(Codec::Zstd(3), &pixels, row, &encoded),
-        source_bytes_per_s,
-        source_latency_s,
+        source_bytes_per_s: source
+            .as_ref()
+            .map_or(defaults.source_bytes_per_s, |s| s.bytes_per_s),
+        source_latency_s: source
+            .as_ref()
+            .map_or(defaults.source_latency_s, |s| s.latency_s),
+        source_cpu_s_per_byte: source.map(|s| s.cpu_s_per_byte),
     })
 }
 
@@ -198,6 +284,12 @@ mod tests {
         let c = calibrate(Some(dir.path())).unwrap();
         assert!(c.decode_s > 0.0 && c.decode_s < 1.0, "{c:?}");
         assert!(c.augment_s > 0.0 && c.augment_s < 1.0, "{c:?}");
+        assert!(c.render_s.is_some_and(|r| r > 0.0 && r < 1.0), "{c:?}");
+        assert!(
+            c.deliver_s.is_some_and(|d| d > REQUEST_CPU_S && d < 1.0),
+            "the read path is its round trip and the tensor's copies: {c:?}"
+        );
+        assert!(c.cache_read_bytes_per_s.is_some_and(|b| b > 0.0), "{c:?}");
         assert!(
             c.pixel_bytes > c.image_bytes,
             "pixels outweigh JPEG bytes: {c:?}"

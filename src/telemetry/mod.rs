@@ -10,7 +10,7 @@
 //! or is absent.
 
 mod gpu;
-mod proc;
+pub(crate) mod proc;
 
 use std::collections::VecDeque;
 use std::path::PathBuf;

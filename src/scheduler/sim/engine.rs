@@ -2,10 +2,12 @@
 //! scenario, stepped one decision interval at a time.
 //!
 //! Owns: the model (a consumer reading images in shuffled epoch order with a bounded number of
-//! requests outstanding; a source with a per-fetch latency, shared bandwidth and limited
-//! concurrency; a never-evict RAM cache whose codec sets entry sizes and CPU costs; decode
-//! workers sharing the cores with a background load by processor sharing; an optional GPU) and
-//! the observation it reports. Each `step` advances simulated time by one decision interval and
+//! requests outstanding; a source with a per-fetch latency, shared bandwidth, limited concurrency
+//! and CPU work of its own; a never-evict RAM cache that admits entries raw and packs the
+//! compressible ones in the background with the codec then in force, as the RAM tier does;
+//! render workers sharing the cores with a background load by processor sharing, each render a
+//! crop-aware decode unless it keeps the pixels, and each delivered image's read path on the
+//! cores outside the workers; an optional GPU) and the observation it reports. Each `step` advances simulated time by one decision interval and
 //! returns the same `Observation` the mount fills from telemetry, so a policy trained here acts
 //! there. Deterministic for a seed (no clock, no threads). Must never touch the machine or the
 //! real cache.
@@ -14,7 +16,6 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use super::baselines::static_cpu;
-use super::calibration::REQUEST_CPU_S;
 use super::scenario::Scenario;
 use crate::control::action::{Action, Head, Mask, Placement};
 use crate::control::observation::{GpuObservation, Observation};
@@ -83,6 +84,8 @@ struct Request {
     stages: [Stage; 3],
     len: u8,
     next: u8,
+    /// Its render is done and its worker free; the read path's CPU (`deliver_s`) is running.
+    delivering: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -162,8 +165,11 @@ pub struct Simulator {
     busy_workers: usize,
     outstanding: usize,
     blocked: bool,
-    packer_backlog: f64,
-    packer_running: bool,
+    /// Items whose bytes or pixels the cache holds raw, waiting for the packer (in order).
+    to_pack: VecDeque<u32>,
+    /// The item the packer is compressing: its pixels (or else its encoded bytes), with the
+    /// codec it packs them with.
+    packing: Option<(u32, bool, u8)>,
     gpu_free_at: f64,
     cache_used: f64,
     staged: usize,
@@ -173,6 +179,11 @@ pub struct Simulator {
 
 /// The packer's owner id in the CPU pool (requests use their slab index).
 const PACKER: u32 = u32::MAX;
+/// The source's CPU work's owner id in the CPU pool.
+const SOURCE_WORK: u32 = u32::MAX - 1;
+/// A codec packs an entry only if it shrinks it below this share of its raw size (the RAM tier
+/// keeps incompressible data raw).
+const PACK_GAIN: f64 = 0.95;
 
 impl Simulator {
     /// A fresh pipeline (empty cache, epoch 1 about to start) for `scenario`.
@@ -219,8 +230,8 @@ impl Simulator {
             busy_workers: 0,
             outstanding: 0,
             blocked: false,
-            packer_backlog: 0.0,
-            packer_running: false,
+            to_pack: VecDeque::new(),
+            packing: None,
             gpu_free_at: 0.0,
             cache_used: 0.0,
             staged: 0,
@@ -381,6 +392,7 @@ impl Simulator {
             stages: [Stage::Cpu(0.0); 3],
             len: 0,
             next: 0,
+            delivering: false,
         };
         let id = match self.free_requests.pop() {
             Some(id) => {
@@ -441,11 +453,7 @@ impl Simulator {
             self.fetches[f as usize].started = self.now;
             self.schedule(self.now + latency, Event::FetchFlowing(f));
         }
-        if !self.packer_running && self.packer_backlog > 0.0 {
-            self.cpu.push(self.packer_backlog, PACKER);
-            self.packer_backlog = 0.0;
-            self.packer_running = true;
-        }
+        self.start_packing();
     }
 
     fn new_fetch(&mut self, item: u32, waiter: Option<u32>) -> u32 {
@@ -512,13 +520,15 @@ impl Simulator {
         self.iv.fetch_s += took;
         self.iv.fetch_bytes_per_s += bytes / took;
         self.items[item].fetch = None;
-        let codec = self.action.get(Head::Codec) as u8;
-        let cost = self.s.costs.codec(codec).copied();
-        let size = bytes / cost.map_or(1.0, |c| c.encoded_ratio);
-        if self.items[item].decoded.is_none() && self.cache_used + size <= self.s.cache_bytes {
-            self.cache_used += size;
-            self.items[item].encoded = Some(codec);
-            self.packer_backlog += cost.map_or(0.0, |c| bytes / c.compress_bytes_per_s);
+        // The source's own CPU work (filesystem, block device): on the cores, waited for by no one.
+        if let Some(cost) = self.s.costs.source_cpu_s_per_byte {
+            self.cpu.push(bytes * cost, SOURCE_WORK);
+        }
+        // Admitted raw, as the RAM tier admits blocks; the packer compresses them later.
+        if self.items[item].decoded.is_none() && self.cache_used + bytes <= self.s.cache_bytes {
+            self.cache_used += bytes;
+            self.items[item].encoded = Some(0);
+            self.to_pack.push_back(fetch.item);
         } else if fetch.waiters.is_empty() {
             self.items[item].staged = true;
             self.staged += 1;
@@ -541,39 +551,46 @@ impl Simulator {
         let gpu = self.s.gpu;
         let gpu_submit = gpu.map_or(0.0, |g| g.submit_cpu_s);
         let (pixels, image) = (c.pixel_bytes * scale, c.image_bytes * scale);
-        let mut cpu = REQUEST_CPU_S;
+        let mut cpu = 0.0;
+        let mut augment = c.augment_s * scale;
         let mut stages = Vec::with_capacity(3);
         let decode_on_gpu = self.action.decode() == Placement::Gpu && gpu.is_some();
         let augment_on_gpu = self.action.augment() == Placement::Gpu && gpu.is_some();
         if let Some(codec) = self.items[item].decoded {
+            cpu += c.cache_read(self.stored(pixels, codec, true));
             cpu += c
                 .codec(codec)
                 .map_or(0.0, |k| pixels / k.decompress_bytes_per_s);
         } else {
+            if let Some(k) = encoded {
+                cpu += c.cache_read(self.stored(image, k, false));
+            }
             cpu += encoded
                 .and_then(|k| c.codec(k))
                 .map_or(0.0, |k| image / k.decompress_bytes_per_s);
+            let freed = self.items[item]
+                .encoded
+                .map_or(0.0, |e| self.stored(image, e, false));
+            let keeps =
+                self.action.decoded() && self.cache_used - freed + pixels <= self.s.cache_bytes;
             if decode_on_gpu {
                 stages.push(Stage::Cpu(cpu + gpu_submit));
                 stages.push(Stage::Gpu(gpu.map_or(0.0, |g| g.decode_s) * scale));
                 cpu = 0.0;
+            } else if !keeps && !augment_on_gpu {
+                // A render that keeps no pixels and augments on the CPU decodes only its crop.
+                cpu += c.render() * scale;
+                augment = 0.0;
             } else {
                 cpu += c.decode_s * scale;
             }
-            let k = self.action.get(Head::Codec) as u8;
-            let cost = c.codec(k).copied();
-            let size = pixels / cost.map_or(1.0, |k| k.pixel_ratio);
-            let freed = self.items[item]
-                .encoded
-                .map_or(0.0, |e| image / c.codec(e).map_or(1.0, |k| k.encoded_ratio));
-            if self.action.decoded() && self.cache_used - freed + size <= self.s.cache_bytes {
-                self.cache_used += size - freed;
+            if keeps {
+                self.cache_used += pixels - freed;
                 self.items[item].encoded = None;
-                self.items[item].decoded = Some(k);
-                self.packer_backlog += cost.map_or(0.0, |k| pixels / k.compress_bytes_per_s);
+                self.items[item].decoded = Some(0);
+                self.to_pack.push_back(item as u32);
             }
         }
-        let augment = c.augment_s * scale;
         if augment_on_gpu {
             let g = gpu.map_or(0.0, |g| g.augment_s) * scale;
             match stages.last_mut() {
@@ -595,11 +612,19 @@ impl Simulator {
         self.advance_request(r);
     }
 
-    /// Starts request `r`'s next stage, or delivers it when none is left.
+    /// Starts request `r`'s next stage; when none is left, frees its worker and runs its read
+    /// path (on the CPU, outside the workers), then delivers it.
     fn advance_request(&mut self, r: u32) {
         let req = &mut self.requests[r as usize];
         if req.next >= req.len {
-            return self.deliver(r);
+            if req.delivering {
+                self.deliver(r);
+            } else {
+                req.delivering = true;
+                self.busy_workers -= 1;
+                self.cpu.push(self.s.costs.deliver(), r);
+            }
+            return;
         }
         let stage = req.stages[usize::from(req.next)];
         req.next += 1;
@@ -615,10 +640,77 @@ impl Simulator {
     }
 
     fn cpu_done(&mut self, owner: u32) {
-        if owner == PACKER {
-            self.packer_running = false;
+        match owner {
+            SOURCE_WORK => {}
+            PACKER => self.packed(),
+            request => self.advance_request(request),
+        }
+    }
+
+    /// Bytes the cache holds for `raw` bytes stored with codec option `codec` (of decoded
+    /// `pixels`, or of an encoded file).
+    fn stored(&self, raw: f64, codec: u8, pixels: bool) -> f64 {
+        let ratio = self.s.costs.codec(codec).map_or(1.0, |k| {
+            if pixels {
+                k.pixel_ratio
+            } else {
+                k.encoded_ratio
+            }
+        });
+        raw / ratio
+    }
+
+    /// The packer, when idle and a codec is in force, takes the next item held raw that the codec
+    /// shrinks (the RAM tier leaves incompressible files raw, e.g. JPEGs) and compresses it on
+    /// the CPU like any thread.
+    fn start_packing(&mut self) {
+        let codec = self.action.get(Head::Codec) as u8;
+        if self.packing.is_some() || codec == 0 {
+            return;
+        }
+        while let Some(item) = self.to_pack.pop_front() {
+            let Some((raw, pixels)) = self.held_raw(item) else {
+                continue;
+            };
+            if self.stored(raw, codec, pixels) >= raw * PACK_GAIN {
+                continue;
+            }
+            let speed = self
+                .s
+                .costs
+                .codec(codec)
+                .map_or(f64::INFINITY, |k| k.compress_bytes_per_s);
+            self.cpu.push(raw / speed, PACKER);
+            self.packing = Some((item, pixels, codec));
+            return;
+        }
+    }
+
+    /// The raw bytes the cache holds of `item` unpacked, and whether they are its pixels.
+    fn held_raw(&self, item: u32) -> Option<(f64, bool)> {
+        let it = self.items[item as usize];
+        let (c, scale) = (&self.s.costs, f64::from(it.scale));
+        match (it.decoded, it.encoded) {
+            (Some(0), _) => Some((c.pixel_bytes * scale, true)),
+            (None, Some(0)) => Some((c.image_bytes * scale, false)),
+            _ => None,
+        }
+    }
+
+    /// The packer's item is compressed: it now holds less of the cache, if still held raw.
+    fn packed(&mut self) {
+        let Some((item, was_pixels, codec)) = self.packing.take() else {
+            return;
+        };
+        let Some((raw, pixels)) = self.held_raw(item).filter(|(_, p)| *p == was_pixels) else {
+            return;
+        };
+        self.cache_used -= raw - self.stored(raw, codec, pixels);
+        let entry = &mut self.items[item as usize];
+        if pixels {
+            entry.decoded = Some(codec);
         } else {
-            self.advance_request(owner);
+            entry.encoded = Some(codec);
         }
     }
 
@@ -629,7 +721,6 @@ impl Simulator {
         self.requests[r as usize].live = false;
         self.free_requests.push(r);
         self.outstanding -= 1;
-        self.busy_workers -= 1;
         if self.blocked {
             self.blocked = false;
             self.issue();
@@ -808,6 +899,52 @@ mod tests {
         let (decoded, obs) = run(&s, cpu().with(Head::Decoded, 1).with(Head::Codec, 1), 40);
         assert!(decoded < plain, "{decoded} vs {plain}");
         assert!(obs.cache_fill > 0.5 && obs.hit_rate > 0.9, "{obs:?}");
+    }
+
+    #[test]
+    fn entries_are_admitted_raw_and_packed_later_with_the_codec_then_in_force() {
+        let mut s = Scenario::cpu_bound();
+        s.cache_bytes = 20e9;
+        let keep = cpu().with(Head::Decoded, 1);
+        let mut sim = Simulator::new(s.clone(), 1);
+        for _ in 0..20 {
+            sim.step(&keep);
+        }
+        let raw = sim.cache_used;
+        assert!(
+            raw > 0.0 && sim.to_pack.len() > 100,
+            "{raw} {}",
+            sim.to_pack.len()
+        );
+        for _ in 0..40 {
+            sim.step(&keep.with(Head::Codec, 3));
+        }
+        let packed = sim.items.iter().filter(|i| i.decoded == Some(3)).count();
+        assert!(
+            packed > 100,
+            "pixels held raw under `none` are packed once zstd-3 is in force"
+        );
+        assert!(sim.cache_used < raw * 0.9, "{} vs {raw}", sim.cache_used);
+        // JPEG files shrink by about 1%: the packer leaves them raw.
+        let mut jpegs = Simulator::new(s, 1);
+        for _ in 0..20 {
+            jpegs.step(&cpu().with(Head::Codec, 3));
+        }
+        assert!(jpegs.items.iter().all(|i| i.encoded.is_none_or(|k| k == 0)));
+        assert!(jpegs.packing.is_none() && jpegs.cache_used > 0.0);
+    }
+
+    #[test]
+    fn the_read_path_runs_on_the_cores_outside_the_render_workers() {
+        let mut s = Scenario::cpu_bound();
+        s.background = vec![(0.0, 0.0)];
+        s.costs.render_s = Some(1e-3);
+        s.costs.deliver_s = Some(1e-3);
+        // One render worker on four idle cores: renders bound the rate, not renders plus reads.
+        let one_worker = cpu().with(Head::Workers, 0);
+        let (_, obs) = run(&s, one_worker, 20);
+        assert!(obs.request_rate > 1.5 / 2e-3, "{obs:?}");
+        assert!(obs.request_rate < 1.0 / 1e-3 * 1.05, "{obs:?}");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! throttling over time) and how random ones are drawn. Must never run anything: the engine
 //! steps a scenario.
 
-use super::calibration::{Calibration, REQUEST_CPU_S};
+use super::calibration::Calibration;
 use crate::scheduler::rng::Rng;
 
 /// The simulated GPU: one device, work queued first come first served.
@@ -159,12 +159,13 @@ impl Scenario {
 
     /// A random machine, source and workload around `calibration`, for training: costs x0.5..x2,
     /// 2-16 cores, half with a GPU, sources from 20 MB/s to 2 GB/s and 50 µs to 50 ms, caches
-    /// from a third to three times the dataset, loads that change up to twice.
+    /// from a third of the dataset's files to ten times them (where their decoded pixels, ~6x the
+    /// JPEG bytes, fit too), loads that change up to twice.
     pub fn random(rng: &mut Rng, calibration: &Calibration) -> Scenario {
         let costs = calibration.jittered(rng, 0.5, 2.0);
         let cores = [2, 4, 8, 16][rng.below(4)];
         let items = 1000 + rng.below(7000);
-        let per_item = costs.decode_s + costs.augment_s + REQUEST_CPU_S;
+        let per_item = costs.render() + costs.deliver();
         let capacity = cores as f64 / per_item;
         let consumer_rate = (capacity * rng.range(0.15, 1.0)).clamp(50.0, 3000.0);
         let gpu = (rng.f64() < 0.5).then(|| GpuModel {
@@ -186,7 +187,7 @@ impl Scenario {
             name: "random".into(),
             cores,
             memory_bytes: 16e9,
-            cache_bytes: items as f64 * costs.image_bytes * rng.log_range(0.33, 3.0),
+            cache_bytes: items as f64 * costs.image_bytes * rng.log_range(0.33, 10.0),
             gpu,
             source: SourceModel {
                 bytes_per_s: rng.log_range(20e6, 2e9),
