@@ -4,8 +4,8 @@
 //! own view code), a render that keeps no pixels (its crop-aware decode), the read path's CPU per
 //! rendered tensor (a stand-in: its bytes through a pipe between two threads), codec speeds and
 //! ratios on the decoded pixels (row-filtered, as the RAM tier stores them) and the encoded
-//! files, and,
-//! when a dataset directory is given, its images and the source's read bandwidth and latency.
+//! files, and, when a dataset directory is given, its images and the source's read bandwidth,
+//! latency and the machine's CPU per byte read.
 //! Each figure is the median of several timed rounds (this machine is shared and noisy). Must
 //! never write anywhere but the output file, and never read outside the given directory.
 
@@ -88,12 +88,12 @@ struct SourceCost {
 /// them (a sorted walk would measure the device's readahead), up to `SOURCE_SAMPLE` bytes (page
 /// cache included: the figures are what prepfs would see now).
 fn source(files: &[PathBuf]) -> Option<SourceCost> {
+    use std::io::Read;
     let mut order: Vec<&PathBuf> = files.iter().collect();
     let mut rng = super::rng::Rng::new(7);
     for i in (1..order.len()).rev() {
         order.swap(i, rng.below(i + 1));
     }
-    use std::io::Read;
     let (mut bytes, mut busy, mut firsts) = (0u64, Duration::ZERO, Vec::new());
     let mut buf = vec![0u8; 1 << 20];
     let busy_ticks = || cpu_ticks().map(|(idle, total)| total - idle);
@@ -147,7 +147,9 @@ fn delivery(npys: &[Vec<u8>]) -> Result<f64, String> {
         // A smaller pipe only means more wake-ups: the figure is then an overestimate.
         let _ = rustix::pipe::fcntl_setpipe_size(&tx, READ_REQUEST);
         let started = own_cpu();
-        std::thread::scope(|s| -> Result<(), String> {
+        // The reading end moves into the scope's closure, so a failed read drops it and the
+        // writer's next write fails instead of waiting for a reader that is gone.
+        std::thread::scope(move |s| -> Result<(), String> {
             s.spawn(move || {
                 for npy in npys {
                     for chunk in npy.chunks(READ_REQUEST) {
