@@ -38,13 +38,14 @@ use crate::memory::Use;
 use crate::source::{Identity, Source};
 
 /// Bytes the planner keeps for each file a set has seen, as charged to the memory budget: its
-/// key and identity columns with their vectors' spare room and its index slot (85), its size in
-/// the pass (24), its place in the epoch tracker's pass sets (23) and the predictors' (4), and
-/// its name in the walks' kept listing of its directory (38): heaptrack of a daemon's peak over
-/// two passes of 100,000 files in one directory (`benches/memory/heap.sh`). Charged as the inode
-/// table charges its nodes, so what the planner keeps comes out of the cache's room instead of
-/// on top of the budget (14M files: 2.4 GB).
-pub const SEEN_FILE_BYTES: u64 = 176;
+/// key and identity columns with their vectors' spare room and its index slot (85), its size
+/// class in the pass (2: one byte, and the vector's spare room), its place in the epoch
+/// tracker's pass sets (23) and the predictors' (4), and its name in the walks' kept listing of
+/// its directory (38): heaptrack of a daemon's peak over two passes of 100,000 files in one
+/// directory (`benches/memory/heap.sh`). Charged as the inode table charges its nodes, so what
+/// the planner keeps comes out of the cache's room instead of on top of the budget (14M files:
+/// 2.2 GB).
+pub const SEEN_FILE_BYTES: u64 = 154;
 
 /// Plans from the remaining set a pass needs, at the least, before it counts as shuffled
 /// (`SetState::shuffled`).
@@ -57,9 +58,10 @@ pub(super) struct SetState {
     /// The budget's charge for the files `tracker` has seen.
     seen: SeenCharge,
     predictors: Vec<(Box<dyn Predictor>, Score)>,
-    /// Sizes of the current pass's files, in its order, and their sum (`None` when one is not
-    /// known): the remaining-set order of the next pass, kept as files come.
-    sizes: Vec<Option<u64>>,
+    /// Size classes of the current pass's files, in its order (`predict::size_class`), and their
+    /// sizes' sum (`None` when one is not known): the remaining-set order of the next pass, kept
+    /// as files come.
+    classes: Vec<u8>,
     working_set: Option<u64>,
     opens: u64,
     /// The remaining-set walks of this pass, once the helper has made them.
@@ -101,11 +103,12 @@ struct Remaining {
 }
 
 impl Remaining {
-    /// The walks over a pass of files of `sizes` (on the helper thread: linear in the files).
-    fn of(sizes: &[Option<u64>]) -> Remaining {
-        let by_size = predict::smallest_first(sizes);
+    /// The walks over a pass of files of size `classes` (on the helper thread: linear in the
+    /// files).
+    fn of(classes: &[u8]) -> Remaining {
+        let by_size = predict::smallest_first(classes);
         Remaining {
-            unplanned: Positions::all(sizes.len()),
+            unplanned: Positions::all(classes.len()),
             unfetched: Positions::all(by_size.len()),
             // The walk starts after the cursor: at the smallest file.
             fetch_cursor: by_size.len().saturating_sub(1),
@@ -149,7 +152,7 @@ impl SetState {
             tracker: EpochTracker::default(),
             seen: SeenCharge::new(shared),
             predictors,
-            sizes: Vec::new(),
+            classes: Vec::new(),
             working_set: Some(0),
             opens: 0,
             remaining: None,
@@ -171,14 +174,14 @@ impl SetState {
         }
     }
 
-    /// Ends the epoch that just ended, of files of `sizes` (`working_set` bytes when all are
-    /// known): its record, its wasted prefetches (the staged leftovers go once every set is
+    /// Ends the epoch that just ended, of files of size `classes` (`working_set` bytes when all
+    /// are known): its record, its wasted prefetches (the staged leftovers go once every set is
     /// asked, `retire_staged`), and the next pass's remaining-set walks, asked of the helper.
     fn close_epoch(
         &mut self,
         shared: &Shared,
         set: SetId,
-        sizes: Vec<Option<u64>>,
+        classes: Vec<u8>,
         working_set: Option<u64>,
     ) {
         let mut outcomes = shared.outcomes[set].lock();
@@ -197,10 +200,10 @@ impl SetState {
             self.chores.dispose(old);
         }
         let now = Marks::now(shared);
-        let files = sizes.len();
+        let files = classes.len();
         let (made, epoch) = (self.made.clone(), self.tracker.epoch());
         self.chores.run(Box::new(move || {
-            let _ = made.send((epoch, Remaining::of(&sizes)));
+            let _ = made.send((epoch, Remaining::of(&classes)));
         }));
         let figures = now.figures(
             &self.marks,
@@ -249,20 +252,22 @@ impl SetState {
                 // million-entry vector is copied at once on this thread).
                 let files = self.tracker.previous().map_or(0, |p| p.len());
                 let mut begun = Vec::with_capacity(files);
-                begun.extend(
-                    (self.tracker.current().order().iter()).map(|&f| size_of(&self.tracker, f)),
-                );
-                let working_set = begun.iter().copied().sum::<Option<u64>>();
+                let mut working_set = Some(0);
+                for &f in self.tracker.current().order() {
+                    let size = size_of(&self.tracker, f);
+                    working_set = working_set.zip(size).map(|(a, b)| a + b);
+                    begun.push(predict::size_class(size));
+                }
                 self.ended_unpredicted = 2 * self.unpredicted > self.plans;
                 (self.plans, self.unpredicted) = (0, 0);
-                let ended = std::mem::replace(&mut self.sizes, begun);
+                let ended = std::mem::replace(&mut self.classes, begun);
                 let ended_set = std::mem::replace(&mut self.working_set, working_set);
                 self.close_epoch(shared, set, ended, ended_set);
                 true
             }
             Opened::First => {
                 let size = size_of(&self.tracker, id);
-                self.sizes.push(size);
+                self.classes.push(predict::size_class(size));
                 self.working_set = self.working_set.zip(size).map(|(a, b)| a + b);
                 false
             }

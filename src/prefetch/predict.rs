@@ -599,27 +599,31 @@ pub fn smallest_remaining(
     })
 }
 
-/// The positions of a pass's files (of `sizes`) smallest first by size class (powers of two; unknown sizes
+/// Size classes: class 0 holds empty files, class k files of 2^(k-1)..2^k bytes, the last
+/// files of unknown size.
+const CLASSES: usize = 66;
+
+/// The size class of a file of `size` bytes (`None`: not known), all a pass keeps of its size:
+/// one byte a file.
+pub fn size_class(size: Option<u64>) -> u8 {
+    size.map_or(CLASSES - 1, |s| (u64::BITS - s.leading_zeros()) as usize) as u8
+}
+
+/// The positions of a pass's files (of size `classes`, `size_class`) smallest first (unknown sizes
 /// last, the order kept within a class): the order in which the remaining set is staged. In a
 /// shuffled pass every remaining file is equally likely next, and a miss costs a round trip
 /// whatever its size, so the same staging bytes hide the most misses when they hold the smallest
 /// files. Linear in the files (a counting sort over 66 classes), so that closing a pass of
 /// millions costs no sort.
-pub fn smallest_first(sizes: &[Option<u64>]) -> Vec<u32> {
-    // Class 0 holds empty files, class k files of 2^(k-1)..2^k bytes, the last unknown sizes.
-    const CLASSES: usize = 66;
-    let classes: Vec<u8> = sizes
-        .iter()
-        .map(|s| s.map_or(CLASSES - 1, |s| (u64::BITS - s.leading_zeros()) as usize) as u8)
-        .collect();
+pub fn smallest_first(classes: &[u8]) -> Vec<u32> {
     let mut starts = [0usize; CLASSES + 1];
-    for &c in &classes {
+    for &c in classes {
         starts[c as usize + 1] += 1;
     }
     for c in 0..CLASSES {
         starts[c + 1] += starts[c];
     }
-    let mut positions = vec![0u32; sizes.len()];
+    let mut positions = vec![0u32; classes.len()];
     for (i, &c) in classes.iter().enumerate() {
         positions[starts[c as usize]] = i as u32;
         starts[c as usize] += 1;
@@ -1070,8 +1074,8 @@ mod tests {
             Some("c") => Some(100),
             _ => Some(200),
         };
-        let sizes: Vec<Option<u64>> = files.iter().map(|f| size(f)).collect();
-        let sorted = smallest_first(&sizes);
+        let classes: Vec<u8> = files.iter().map(|f| size_class(size(f))).collect();
+        let sorted = smallest_first(&classes);
         let got: Vec<&str> = sorted
             .iter()
             .map(|&i| files[i as usize].to_str().unwrap_or(""))
