@@ -3,8 +3,9 @@
 //! a static setting, with paired t-tests over runs and the scheduler's own CPU cost.
 //!
 //! `cargo bench --bench adapt -- [--scenarios abcde] [--runs N] [--phase SECS] [--images N]
-//! [--modes policy,heuristic,heuristic-again,static] [--save FILE]` (as root: cgroups, a loop device). Each
-//! scenario (scenario.rs) has three phases, the middle one disturbed: (a) stress-ng on every
+//! [--modes policy,heuristic,heuristic-again,static] [--save FILE]` (as root: cgroups, a loop
+//! device; `--save` keeps the medians per phase for the simulator's check). Each scenario
+//! (scenario.rs) has three phases, the middle one disturbed: (a) stress-ng on every
 //! core, (b) the source device throttled to 20 MB/s, (c) a working set twice the budget instead
 //! of one that fits, (d) a memory hog in the daemon's cgroup, (e) two more jobs over the same
 //! view. Per run and mode it mounts the view

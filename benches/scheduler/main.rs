@@ -10,12 +10,12 @@
 //! two-sided 5% level). Target: PPO <= 0.7x static and no worse than the heuristic everywhere.
 //!
 //! `--real FILE [--calibration CAL.json] [--disk-calibration DISK.json] [--policy-file
-//! POLICY.json]` instead checks the
-//! simulator against the real system: FILE is what `cargo bench --bench adapt -- --save FILE`
-//! measured; the simulator runs the same scenarios (those it models: (a) CPU load, (b) a slowed
-//! source) with the costs of CAL.json (`prepfs policy calibrate`; the built-in figures without
-//! it), the source figures of DISK.json for the scenarios on the loop-mounted image, and prints its predicted images/s and load latency per phase and mode beside the measured
-//! ones (see `real`).
+//! POLICY.json]` instead checks the simulator against the real system: FILE is what
+//! `cargo bench --bench adapt -- --save FILE` measured; the simulator runs the same scenarios
+//! (those it models: (a) CPU load, (b) a slowed source) with the costs of CAL.json (`prepfs
+//! policy calibrate`; the built-in figures without it) and the source figures of DISK.json for
+//! the scenarios on the loop-mounted image, and prints its predicted images/s and load latency
+//! per phase and mode beside the measured ones (see `real`).
 //!
 //! Options: `--policy FILE` load instead of training, `--save FILE` write the trained policy,
 //! `--updates N` (default 1000, about a minute), `--seed S` (training seed, default 0),

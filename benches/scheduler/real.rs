@@ -12,10 +12,10 @@
 //! pixels (the adapt bench's static mount). Must never run a mount: it reads the measurements
 //! from the file.
 
-use prepfs::control::action::{Action, Head, Mask};
-use prepfs::control::observation::Observation;
 use std::cell::RefCell;
 
+use prepfs::control::action::{Action, Head, Mask};
+use prepfs::control::observation::Observation;
 use prepfs::scheduler::artifact::Payload;
 use prepfs::scheduler::guard::{Actor, Guard};
 use prepfs::scheduler::sim::baselines::{self, Policy};
@@ -85,7 +85,13 @@ fn simulated(
     let schedule = |v: [f64; 3]| vec![(0.0, v[0]), (second, v[1]), (third, v[2])];
     // (a) reads a directory the page cache holds; the others the loop-mounted image.
     let source = if m.letter == 'a' { costs } else { disk };
-    let bandwidth = source.source_bytes_per_s;
+    let costs = Calibration {
+        source_bytes_per_s: source.source_bytes_per_s,
+        source_latency_s: source.source_latency_s,
+        source_cpu_s_per_byte: source.source_cpu_s_per_byte,
+        ..costs.clone()
+    };
+    let bandwidth = costs.source_bytes_per_s;
     let throttle = m
         .device_limit
         .map(|limit| limit.map_or(1.0, |l| (l as f64 / bandwidth).min(1.0)));
@@ -103,10 +109,10 @@ fn simulated(
         gpu: None,
         source: SourceModel {
             bytes_per_s: bandwidth,
-            latency_s: source.source_latency_s,
+            latency_s: costs.source_latency_s,
             concurrency: prepfs::prefetch::DEFAULT_THREADS,
         },
-        costs: costs.clone(),
+        costs,
         items: m.files,
         consumer_rate: AS_FAST_AS_READ,
         outstanding: saved.readers,
