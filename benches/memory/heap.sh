@@ -4,8 +4,8 @@
 # bench does. Prints the daemon's RSS per file after the listing and after the reads (less the
 # empty mount's), beside what the memory budget was charged per file over the same span (its
 # cache slice's used bytes: cached bytes, entries, inode nodes, the planner's files), and with
-# heaptrack (Debian package heaptrack) its peak heap and the peak's
-# bytes per file grouped by the call sites that made them (the last frames before the allocator).
+# heaptrack (Debian package heaptrack) its peak heap and the peak's bytes per file grouped by
+# the call sites that made them (the last frames before the allocator).
 #
 #   benches/memory/heap.sh PREPFS_BINARY N [heaptrack]
 #

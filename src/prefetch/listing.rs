@@ -21,8 +21,9 @@ use crate::source::{Kind, Source};
 /// after a file finds it in one lookup, whatever the directory's size) and the order the
 /// directory listed them in. The names lie one after another in one buffer: a name costs its
 /// bytes and 16 more (its end, its slot in the index, and its place in the other order both
-/// ways), not a heap string of its own. Sorted, because the sorted walk is the one loaders follow most (ImageFolder sorts)
-/// and reads them in place; the listed walk reads them through `listed`.
+/// ways), not a heap string of its own. Sorted, because the sorted walk is the one loaders
+/// follow most (ImageFolder sorts) and reads them in place; the listed walk reads them through
+/// `listed`.
 #[derive(Default)]
 struct Packed {
     bytes: Vec<u8>,

@@ -140,9 +140,18 @@ fn block(seed: u8) -> Arc<Block> {
 
 /// Waits (at most 10 s) until `done` holds.
 fn until(what: &str, done: impl Fn() -> bool) {
+    until_seen(what, done, |done| *done);
+}
+
+/// Waits up to 10 s until what `seen` reads is `done`; fails with `what` and the last reading.
+fn until_seen<T: std::fmt::Debug>(what: &str, seen: impl Fn() -> T, done: impl Fn(&T) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "never: {what}");
+    loop {
+        let now = seen();
+        if done(&now) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never: {what}: saw {now:?}");
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -303,20 +312,14 @@ fn lookups_ahead_of_the_readers_never_take_the_readers_threads() {
             tier.metrics().skipped.get(),
         )
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = seen();
-        if now.0 == 1 + AHEAD_THREADS as u64 && now.1 == refused {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "prefetch's threads busy and the rest refused: (requests, refused, skipped) = {now:?}, \
-             want requests {} and {refused} refused",
-            1 + AHEAD_THREADS
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let want = format!(
+        "prefetch's threads busy and the rest refused: (requests, refused, skipped), want \
+         requests {} and {refused} refused",
+        1 + AHEAD_THREADS
+    );
+    until_seen(&want, seen, |now| {
+        now.0 == 1 + AHEAD_THREADS as u64 && now.1 == refused
+    });
     fake.hold.store(false, Ordering::SeqCst);
     let (found, late) = tier.lookup(&key(0), &path(), &(0..10), Asker::Reader);
     assert_eq!(found.map(|b| b.data.clone()), Some(block(1).data.clone()));
