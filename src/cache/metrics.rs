@@ -200,6 +200,12 @@ pub const MARKED_ADMITTED: Metric = Metric::counter(
     "cache_marked_admitted_total",
     "Restart-marked JPEG copies made and admitted to the RAM tier.",
 );
+/// Files whose own entry a restart-marked copy took the place of.
+pub const MARKED_REPLACED: Metric = Metric::counter(
+    "cache.marked.replaced_files",
+    "cache_marked_replaced_files_total",
+    "Cached JPEGs whose own RAM entry was let go once their restart-marked copy was admitted.",
+);
 /// Bytes read from the source.
 pub const SOURCE_BYTES: Metric = Metric::counter(
     "source.bytes_read",
@@ -395,6 +401,8 @@ pub struct CacheMetrics {
     pub marked_hits: Counter,
     /// See `MARKED_ADMITTED`.
     pub marked_admitted: Counter,
+    /// See `MARKED_REPLACED`.
+    pub marked_replaced: Counter,
     /// See `SOURCE_BYTES`.
     pub source_bytes: Counter,
     /// See `SOURCE_READS`.
@@ -558,6 +566,7 @@ impl CacheMetrics {
         out.put(&MARKED_BYTES, ram.marked_bytes as f64);
         out.count(&MARKED_HITS, &self.marked_hits);
         out.count(&MARKED_ADMITTED, &self.marked_admitted);
+        out.count(&MARKED_REPLACED, &self.marked_replaced);
         out.count(&SOURCE_BYTES, &self.source_bytes);
         out.count(&SOURCE_READS, &self.source_reads);
         out.count(&SOURCE_ERRORS, &self.source_errors);

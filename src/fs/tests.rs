@@ -676,9 +676,14 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
     );
     let g = ram(&fs);
     assert_eq!((g.decoded_entries, g.decoded_bytes), (3, pixel_bytes));
-    assert_eq!(g.files, 3, "decoded entries are not counted as files");
+    // The copies the first renders made took the files' places, and pixels are not files.
+    assert_eq!(
+        (g.files, g.marked_entries),
+        (0, 3),
+        "decoded entries are not counted as files"
+    );
 
-    // A damaged cached copy is a miss: decoded again from the (cached) JPEG, and re-admitted.
+    // A damaged cached copy is a miss: decoded again from the cached JPEG copy, and re-admitted.
     let identity = LocalSource::open(dir.path())
         .expect("source")
         .settled_at_once()
@@ -1270,6 +1275,74 @@ fn renders_from_a_restart_marked_copy_have_the_bytes_the_file_itself_gives() {
     // for these 4:4:4 photos, some of whose widths allow only one-MCU segments).
     assert!(held.marked_bytes > sources * 9 / 10 && held.marked_bytes < sources * 5 / 4);
     assert_eq!(view.metrics.errors.get(), 0);
+}
+
+/// Reads the source file `name` whole through the mount.
+fn read_file(fs: &Fs, name: &str) -> Vec<u8> {
+    let ino = ino_of(fs, name);
+    let size = fs.getattr(ino).expect("attr").size;
+    let fh = fs.open(ino, Intent::Read).expect("open").fh;
+    let bytes = read_all(fs, fh, size).expect("read");
+    fs.release(fh).expect("release");
+    bytes
+}
+
+#[test]
+fn a_views_copy_takes_the_place_of_its_files_own_bytes_until_the_file_is_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let jpegs = write_photos(dir.path(), 6, |i| format!("a{i}.jpg"));
+    let spec = crate::view::ViewSpec::parse("v=decode,random_resized_crop(64),hflip,uint8(hwc)")
+        .expect("spec");
+    let (fs, _) = view_fs(dir.path(), &spec, DecodedCaching::Off, false);
+    read_pass_as_rendered(&fs, &spec, &jpegs, 0);
+    // Each image's room is taken once: by its copy, which every later render starts from.
+    let m = cache(&fs);
+    assert_eq!((m.marked_admitted.get(), m.marked_replaced.get()), (6, 6));
+    let held = ram(&fs);
+    assert_eq!((held.files, held.marked_entries), (0, 6));
+    let fetched = m.source_bytes.get();
+    read_pass_as_rendered(&fs, &spec, &jpegs, 1);
+    assert_eq!(
+        m.source_bytes.get(),
+        fetched,
+        "renders start from the copies"
+    );
+    // A reader of the file itself gets its bytes, fetched again, and the file stays cached
+    // beside its copy from then on.
+    assert_eq!(read_file(&fs, "a2.jpg"), jpegs[2]);
+    assert_eq!(m.source_bytes.get(), fetched + jpegs[2].len() as u64);
+    read_pass_as_rendered(&fs, &spec, &jpegs, 2);
+    assert_eq!(read_file(&fs, "a2.jpg"), jpegs[2]);
+    assert_eq!(m.source_bytes.get(), fetched + jpegs[2].len() as u64);
+    assert_eq!((ram(&fs).files, m.marked_replaced.get()), (1, 6));
+}
+
+#[test]
+fn in_auto_mode_pixels_take_only_the_room_the_encoded_images_leave() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let jpegs = write_photos(dir.path(), 4, |i| format!("a{i}.jpg"));
+    // Full-scale reads (300-480 rows to 256), so renders may decode whole and offer pixels; a
+    // source with nothing fetched yet makes the auto rule keep them.
+    let spec = crate::view::ViewSpec::parse("v=decode,resize(256),uint8(hwc)").expect("spec");
+    for (mode, first_pass) in [(DecodedCaching::Auto, 0), (DecodedCaching::On, 4)] {
+        let mut o = options(1 << 30);
+        o.config.views.specs = vec![spec.clone()];
+        o.config.cache.decoded = mode;
+        let fs = o.build(Arc::new(
+            LocalSource::open(dir.path())
+                .expect("source")
+                .settled_at_once(),
+        ));
+        let m = cache(&fs);
+        // First the images' encoded forms (their copies); pixels from the next pass on.
+        read_pass_as_rendered(&fs, &spec, &jpegs, 0);
+        assert_eq!(m.decoded_admitted.get(), first_pass, "{mode:?}");
+        assert_eq!(ram(&fs).marked_entries, 4, "{mode:?}");
+        read_pass_as_rendered(&fs, &spec, &jpegs, 1);
+        assert_eq!(m.decoded_admitted.get(), 4, "{mode:?}");
+        read_pass_as_rendered(&fs, &spec, &jpegs, 2);
+        assert_eq!(m.decoded_hits.get(), 4 + first_pass, "{mode:?}");
+    }
 }
 
 #[test]

@@ -13,9 +13,9 @@ use std::time::Instant;
 
 use super::files::FileKey;
 use super::{Ahead, EWMA, FILE_BLOCKS, Job, Outcome, SetId, Shared};
-use crate::cache::Prefetched;
+use crate::cache::{Prefetched, RamFile};
 use crate::requests;
-use crate::source::Identity;
+use crate::source::{Identity, SourceFile};
 
 /// The next queued job, as the pool runs it; none once prefetch stops.
 pub(super) fn next(shared: &Arc<Shared>) -> Option<requests::Job> {
@@ -95,30 +95,18 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
     let opened_now = parked.is_none();
     match parked.map_or_else(|| shared.source.open(file), Ok) {
         Ok(source) => {
-            let entry = shared.fetcher.ram().file(source.identity());
+            // A view's render of an image whose restart-marked copy is cached starts from the
+            // copy: the file's own bytes would take the image's room a second time.
+            let ram = shared.fetcher.ram();
             let mut no_room = false;
-            for index in 0..entry.blocks().min(FILE_BLOCKS) {
-                if shared.stop.load(Ordering::Acquire) {
-                    break;
-                }
-                match shared.fetcher.prefetch(&entry, index, source.as_ref()) {
-                    Ok(Prefetched::Fetched | Prefetched::Staged) => {
-                        shared.metrics.blocks.inc();
-                        fetched = true;
-                    }
-                    Ok(Prefetched::Present | Prefetched::Late) => {}
-                    Ok(Prefetched::NoRoom) => {
-                        no_room = index == 0;
-                        break;
-                    }
-                    Err(_) => {
-                        shared.metrics.failed.inc();
-                        break;
-                    }
-                }
+            if !(set > 0 && ram.derived().has_marked(&source.identity())) {
+                let entry = ram.file(source.identity());
+                (fetched, no_room) = fetch_first_blocks(shared, &entry, source.as_ref());
+                ram.settle(&entry);
+                // Let go before the work ahead, whose copy takes the place of an entry that
+                // nobody holds.
             }
             took = started.elapsed().as_secs_f64();
-            shared.fetcher.ram().settle(&entry);
             // A file whose open came meanwhile (its outcome taken) needs no work ahead now.
             let unopened = || shared.outcomes[set].lock().get(file) == Some(&Outcome::InFlight);
             if set > 0
@@ -181,4 +169,32 @@ fn fetch_file(shared: &Shared, set: SetId, file: &FileKey, known: Option<Identit
         };
         shared.file_seconds.store(new.to_bits(), Ordering::Relaxed);
     }
+}
+
+/// Fetches the first `FILE_BLOCKS` blocks of `entry` from `source` into the cache: whether any
+/// came from the source, and whether the first had no room.
+fn fetch_first_blocks(
+    shared: &Shared,
+    entry: &Arc<RamFile>,
+    source: &dyn SourceFile,
+) -> (bool, bool) {
+    let mut fetched = false;
+    for index in 0..entry.blocks().min(FILE_BLOCKS) {
+        if shared.stop.load(Ordering::Acquire) {
+            break;
+        }
+        match shared.fetcher.prefetch(entry, index, source) {
+            Ok(Prefetched::Fetched | Prefetched::Staged) => {
+                shared.metrics.blocks.inc();
+                fetched = true;
+            }
+            Ok(Prefetched::Present | Prefetched::Late) => {}
+            Ok(Prefetched::NoRoom) => return (fetched, index == 0),
+            Err(_) => {
+                shared.metrics.failed.inc();
+                break;
+            }
+        }
+    }
+    (fetched, false)
 }

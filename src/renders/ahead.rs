@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{AheadSlot, FillOnDrop, HeldRender, Need, Unrendered, ViewOpen, Views, encoded_size};
+use crate::cache::{ReadBytes, Unpacked};
 use crate::inode::Node;
 use crate::prefetch::Ahead;
 use crate::source::SourceFile;
@@ -115,13 +116,19 @@ impl Views {
     }
 
     /// Decodes the image the open `source` holds into the decoded-pixel cache ahead of its
-    /// open, unless the cache holds its pixels already or would not keep them now; true when it
-    /// decoded and the cache kept them.
+    /// open, unless the cache holds its pixels already or would not keep them now (nor before
+    /// it holds the image's encoded form: `Derived::pixels_may_follow`); true when it decoded
+    /// and the cache kept them. It starts from the image's restart-marked copy when the cache
+    /// holds one (the same pixels).
     fn decode_ahead(&self, source: &dyn SourceFile) -> bool {
         let identity = source.identity();
-        if self.fetcher.derived().has_decoded(&identity)
-            || !self.fetcher.derived().decoded_choice().1.keeps()
-        {
+        let derived = self.fetcher.derived();
+        if derived.has_decoded(&identity) || !derived.decoded_choice().1.keeps() {
+            return false;
+        }
+        let copy = derived.peek_marked(&identity, &Unpacked::default());
+        let cached = derived.has_file(&identity);
+        if copy.is_none() && !derived.pixels_may_follow(cached) {
             return false;
         }
         // Only with memory nobody else wants now: the encoded file, the pixels and their copy.
@@ -132,15 +139,24 @@ impl Views {
         else {
             return false;
         };
-        self.read_image(source)
-            .and_then(|encoded| {
-                let (w, h) = render::dimensions(&encoded).map_err(|e| e.to_string())?;
-                let overhead = render::decode_overhead(&encoded, (w, h));
-                let _room = budget
-                    .try_work(2 * u64::from(w) * u64::from(h) * 3 + overhead)
-                    .ok_or("no memory to spare")?;
-                self.decode_and_offer(&encoded, identity)
-            })
+        let encoded = match copy {
+            Some(copy) => copy,
+            None => match self.read_image(source) {
+                Ok(file) if derived.pixels_may_follow(self.held_as_file(&file, cached)) => {
+                    ReadBytes::Owned(file)
+                }
+                _ => return false,
+            },
+        };
+        let encoded = encoded.as_slice();
+        let Ok((w, h)) = render::dimensions(encoded) else {
+            return false;
+        };
+        let overhead = render::decode_overhead(encoded, (w, h));
+        let Some(_room) = budget.try_work(2 * u64::from(w) * u64::from(h) * 3 + overhead) else {
+            return false;
+        };
+        self.decode_and_offer(encoded, identity)
             .is_ok_and(|(_, _, kept)| kept)
     }
 

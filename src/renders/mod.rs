@@ -313,30 +313,41 @@ impl Views {
         Ok(spec.npy_size(height, width))
     }
 
-    /// The output (height, width) of `spec` over `node`'s image, from its header: read from the
-    /// first `HEADER_PROBE` bytes, or the first `HEADER_PROBE_MAX` when the header goes on past
-    /// them. `EIO` (and a warning) when that prefix holds no usable header or a step of the
-    /// render would pass the pixel limits.
+    /// The output (height, width) of `spec` over `node`'s image, from its header: its cached
+    /// restart-marked copy's (the same dimensions; the file itself is no longer cached once the
+    /// copy took its place), else the file's (`header`). `EIO` (and a warning) when there is no
+    /// usable header or a step of the render would pass the pixel limits.
     fn probe_size(&self, spec: &ViewSpec, node: &Node) -> Result<(u32, u32), FsError> {
         let source = self
             .source
             .open(&node.path)
             .map_err(|e| FsError::from_source(&e))?;
-        let mut header = Err(RenderError::NotAnImage("empty file".into()));
-        for probe in [HEADER_PROBE, HEADER_PROBE_MAX] {
-            let prefix = self.fetcher.read_prefix(source.as_ref(), probe)?;
-            header = render::dimensions(&prefix);
-            // Only a known format whose header the probe cut short is worth a longer one.
-            if !matches!(header, Err(RenderError::Corrupt(_))) || (prefix.len() as u64) < probe {
-                break;
-            }
-        }
+        let copy = (self.fetcher.derived()).peek_marked(&source.identity(), &Unpacked::default());
+        let header = match copy {
+            Some(copy) => render::dimensions(copy.as_slice()),
+            None => self.header(source.as_ref())?,
+        };
         header
             .and_then(|(w, h)| plan::output_size(spec, w, h))
             .map_err(|e| {
                 tracing::warn!(path = %node.path.display(), error = %e, "view: cannot size the image from its header; EIO");
                 FsError::Io
             })
+    }
+
+    /// The image's dimensions from the header in the first `HEADER_PROBE` bytes of `source`, or
+    /// the first `HEADER_PROBE_MAX` when the header goes on past them.
+    fn header(&self, source: &dyn SourceFile) -> Result<Result<(u32, u32), RenderError>, FsError> {
+        let mut header = Err(RenderError::NotAnImage("empty file".into()));
+        for probe in [HEADER_PROBE, HEADER_PROBE_MAX] {
+            let prefix = self.fetcher.read_prefix(source, probe)?;
+            header = render::dimensions(&prefix);
+            // Only a known format whose header the probe cut short is worth a longer one.
+            if !matches!(header, Err(RenderError::Corrupt(_))) || (prefix.len() as u64) < probe {
+                break;
+            }
+        }
+        Ok(header)
     }
 
     /// The whole encoded image `source`, through the cache; refused unread when it is larger
@@ -430,14 +441,14 @@ impl Views {
             drawn = Some(plan);
         }
         let _encoded_room = self.room(encoded_size(source.as_ref())?, need)?;
-        let encoded = self.encoded(source.as_ref(), &node.path)?;
+        let (encoded, held) = self.encoded(source.as_ref(), &node.path)?;
         let size = render::dimensions(encoded.as_slice()).map_err(|e| e.to_string())?;
         let plan = match drawn {
             Some(plan) if plan.size == size => plan,
             _ => planned(size)?,
         };
         let work = memory(&plan, render::decode_overhead(encoded.as_slice(), size))?;
-        let image = if self.decodes_whole(&plan) {
+        let image = if self.decodes_whole(&plan, held) {
             let (image, decode, _) = self.decode_and_offer(encoded.as_slice(), identity)?;
             Image::Decoded(image, Some(decode))
         } else {
@@ -457,51 +468,64 @@ impl Views {
     /// it and offered to the cache when the cache has room for the copy and the budget has the
     /// memory for making it free now (never waited for). Making it costs about a whole decode
     /// more, once, like filling the cache; each later render of the image decodes about a
-    /// quarter less.
-    fn encoded(&self, source: &dyn SourceFile, path: &Path) -> Result<ReadBytes, String> {
+    /// quarter less. Also whether the cache held the encoded image whole before this render
+    /// (its copy, or the file).
+    fn encoded(&self, source: &dyn SourceFile, path: &Path) -> Result<(ReadBytes, bool), String> {
         let derived = self.fetcher.derived();
         let identity = source.identity();
         if let Some(copy) = derived.marked(&identity, &Unpacked::default()) {
-            return Ok(copy);
+            return Ok((copy, true));
         }
+        let cached = derived.has_file(&identity);
         let encoded = self.read_image(source)?;
+        let held = self.held_as_file(&encoded, cached);
         if !self.copies
             || !render::is_complete_jpeg(&encoded)
             || !derived.has_room(encoded.len() as u64)
         {
-            return Ok(ReadBytes::Owned(encoded));
+            return Ok((ReadBytes::Owned(encoded), held));
         }
         let Ok((w, h)) = render::dimensions(&encoded) else {
-            return Ok(ReadBytes::Owned(encoded));
+            return Ok((ReadBytes::Owned(encoded), held));
         };
         // libjpeg-turbo holds the whole image's coefficients while it writes the copy (2 bytes
         // a sample, at most 3 samples a pixel), then the copy.
         let making = 6 * u64::from(w) * u64::from(h) + 2 * encoded.len() as u64;
         let Some(_room) = self.fetcher.budget().try_work(making) else {
-            return Ok(ReadBytes::Owned(encoded));
+            return Ok((ReadBytes::Owned(encoded), held));
         };
         match jpeg::restart_marked(&encoded) {
             Ok(copy) => {
                 derived.offer_marked(identity, copy.clone());
-                Ok(ReadBytes::Owned(copy))
+                Ok((ReadBytes::Owned(copy), held))
             }
             Err(refused) => {
                 tracing::debug!(path = %path.display(), error = %refused, "no restart-marked copy");
-                Ok(ReadBytes::Owned(encoded))
+                Ok((ReadBytes::Owned(encoded), cached))
             }
         }
     }
 
+    /// Whether image `encoded`, not found as a cached copy, was held by the cache as renders
+    /// keep it (`Derived::pixels_may_follow`): a JPEG that gets a copy is held once its copy
+    /// is; any other image once its file is (`cached`: before this render read it; a view
+    /// whose output size needs the header has its lookup read the file through the cache
+    /// first, so for those the file counts from the first render).
+    fn held_as_file(&self, encoded: &[u8], cached: bool) -> bool {
+        cached && !(self.copies && render::is_complete_jpeg(encoded))
+    }
+
     /// Whether a render as `plan` says decodes its whole image and offers the pixels to the
-    /// cache: when the cache may keep them, and the render reads the image at full scale (one
-    /// that reads it DCT-scaled renders from the encoded file whatever the cache holds, so its
-    /// bytes never depend on it). Otherwise it decodes only the part it reads.
-    fn decodes_whole(&self, plan: &Plan) -> bool {
+    /// cache: when the cache may keep them (`held`: it held the encoded image before this
+    /// render), and the render reads the image at full scale (one that reads it DCT-scaled
+    /// renders from the encoded file whatever the cache holds, so its bytes never depend on it).
+    /// Otherwise it decodes only the part it reads.
+    fn decodes_whole(&self, plan: &Plan, held: bool) -> bool {
         !plan.reads_scaled()
             && self
                 .fetcher
                 .derived()
-                .may_keep_decoded(Rgb::cached_len(plan.size))
+                .may_keep_decoded(Rgb::cached_len(plan.size), held)
     }
 
     /// Decodes `encoded`, image `identity`, and offers the pixels to the cache; the pixels, the

@@ -6,8 +6,9 @@
 //! them only through this front door (`BlockFetcher::derived`), so the RAM tier's own methods
 //! know nothing of images. Entries share the tier's budget slice, tallies and counters
 //! (`Shared`): admitted only into free room, dropped with their source version (`forget`) or, when
-//! the budget needs room, while no render reads them (`shed_unread`). Must never evict another
-//! entry to make room, and never hand out pixels whose checksums do not verify.
+//! the budget needs room, while no render reads them (`shed_unread`). An admitted copy takes the
+//! place of its file's own entry when nobody holds that (`offer_marked`). Must never evict
+//! another entry to make room, and never hand out pixels whose checksums do not verify.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -16,7 +17,7 @@ use std::time::Duration;
 use super::{Content, RamFile, ReadBytes, Shared, Unpacked};
 use crate::cache::policy::{self, DecodedCaching, DecodedReason};
 use crate::control::knobs::Knobs;
-use crate::shards::ShardedMap;
+use crate::shards::{ShardedMap, ShardedSet};
 use crate::source::Identity;
 
 /// While the auto policy declines decoded pixels, one render in this many still decodes its
@@ -27,6 +28,8 @@ const REASK_DECLINED: u64 = 16;
 /// Decoded pixels and restart-marked copies of one mount's images.
 pub struct Derived {
     shared: Arc<Shared>,
+    /// The tier's files: an admitted copy takes the place of its file's entry.
+    files: Arc<ShardedSet<Arc<RamFile>>>,
     decoded: ShardedMap<Identity, Arc<RamFile>>,
     marked: ShardedMap<Identity, Arc<RamFile>>,
     mode: DecodedCaching,
@@ -46,11 +49,16 @@ const DECODE_COST_WEIGHT: f64 = 1.0 / 32.0;
 
 impl Derived {
     /// None yet, charged to the tier's `shared` slice; decoded pixels kept as `mode` says.
-    pub(super) fn new(shared: Arc<Shared>, mode: DecodedCaching) -> Derived {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        files: Arc<ShardedSet<Arc<RamFile>>>,
+        mode: DecodedCaching,
+    ) -> Derived {
         // Until the first render, stats show what the mode decides with nothing measured yet.
         let first = policy::keep_decoded(mode, 0.0, None, None, true);
         Derived {
             shared,
+            files,
             decoded: ShardedMap::default(),
             marked: ShardedMap::default(),
             mode,
@@ -125,14 +133,18 @@ impl Derived {
     /// The restart-marked copy of JPEG `identity` (`view::jpeg::restart_marked`), if the cache
     /// holds it whole and intact.
     pub fn marked(&self, identity: &Identity, memo: &Unpacked) -> Option<ReadBytes> {
-        let hit = self
-            .marked
-            .get(identity)
-            .and_then(|entry| entry.read_cached(0, entry.content_len() as u32, memo));
+        let hit = self.peek_marked(identity, memo);
         if hit.is_some() {
             self.shared.metrics.marked_hits.inc();
         }
         hit
+    }
+
+    /// The same copy, not counted as a render's hit (a look at its header).
+    pub fn peek_marked(&self, identity: &Identity, memo: &Unpacked) -> Option<ReadBytes> {
+        self.marked
+            .get(identity)
+            .and_then(|entry| entry.read_cached(0, entry.content_len() as u32, memo))
     }
 
     /// Whether the cache could take `bytes` more now (a hint: another admission may take the
@@ -141,8 +153,17 @@ impl Derived {
         self.shared.ledger.has_room(bytes)
     }
 
+    /// Whether the cache holds a restart-marked copy of JPEG `identity` (a render of it would
+    /// start from the copy, not the file).
+    pub fn has_marked(&self, identity: &Identity) -> bool {
+        self.marked.get(identity).is_some()
+    }
+
     /// Offers the restart-marked copy of JPEG `identity`; true when the budget had room for it
-    /// and it was admitted.
+    /// and it was admitted. The copy then takes the place of the file's own entry if nobody
+    /// holds that (no open handle, prefetch or packer): renders start from the copy, so keeping
+    /// both would give each image its room twice. A reader of the file itself fetches it again,
+    /// and its entry stays from then on (the copy is made once).
     pub fn offer_marked(&self, identity: Identity, copy: Vec<u8>) -> bool {
         if copy.len() as u64 > u64::from(u32::MAX) || !self.has_room(copy.len() as u64) {
             return false;
@@ -150,6 +171,12 @@ impl Derived {
         let admitted = self.admit_whole(Content::Marked, identity, 0, copy);
         if admitted {
             self.shared.metrics.marked_admitted.inc();
+            if self
+                .files
+                .remove_if(&identity, |file| Arc::strong_count(file) == 1)
+            {
+                self.shared.metrics.marked_replaced.inc();
+            }
         }
         admitted
     }
@@ -184,12 +211,32 @@ impl Derived {
         admitted
     }
 
-    /// Whether decoded pixels of `len` bytes offered now could be kept, asked before decoding,
-    /// so a render whose pixels would be declined decodes only what it reads: not with decoded
-    /// caching off, the scheduler's knob at no, or no room for them in the budget; in auto mode
-    /// as the policy decided last, but yes every `REASK_DECLINED`th time all the same, so a
-    /// decline made while the source was fast is made again, or not, as it slows.
-    pub fn may_keep_decoded(&self, len: u64) -> bool {
+    /// Whether the cache holds the file `identity` (an image's own bytes) whole.
+    pub fn has_file(&self, identity: &Identity) -> bool {
+        (self.files.get(identity)).is_some_and(|file| file.is_complete())
+    }
+
+    /// Whether an image's pixels may take room, `held` telling whether the cache held its
+    /// encoded form (as renders keep it: the copy, else the file) before this render: with
+    /// `--decoded-cache on` always; in auto mode (the rule, or the scheduler's knob) only then.
+    /// Under never-evict the room goes first to the encoded images, which serve five to ten
+    /// images for the bytes of one image's pixels, and pixels take what they leave: offered from
+    /// the first render on, pixels filled the room a working set's copies needed, and every
+    /// image left out was read from the source again at each render.
+    pub fn pixels_may_follow(&self, held: bool) -> bool {
+        held || self.mode == DecodedCaching::On
+    }
+
+    /// Whether decoded pixels of `len` bytes offered now could be kept (`held`: see
+    /// `pixels_may_follow`), asked before decoding, so a render whose pixels would be declined
+    /// decodes only what it reads: not with decoded caching off, the scheduler's knob at no, or
+    /// no room for them in the budget; in auto mode as the policy decided last, but yes every
+    /// `REASK_DECLINED`th time all the same, so a decline made while the source was fast is
+    /// made again, or not, as it slows.
+    pub fn may_keep_decoded(&self, len: u64, held: bool) -> bool {
+        if !self.pixels_may_follow(held) {
+            return false;
+        }
         let scheduled = self.knobs.as_ref().and_then(|k| k.decoded());
         let wanted = match (self.mode, scheduled) {
             (DecodedCaching::Off, _) => false,

@@ -7,7 +7,10 @@
 //! that nothing is evicted and nothing more is admitted, so a random-order epoch misses exactly
 //! what did not fit instead of thrashing like an LRU. Compressible data is packed in the
 //! background (see `packer`), so the same budget holds more of it. Entries are keyed by source
-//! `Identity`: a changed file is a different key, and its old entry is dropped by `forget`.
+//! `Identity`: a changed file is a different key, and its old entry is dropped by `forget`. A
+//! JPEG whose restart-marked copy is admitted gives up its own entry if no reader holds it: the
+//! renders start from the copy, so a view's images take their room once, not twice (a direct
+//! read of the file then fetches it again, and keeps it).
 //! Admission failures (no room, memfd refused, checksum mismatch) become misses and counters,
 //! never errors for the reader. Must never evict to make room (memory still short under
 //! pressure is not room: then unopened entries are given back, `Shed::give_back`, rather than
@@ -184,7 +187,9 @@ pub(crate) struct Shared {
 /// The RAM tier of one mount: cached files (and decoded images) by identity.
 pub struct RamTier {
     shared: Arc<Shared>,
-    files: ShardedSet<Arc<RamFile>>,
+    /// Shared with `derived`, which lets a file's own entry go once its restart-marked copy
+    /// serves the renders instead.
+    files: Arc<ShardedSet<Arc<RamFile>>>,
     derived: Derived,
     packer_thread: Option<JoinHandle<()>>,
 }
@@ -216,10 +221,11 @@ impl RamTier {
             memfds: MemfdAllowance::new(MemfdAllowance::process_share()),
             small_memfds: AtomicBool::new(false),
         });
+        let files = Arc::<ShardedSet<_>>::default();
         RamTier {
-            derived: Derived::new(shared.clone(), DecodedCaching::default()),
+            derived: Derived::new(shared.clone(), files.clone(), DecodedCaching::default()),
             shared,
-            files: ShardedSet::default(),
+            files,
             packer_thread,
         }
     }
@@ -242,7 +248,7 @@ impl RamTier {
 
     /// This cache, keeping view images' decoded pixels as `mode` says.
     pub fn with_decoded_caching(mut self, mode: DecodedCaching) -> RamTier {
-        self.derived = Derived::new(self.shared.clone(), mode);
+        self.derived = Derived::new(self.shared.clone(), self.files.clone(), mode);
         self
     }
 
@@ -396,9 +402,10 @@ impl Shed for RamTier {
         before.saturating_sub(stored())
     }
 
-    /// Cached source files no reader has open, until about `bytes` are let go: the one time
-    /// this tier lets go of what it admitted, when the daemon would otherwise be killed. They
-    /// are read from the source again when next asked for.
+    /// Cached source files no reader has open, until about `bytes` are let go, when the daemon
+    /// would otherwise be killed. They are read from the source again when next asked for. (The
+    /// tier lets go of a file it admitted only here, and when a render's restart-marked copy of
+    /// it takes its place: `Derived::offer_marked`.)
     fn give_back(&self, bytes: u64) -> u64 {
         let mut freed = 0;
         let gone = self.files.retain(|entry| {
