@@ -1,7 +1,7 @@
 //! Work done ahead of the view opens prefetch predicts (`Views::ahead`): an image's pixels decoded
-//! into the decoded-pixel cache with idle CPU, or, when the cache keeps no pixels, the render of
-//! the file's next open made and held until that open takes it (`take_ahead`), at most
-//! `AHEAD_RENDERS` for `AHEAD_PATIENCE`. Must never let such work wait for memory or shed
+//! into the decoded-pixel cache with idle CPU, or, when the cache keeps no pixels (or none of
+//! that image yet: they follow its encoded form), the render of the file's next open made and
+//! held until that open takes it (`take_ahead`), at most `AHEAD_RENDERS` for `AHEAD_PATIENCE`. Must never let such work wait for memory or shed
 //! anything to get it, nor run while a render for an open waits for a thread.
 
 use std::sync::atomic::Ordering;
@@ -27,9 +27,10 @@ const AHEAD_PATIENCE: Duration = Duration::from_secs(2);
 
 impl Views {
     /// Makes ready, while no render waits for a thread, what the next open of `source`'s image
-    /// in view `view` will need: its decoded pixels when the cache keeps them (every later open of
-    /// any view starts from them; only while the CPU is `idle`, since the pixels may never be
-    /// used, and a file passed over is not asked for again), else that open's render itself,
+    /// in view `view` will need: its decoded pixels when the cache keeps them and holds the
+    /// image's encoded form (every later open of any view starts from them; only while the CPU
+    /// is `idle`, since the pixels may never be used, and a file passed over is not asked for
+    /// again), else that open's render itself,
     /// when the view file (`node()`) is known, with memory nobody else wants now (work that open
     /// would do anyway when the prediction is right; a wrong one wastes at most `AHEAD_RENDERS`
     /// renders per `AHEAD_PATIENCE`). Prefetch calls it for the files it predicts, and plans a
@@ -42,8 +43,15 @@ impl Views {
         idle: bool,
     ) -> Ahead {
         if self.fetcher.derived().decoded_choice().1.keeps() {
-            let decoded = idle && self.renders_waiting() == 0 && self.decode_ahead(source);
-            return if decoded { Ahead::Done } else { Ahead::Nothing };
+            if !idle || self.renders_waiting() > 0 {
+                return Ahead::Nothing;
+            }
+            match self.decode_ahead(source) {
+                Some(true) => return Ahead::Done,
+                Some(false) => return Ahead::Nothing,
+                // Until the cache holds the image's encoded form, as without pixels.
+                None => {}
+            }
         }
         if self.renders_waiting() > 0 {
             return Ahead::NotNow;
@@ -116,20 +124,20 @@ impl Views {
     }
 
     /// Decodes the image the open `source` holds into the decoded-pixel cache ahead of its
-    /// open, unless the cache holds its pixels already or would not keep them now (nor before
-    /// it holds the image's encoded form: `Derived::pixels_may_follow`); true when it decoded
-    /// and the cache kept them. It starts from the image's restart-marked copy when the cache
-    /// holds one (the same pixels).
-    fn decode_ahead(&self, source: &dyn SourceFile) -> bool {
+    /// open, unless the cache holds its pixels already or would not keep them now: whether it
+    /// decoded and the cache kept them, or `None` while the cache does not hold the image's
+    /// encoded form yet (pixels follow it: `Derived::pixels_may_follow`). It starts from the
+    /// image's restart-marked copy when the cache holds one (the same pixels).
+    fn decode_ahead(&self, source: &dyn SourceFile) -> Option<bool> {
         let identity = source.identity();
         let derived = self.fetcher.derived();
         if derived.has_decoded(&identity) || !derived.decoded_choice().1.keeps() {
-            return false;
+            return Some(false);
         }
         let copy = derived.peek_marked(&identity, &Unpacked::default());
         let cached = derived.has_file(&identity);
         if copy.is_none() && !derived.pixels_may_follow(cached) {
-            return false;
+            return None;
         }
         // Only with memory nobody else wants now: the encoded file, the pixels and their copy.
         let budget = self.fetcher.budget();
@@ -137,7 +145,7 @@ impl Views {
             .ok()
             .and_then(|size| budget.try_work(size))
         else {
-            return false;
+            return Some(false);
         };
         let encoded = match copy {
             Some(copy) => copy,
@@ -145,19 +153,22 @@ impl Views {
                 Ok(file) if derived.pixels_may_follow(self.held_as_file(&file, cached)) => {
                     ReadBytes::Owned(file)
                 }
-                _ => return false,
+                Ok(_) => return None,
+                Err(_) => return Some(false),
             },
         };
         let encoded = encoded.as_slice();
         let Ok((w, h)) = render::dimensions(encoded) else {
-            return false;
+            return Some(false);
         };
         let overhead = render::decode_overhead(encoded, (w, h));
         let Some(_room) = budget.try_work(2 * u64::from(w) * u64::from(h) * 3 + overhead) else {
-            return false;
+            return Some(false);
         };
-        self.decode_and_offer(encoded, identity)
-            .is_ok_and(|(_, _, kept)| kept)
+        Some(
+            self.decode_and_offer(encoded, identity)
+                .is_ok_and(|(_, _, kept)| kept),
+        )
     }
 
     /// The render made (or being made) ahead for the `count`th open of view file `ino`, if
