@@ -468,8 +468,8 @@ impl Views {
     /// it and offered to the cache when the cache has room for the copy and the budget has the
     /// memory for making it free now (never waited for). Making it costs about a whole decode
     /// more, once, like filling the cache; each later render of the image decodes about a
-    /// quarter less. Also whether the cache held the encoded image whole before this render
-    /// (its copy, or the file).
+    /// quarter less. Also whether the cache held the image before this render as renders keep
+    /// it (its copy; for an image that gets none, the file: `held_as_file`).
     fn encoded(&self, source: &dyn SourceFile, path: &Path) -> Result<(ReadBytes, bool), String> {
         let derived = self.fetcher.derived();
         let identity = source.identity();
