@@ -111,6 +111,17 @@ fn read_all(fs: &Fs, fh: u64, size: u64) -> Result<Vec<u8>, FsError> {
     Ok(out)
 }
 
+/// The file at `path` (from the mount root: a source file, or a view's) read whole: looked up,
+/// opened, read to its size and released.
+fn read_file(fs: &Fs, path: &str) -> Vec<u8> {
+    let ino = ino_of(fs, path);
+    let size = fs.getattr(ino).expect("attr").size;
+    let fh = fs.open(ino, Intent::Read).expect("open").fh;
+    let bytes = read_all(fs, fh, size).expect("read");
+    fs.release(fh).expect("release");
+    bytes
+}
+
 #[test]
 fn reads_match_source_at_block_boundaries() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -631,14 +642,7 @@ fn decoded_pixels_are_cached_and_a_damaged_copy_is_decoded_again() {
                 .settled_at_once(),
         ))
     };
-    let read_view = |fs: &Fs, i: usize| {
-        let ino = ino_of(fs, &format!(".prepfs/views/v/a{i}.jpg.npy"));
-        let size = fs.getattr(ino).expect("attr").size;
-        let opened = fs.open(ino, Intent::Read).expect("open");
-        let bytes = read_all(fs, opened.fh, size).expect("read");
-        fs.release(opened.fh).expect("release");
-        bytes
-    };
+    let read_view = |fs: &Fs, i: usize| read_file(fs, &format!(".prepfs/views/v/a{i}.jpg.npy"));
     let want: Vec<Vec<u8>> = jpegs
         .iter()
         .map(|j| {
@@ -1197,14 +1201,7 @@ fn predicted_view_files_are_rendered_ahead_byte_identical_to_their_opens() {
         .expect("spec");
     let (fs, _) = view_fs(dir.path(), &spec, DecodedCaching::Off, true);
     let (reference, _) = view_fs(dir.path(), &spec, DecodedCaching::Off, false);
-    let read_view = |fs: &Fs, i: u32| {
-        let ino = ino_of(fs, &format!(".prepfs/views/v/a{i:02}.jpg.npy"));
-        let size = fs.getattr(ino).expect("attr").size;
-        let fh = fs.open(ino, Intent::Read).expect("open").fh;
-        let bytes = read_all(fs, fh, size).expect("read");
-        fs.release(fh).expect("release");
-        bytes
-    };
+    let read_view = |fs: &Fs, i: u32| read_file(fs, &format!(".prepfs/views/v/a{i:02}.jpg.npy"));
     // Two passes in walk order, a training step between files: every open's tensor is the one
     // a mount without prefetch renders for the same open, made ahead or not.
     let mut distinct = std::collections::HashSet::new();
@@ -1235,11 +1232,7 @@ fn read_pass_as_rendered(fs: &Fs, spec: &crate::view::ViewSpec, jpegs: &[Vec<u8>
     let view = fs.views.iter().next().expect("view");
     for (i, jpeg) in jpegs.iter().enumerate() {
         let name = format!("a{i}.jpg");
-        let ino = ino_of(fs, &format!(".prepfs/views/v/{name}.npy"));
-        let size = fs.getattr(ino).expect("attr").size;
-        let fh = fs.open(ino, Intent::Read).expect("open").fh;
-        let got = read_all(fs, fh, size).expect("read");
-        fs.release(fh).expect("release");
+        let got = read_file(fs, &format!(".prepfs/views/v/{name}.npy"));
         let seed = fs.views.seed_of(view, Path::new(&name), pass);
         let want = crate::view::render::render(spec, jpeg, seed).expect("renders");
         assert!(
@@ -1275,16 +1268,6 @@ fn renders_from_a_restart_marked_copy_have_the_bytes_the_file_itself_gives() {
     // for these 4:4:4 photos, some of whose widths allow only one-MCU segments).
     assert!(held.marked_bytes > sources * 9 / 10 && held.marked_bytes < sources * 5 / 4);
     assert_eq!(view.metrics.errors.get(), 0);
-}
-
-/// Reads the source file `name` whole through the mount.
-fn read_file(fs: &Fs, name: &str) -> Vec<u8> {
-    let ino = ino_of(fs, name);
-    let size = fs.getattr(ino).expect("attr").size;
-    let fh = fs.open(ino, Intent::Read).expect("open").fh;
-    let bytes = read_all(fs, fh, size).expect("read");
-    fs.release(fh).expect("release");
-    bytes
 }
 
 #[test]
@@ -1380,11 +1363,7 @@ fn prefetch_for_a_view_plans_only_the_images_it_shows() {
     let (fs, _) = view_fs(dir.path(), &spec, DecodedCaching::Off, true);
     for _ in 0..2 {
         for i in 0..24 {
-            let ino = ino_of(&fs, &format!(".prepfs/views/v/a{i:02}.jpg.npy"));
-            let size = fs.getattr(ino).expect("attr").size;
-            let fh = fs.open(ino, Intent::Read).expect("open").fh;
-            read_all(&fs, fh, size).expect("read");
-            fs.release(fh).expect("release");
+            read_file(&fs, &format!(".prepfs/views/v/a{i:02}.jpg.npy"));
         }
     }
     // The walk's last files were predicted; prefetch has had time to fetch what it planned.
