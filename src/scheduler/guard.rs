@@ -25,8 +25,12 @@ const HOLD: u32 = 50;
 const MAX_HOLD: u32 = 1_600;
 /// Busy intervals of the policy's turn between probes of the heuristics (30 s): the heuristics'
 /// figure is at most this old. At the heuristics' level, so it costs a user only a policy
-/// better than them, and at most 1/16 of that.
+/// better than them, and at most 1/16 of that once the first probes (below) are past.
 const PROBE_EVERY: u32 = 150;
+/// Busy intervals of the policy's first turn before the first probe (5 s); each probe doubles
+/// the wait for the next, up to `PROBE_EVERY` (probes at 5, 10, 20, then every 30 s of the
+/// policy's turn: 3 probes, 6 s of the heuristics, in its first minute).
+const FIRST_PROBE: u32 = TRIAL;
 /// Busy intervals of a probe (2 s).
 const PROBE: u32 = 10;
 /// Weight of a new reward in each running figure (about the last 10 busy intervals).
@@ -83,6 +87,8 @@ pub struct Guard {
     policy: Running,
     /// The next hold.
     hold: u32,
+    /// Busy intervals of the policy's turn before the next probe.
+    probe_after: u32,
     handovers: u64,
     probes: u64,
 }
@@ -98,6 +104,7 @@ impl Default for Guard {
             heuristic_turn_begun: false,
             policy: Running::default(),
             hold: HOLD,
+            probe_after: FIRST_PROBE,
             handovers: 0,
             probes: 0,
         }
@@ -163,8 +170,9 @@ impl Guard {
             let left = self.hold;
             self.hold = (self.hold * 2).min(MAX_HOLD);
             Turn::Heuristic { left, probe: false }
-        } else if acted >= PROBE_EVERY {
+        } else if acted >= self.probe_after {
             self.probes += 1;
+            self.probe_after = (self.probe_after * 2).min(PROBE_EVERY);
             self.hold = HOLD;
             self.heuristic_turn_begun = true;
             Turn::Heuristic {
@@ -223,11 +231,37 @@ mod tests {
         let mut g = Guard::default();
         let (policy, heuristic) = run(&mut g, 3_000, by(-1.0, -2.0));
         assert_eq!(g.handovers, 0, "{}", g.to_json());
-        // The first measurement, then one probe per PROBE_EVERY of the policy's intervals.
-        assert_eq!(g.probes, u64::from((3_000 - TRIAL) / (PROBE_EVERY + PROBE)));
-        assert_eq!(heuristic, TRIAL + g.probes as u32 * PROBE);
+        // The first measurement, then a probe after FIRST_PROBE of the policy's intervals, the
+        // wait doubling per probe up to PROBE_EVERY.
+        let (mut at, mut wait, mut probes, mut probing) = (TRIAL, FIRST_PROBE, 0, 0);
+        while at + wait <= 3_000 {
+            probes += 1;
+            probing += PROBE.min(3_000 - at - wait);
+            at += wait + PROBE;
+            wait = (wait * 2).min(PROBE_EVERY);
+        }
+        assert_eq!(g.probes, probes);
+        assert_eq!(heuristic, TRIAL + probing);
         assert_eq!(policy + heuristic, 3_000);
-        assert!(policy > 2_700, "{policy}");
+        assert!(policy > 2_650, "{policy}");
+    }
+
+    /// The heuristics' first figure comes from a cold cache: a policy that clears it but trails
+    /// the heuristics on the warm cache loses the knobs after the first, early probe, not 30 s on.
+    #[test]
+    fn an_early_probe_judges_the_policy_against_the_heuristics_on_a_warm_cache() {
+        let mut g = Guard::default();
+        run(&mut g, TRIAL, by(0.0, -4.0));
+        assert_eq!(g.actor(), Actor::Policy);
+        let mut seen = 0;
+        while g.handovers == 0 {
+            run(&mut g, 1, by(-2.0, -1.0));
+            seen += 1;
+            // Its trial, the probe, and the interval it is judged on.
+            assert!(seen <= TRIAL + PROBE + 1, "{}", g.to_json());
+        }
+        assert_eq!(g.probes, 1);
+        assert_eq!(g.actor(), Actor::Heuristic);
     }
 
     #[test]
