@@ -11,7 +11,9 @@
 //! the heuristics `PROBE` intervals to refresh their figure (the load may have changed since: a
 //! figure from another load would judge the policy against the wrong bar), then is judged
 //! against it at once (its own figure carries over a probe), and its hold starts again from
-//! `HOLD`. Idle intervals (no requests) say nothing about either and are not counted. Must
+//! `HOLD`. The first probes come sooner (`FIRST_PROBE`, doubling to `PROBE_EVERY`): the
+//! heuristics' first figure is from the mount's first seconds, a cold cache's, a bar that any
+//! policy acting on a warmer cache clears. Idle intervals (no requests) say nothing about either and are not counted. Must
 //! never set a knob or look at telemetry itself: `runtime` feeds it rewards and asks it whose
 //! turn it is.
 
