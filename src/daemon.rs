@@ -27,7 +27,9 @@ use crate::fs::{Figures, Fs, FsMetrics, FsOptions, Parts, Report, View, Views};
 use crate::inode::InodeTable;
 use crate::memory::{MemoryBudget, MemoryPlan, Shed, Use};
 use crate::metrics::Samples;
-use crate::prefetch::{Ahead, Prefetcher, ReaderWaits, SetId, ViewWork, WorkAhead};
+use crate::prefetch::{
+    Ahead, Prefetcher, ReaderWaits, SetId, ViewWork, WorkAhead, WorkingSetFigures,
+};
 use crate::requests::RequestPool;
 use crate::scheduler::runtime::{Scheduler, Setup};
 use crate::source::{Source, SourceFile};
@@ -344,8 +346,10 @@ fn probe(
 ) -> Probe {
     let (metrics, fetcher, views) = (metrics.clone(), fetcher.clone(), views.clone());
     let prefetch_queue = prefetcher.queue_share();
+    let working_sets = prefetcher.working_sets();
     Box::new(move || {
         let cache = fetcher.metrics();
+        let (working_set_bytes, pixel_set_bytes) = working_set(&working_sets(), &views);
         Pipeline {
             // Opens of items: one per item a loader fetches (files, shards, view tensors; not
             // the control files); reads of passthrough files never reach the daemon, opens and
@@ -364,8 +368,30 @@ fn probe(
             prefetch_queue: prefetch_queue(),
             cache_fill: fetcher.ram().fill(),
             disk_tier: fetcher.has_disk(),
+            cache_bytes: fetcher.ram().capacity(),
+            working_set_bytes,
+            pixel_set_bytes,
         }
     })
+}
+
+/// The bytes the readers' working set takes as encoded files, and as decoded pixels: the
+/// dataset files' own bytes where the planner knows them, and each view's files at its images'
+/// mean sizes so far (a view's files are its images; set `1 + i` is view `i`'s).
+fn working_set(sets: &[WorkingSetFigures], views: &Views) -> (u64, u64) {
+    let (mut encoded, mut pixels) = (0.0, 0.0);
+    for (set, figures) in sets.iter().enumerate() {
+        match set.checked_sub(1).and_then(|i| views.iter().nth(i)) {
+            Some(view) => {
+                if let Some((image, decoded)) = view.metrics.image_sizes() {
+                    encoded += figures.files as f64 * image;
+                    pixels += figures.files as f64 * decoded;
+                }
+            }
+            None => encoded += figures.bytes.unwrap_or(0) as f64,
+        }
+    }
+    (encoded as u64, pixels as u64)
 }
 
 /// What the control files show, gathered from every piece of the mount when one is opened. Also

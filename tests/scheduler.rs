@@ -216,6 +216,60 @@ fn telemetry_and_the_shipped_policy_show_in_stats() {
     assert!(s["action"]["codec"].is_string(), "{s}");
 }
 
+/// The state's working-set fits: the RAM slice over the working set's bytes, the dataset files'
+/// own and each view's files at its images' mean sizes, encoded and as decoded pixels.
+#[test]
+fn telemetry_says_how_many_times_the_working_set_fits_the_cache() {
+    let mut t = TestMount::new();
+    let files = dataset(&t);
+    t.mount(&["--view", VAL]);
+    let idle = wait_for(&t, |s| !s["telemetry"]["latest"].is_null());
+    let latest = &idle["telemetry"]["latest"];
+    assert_eq!(latest["working_set_fit"], 0.0, "nothing read: {latest}");
+    assert_eq!(latest["pixels_fit"], 0.0, "nothing rendered: {latest}");
+    for (name, bytes) in &files {
+        assert_eq!(&fs::read(t.m(name)).expect("read"), bytes);
+    }
+    for j in 0..6 {
+        fs::read(t.m(&format!(".prepfs/views/val/img/p{j}.jpg.npy"))).expect("read view");
+    }
+    let expected = |s: &serde_json::Value| {
+        let budget = s["cache"]["budget_bytes"].as_f64().unwrap_or(0.0);
+        let view = &s["views"]["val"];
+        let renders = view["renders"].as_f64().unwrap_or(0.0);
+        let per = |key: &str| view[key].as_f64().unwrap_or(0.0) / renders;
+        let dataset: usize = files.iter().map(|(_, b)| b.len()).sum();
+        let encoded = dataset as f64 + 6.0 * per("image_bytes");
+        (budget / encoded, budget / (6.0 * per("pixel_bytes")))
+    };
+    let close = |a: f64, b: f64| (a - b).abs() <= 0.01 * b;
+    let stats = wait_for(&t, |s| {
+        let (w, p) = expected(s);
+        let latest = &s["telemetry"]["latest"];
+        close(latest["working_set_fit"].as_f64().unwrap_or(0.0), w)
+            && close(latest["pixels_fit"].as_f64().unwrap_or(0.0), p)
+    });
+    let (w, p) = expected(&stats);
+    let latest = &stats["telemetry"]["latest"];
+    assert!(
+        close(latest["working_set_fit"].as_f64().unwrap_or(0.0), w),
+        "working_set_fit, want {w}: {latest}"
+    );
+    assert!(
+        close(latest["pixels_fit"].as_f64().unwrap_or(0.0), p),
+        "pixels_fit, want {p}: {latest}"
+    );
+    // A photo decoded takes several times its JPEG.
+    let view = &stats["views"]["val"];
+    let (image, pixels) = (view["image_bytes"].as_f64(), view["pixel_bytes"].as_f64());
+    assert!(
+        image
+            .zip(pixels)
+            .is_some_and(|(i, p)| i > 0.0 && p > 3.0 * i),
+        "{view}"
+    );
+}
+
 /// The guard (on by default): the heuristics act first, over busy intervals only, and the
 /// policy gets the knobs once their reward is measured.
 #[test]

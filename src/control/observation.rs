@@ -39,6 +39,21 @@ pub struct Observation {
     pub hit_rate: f64,
     /// Whether the disk tier is on.
     pub disk_tier: bool,
+    /// How many times the readers' working set, as encoded files, fits the RAM tier's share of
+    /// the budget (`fit`; 0: not known yet).
+    pub working_set_fit: f64,
+    /// How many times the decoded pixels of the views' working set fit it (0: no view read yet):
+    /// whether keeping pixels can serve a whole epoch.
+    pub pixels_fit: f64,
+}
+
+/// How many times `demand` bytes fit in `capacity` bytes; 0 when the demand is not known (0).
+pub fn fit(capacity: f64, demand: f64) -> f64 {
+    if demand > 0.0 && capacity.is_finite() {
+        capacity.max(0.0) / demand
+    } else {
+        0.0
+    }
 }
 
 /// GPU figures (NVML, or the simulator's model).

@@ -1467,6 +1467,40 @@ fn a_pass_waiting_on_a_source_larger_than_the_cache_is_diagnosed_as_short_of_cac
     );
 }
 
+/// The scheduler's working-set fits read a set's working set: the larger of its last complete
+/// pass and the current one, so a smaller working set shows one pass after it began.
+#[test]
+fn a_sets_working_set_is_the_larger_of_its_last_pass_and_this_one() {
+    let (_dir, fs, _plan) = slow_prefetching_fs(40, 0, None);
+    let working = fs.prefetcher.working_sets();
+    let wait_for = |files: u64| {
+        let want = crate::prefetch::WorkingSetFigures {
+            files,
+            bytes: Some(files * (64 << 10)),
+        };
+        for _ in 0..200 {
+            if working()[0] == want {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("working set {:?}, not {want:?}", working()[0]);
+    };
+    let order: Vec<u8> = (0..40).collect();
+    read_pass(&fs, &order[..25], |i| pattern(64 << 10, i));
+    wait_for(25);
+    read_pass(&fs, &order[25..], |i| pattern(64 << 10, i));
+    wait_for(40);
+    // A pass of 10: the one before it still decides, until it ends.
+    read_pass(&fs, &order[..10], |i| pattern(64 << 10, i));
+    status_at_epoch(&fs, 2);
+    wait_for(40);
+    read_pass(&fs, &order[..3], |i| pattern(64 << 10, i));
+    status_at_epoch(&fs, 3);
+    wait_for(10);
+    assert_eq!(working().len(), 1, "one set: no views");
+}
+
 #[test]
 fn stats_say_whether_views_can_use_a_gpu_and_renders_are_unchanged() {
     let dir = tempfile::tempdir().expect("tempdir");

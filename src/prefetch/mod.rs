@@ -197,6 +197,40 @@ struct Jobs {
     queue: VecDeque<Job>,
 }
 
+/// A set's working set: the files of the larger of its last complete pass and the current one
+/// so far, and their bytes when every file's size is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkingSetFigures {
+    /// Distinct files.
+    pub files: u64,
+    /// Their bytes (`None`: some size unknown, as for views' files).
+    pub bytes: Option<u64>,
+}
+
+/// A set's `WorkingSetFigures`, published by the planner thread and read by telemetry.
+#[derive(Default)]
+struct WorkingSet {
+    files: AtomicU64,
+    /// `u64::MAX`: unknown.
+    bytes: AtomicU64,
+}
+
+impl WorkingSet {
+    fn publish(&self, figures: WorkingSetFigures) {
+        self.files.store(figures.files, Ordering::Relaxed);
+        self.bytes
+            .store(figures.bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn figures(&self) -> WorkingSetFigures {
+        let bytes = self.bytes.load(Ordering::Relaxed);
+        WorkingSetFigures {
+            files: self.files.load(Ordering::Relaxed),
+            bytes: (bytes != u64::MAX).then_some(bytes),
+        }
+    }
+}
+
 /// Counter values at an epoch boundary, to record each epoch's share.
 #[derive(Debug, Clone, Copy, Default)]
 struct Marks {
@@ -283,6 +317,8 @@ struct Shared {
     demand: Arc<AtomicUsize>,
     /// Per set: files queued or fetched ahead in this pass.
     outcomes: Vec<Mutex<foldhash::HashMap<FileKey, Outcome>>>,
+    /// Per set: its working set as the planner last published it.
+    working: Vec<WorkingSet>,
     /// Seconds a file prefetch takes (moving average, f64 bits).
     file_seconds: AtomicU64,
     depth: AtomicUsize,
@@ -377,6 +413,7 @@ impl Prefetcher {
             stop: AtomicBool::new(false),
             demand: Arc::default(),
             outcomes: names.iter().map(|_| Mutex::default()).collect(),
+            working: names.iter().map(|_| WorkingSet::default()).collect(),
             file_seconds: AtomicU64::new(0f64.to_bits()),
             depth: AtomicUsize::new(DEPTH_MIN),
             knobs,
@@ -522,6 +559,13 @@ impl Prefetcher {
     /// Files the planner keeps queued ahead (the controller's or the scheduler's depth).
     pub fn depth(&self) -> usize {
         self.shared.depth.load(Ordering::Relaxed)
+    }
+
+    /// A gauge of each set's working set (in set order: the source tree's files, then each
+    /// view's).
+    pub fn working_sets(&self) -> impl Fn() -> Vec<WorkingSetFigures> + Send + 'static {
+        let shared = self.shared.clone();
+        move || shared.working.iter().map(WorkingSet::figures).collect()
     }
 
     /// A gauge of the prefetch queue: files waiting, as a share of the current depth.

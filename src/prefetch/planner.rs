@@ -32,7 +32,7 @@ use super::hint::{Hint, OrderFile, OrderSlot, Polled};
 use super::predict::{self, Predictor, Replay, SCORED, Score, Tree, Verdict};
 use super::{
     DEPTH_MAX, DEPTH_MIN, EVENT_QUEUE, EWMA, Event, HISTORY, Job, Marks, Outcome, STATUS_EVERY,
-    SetId, Shared,
+    SetId, Shared, WorkingSetFigures,
 };
 use crate::memory::Use;
 use crate::source::{Identity, Source};
@@ -63,6 +63,8 @@ pub(super) struct SetState {
     /// as files come.
     classes: Vec<u8>,
     working_set: Option<u64>,
+    /// The last complete pass's files and bytes (what `classes` and `working_set` were then).
+    ended: WorkingSetFigures,
     opens: u64,
     /// The remaining-set walks of this pass, once the helper has made them.
     remaining: Option<Remaining>,
@@ -154,6 +156,7 @@ impl SetState {
             predictors,
             classes: Vec::new(),
             working_set: Some(0),
+            ended: WorkingSetFigures::default(),
             opens: 0,
             remaining: None,
             owed: None,
@@ -262,6 +265,10 @@ impl SetState {
                 (self.plans, self.unpredicted) = (0, 0);
                 let ended = std::mem::replace(&mut self.classes, begun);
                 let ended_set = std::mem::replace(&mut self.working_set, working_set);
+                self.ended = WorkingSetFigures {
+                    files: ended.len() as u64,
+                    bytes: ended_set,
+                };
                 self.close_epoch(shared, set, ended, ended_set);
                 true
             }
@@ -272,6 +279,15 @@ impl SetState {
                 false
             }
         };
+        let current = WorkingSetFigures {
+            files: self.classes.len() as u64,
+            bytes: self.working_set,
+        };
+        shared.working[set].publish(if current.files >= self.ended.files {
+            current
+        } else {
+            self.ended
+        });
         while let Ok((epoch, remaining)) = self.ready.try_recv() {
             if epoch == self.tracker.epoch() {
                 self.remaining = Some(remaining);

@@ -658,6 +658,10 @@ impl Views {
                         )
                         .into());
                     }
+                    // What the image costs the cache held encoded or as pixels (telemetry's
+                    // working-set fits).
+                    view.metrics.image_bytes.add(source.size);
+                    view.metrics.pixel_bytes.add(Rgb::cached_len(plan.size));
                     Ok((rendered, work, source))
                 },
             );

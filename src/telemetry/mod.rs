@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::control::observation::Observation;
+use crate::control::observation::{Observation, fit};
 use crate::metrics::quantile_us;
 
 /// Sampling period of the CPU figures: /proc/stat costs ~25 µs to read, so 10 samples a second
@@ -66,6 +66,12 @@ pub struct Pipeline {
     pub cache_fill: f64,
     /// Whether the disk tier is on.
     pub disk_tier: bool,
+    /// Bytes of the RAM tier's share of the budget.
+    pub cache_bytes: u64,
+    /// Bytes the readers' working set takes as encoded files (0: not known yet).
+    pub working_set_bytes: u64,
+    /// Bytes the views' working set takes as decoded pixels (0: no view read yet).
+    pub pixel_set_bytes: u64,
 }
 
 /// How the sampler reads the pipeline (a closure over the mount's metrics and components).
@@ -295,6 +301,8 @@ fn observe(old: &Reading, new: &Reading, cores: f64) -> Observation {
             1.0
         },
         disk_tier: p1.disk_tier,
+        working_set_fit: fit(p1.cache_bytes as f64, p1.working_set_bytes as f64),
+        pixels_fit: fit(p1.cache_bytes as f64, p1.pixel_set_bytes as f64),
     }
 }
 

@@ -59,6 +59,10 @@ pub struct ViewMetrics {
     pub failed_files: FailedFiles,
     /// Bytes of .npy files produced.
     pub bytes_out: Counter,
+    /// Encoded bytes of the images rendered (their files' sizes), summed over renders.
+    pub image_bytes: Counter,
+    /// Bytes the images rendered take decoded (width x height x 3), summed over renders.
+    pub pixel_bytes: Counter,
     /// Time to decode one image.
     pub decode_latency: Histogram,
     /// Time to run the ops and write the output of one image (crop, resize, flip, normalize).
@@ -126,6 +130,20 @@ pub const BYTES_OUT: Metric = Metric::counter(
     "views.*.bytes_out",
     "view_bytes_out_total",
     "Bytes of .npy files rendered.",
+)
+.by("view");
+/// Encoded bytes of the images rendered.
+pub const IMAGE_BYTES: Metric = Metric::counter(
+    "views.*.image_bytes",
+    "view_image_bytes_total",
+    "Encoded bytes of the images rendered (each image's file size, once per render).",
+)
+.by("view");
+/// Decoded bytes of the images rendered.
+pub const PIXEL_BYTES: Metric = Metric::counter(
+    "views.*.pixel_bytes",
+    "view_pixel_bytes_total",
+    "Bytes the images rendered take as decoded pixels (width x height x 3, once per render): what keeping their pixels would cost.",
 )
 .by("view");
 /// Decode time.
@@ -223,6 +241,15 @@ pub const SHARED_HITS: Metric = Metric::counter(
 .by("view");
 
 impl ViewMetrics {
+    /// An image's mean encoded and decoded bytes over the renders so far (`None` before one).
+    pub fn image_sizes(&self) -> Option<(f64, f64)> {
+        let renders = self.renders.get();
+        (renders > 0).then(|| {
+            let per = |total: u64| total as f64 / renders as f64;
+            (per(self.image_bytes.get()), per(self.pixel_bytes.get()))
+        })
+    }
+
     /// The samples of view `name`, with its jobs and held renders now (`jobs`): under `views.<name>.` in
     /// stats.json, labelled `view` in metrics.
     pub fn samples(&self, name: &str, jobs: &JobFigures, out: &mut Samples) {
@@ -231,6 +258,8 @@ impl ViewMetrics {
         out.put_for(&IMAGES_PER_S, name, self.render_rate.per_second());
         out.put_for(&ERRORS, name, self.errors.get() as f64);
         out.put_for(&BYTES_OUT, name, self.bytes_out.get() as f64);
+        out.put_for(&IMAGE_BYTES, name, self.image_bytes.get() as f64);
+        out.put_for(&PIXEL_BYTES, name, self.pixel_bytes.get() as f64);
         out.latency_for(&DECODE_LATENCY, name, &self.decode_latency);
         out.latency_for(&TRANSFORM_LATENCY, name, &self.transform_latency);
         out.latency_for(&RENDER_LATENCY, name, &self.render_latency);

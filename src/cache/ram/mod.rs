@@ -282,6 +282,11 @@ impl RamTier {
         }
     }
 
+    /// Bytes of the budget's cache slice: what the RAM tier may hold.
+    pub fn capacity(&self) -> u64 {
+        self.shared.ledger.budget.slice(Use::Cache)
+    }
+
     /// Share of the cache slice in use (0..=1; a zero slice is full).
     pub fn fill(&self) -> f64 {
         let budget = &self.shared.ledger.budget;

@@ -18,7 +18,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use super::baselines::static_cpu;
 use super::scenario::Scenario;
 use crate::control::action::{Action, Head, Mask, Placement};
-use crate::control::observation::{GpuObservation, Observation};
+use crate::control::observation::{GpuObservation, Observation, fit};
 use crate::scheduler::rng::Rng;
 
 /// Simulated seconds per `step`: the mount's decision interval.
@@ -752,6 +752,9 @@ impl Simulator {
             (self.obs.source_bytes_per_s, self.obs.source_latency_s)
         };
         let staged_bytes = self.staged as f64 * self.s.costs.image_bytes;
+        // The working set as the mount's planner knows it: the images read so far in the first
+        // pass, every image after it.
+        let seen = self.position.min(self.items.len()) as f64;
         self.obs = Observation {
             cpu_busy: (iv.busy_core_s / cores).min(1.0),
             cpu_prepfs: (iv.prepfs_core_s / cores).min(1.0),
@@ -775,6 +778,8 @@ impl Simulator {
                 self.obs.hit_rate
             },
             disk_tier: false,
+            working_set_fit: fit(self.s.cache_bytes, seen * self.s.costs.image_bytes),
+            pixels_fit: fit(self.s.cache_bytes, seen * self.s.costs.pixel_bytes),
         };
     }
 }
@@ -890,6 +895,36 @@ mod tests {
             run(&no_gpu, cpu(), 20).0,
             "gpu clamps to cpu"
         );
+    }
+
+    /// The fits the state sees are the mount's: the working set grows with the first pass's
+    /// images, then stays the dataset.
+    #[test]
+    fn the_working_set_fits_follow_the_images_read() {
+        let s = Scenario::cpu_bound();
+        let mut sim = Simulator::new(s.clone(), 1);
+        let items = sim.items.len() as f64;
+        let first = sim.step(&cpu());
+        let seen = sim.position.min(sim.items.len()) as f64;
+        assert!(seen > 0.0 && seen < items, "{seen} of {items}");
+        let fits = |obs: &Observation, n: f64| {
+            let want = (
+                s.cache_bytes / (n * s.costs.image_bytes),
+                s.cache_bytes / (n * s.costs.pixel_bytes),
+            );
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b;
+            close(obs.working_set_fit, want.0) && close(obs.pixels_fit, want.1)
+        };
+        assert!(fits(&first, seen), "{first:?}");
+        let mut obs = first;
+        for _ in 0..100_000 {
+            obs = sim.step(&cpu());
+            if sim.position > sim.items.len() {
+                break;
+            }
+        }
+        assert!(fits(&obs, items), "{obs:?}");
+        assert!(obs.working_set_fit < first.working_set_fit);
     }
 
     #[test]
