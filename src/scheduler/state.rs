@@ -91,15 +91,6 @@ pub const FEATURE_TABLE: &[Feature] = &[
         name: "hit_rate",
         of: |o| unit(o.hit_rate),
     },
-    // 0.1x .. 10x: what decides whether compression or kept pixels can serve a whole epoch.
-    Feature {
-        name: "working_set_fit",
-        of: |o| log_scale(o.working_set_fit, 0.1, 10.0),
-    },
-    Feature {
-        name: "pixels_fit",
-        of: |o| log_scale(o.pixels_fit, 0.1, 10.0),
-    },
 ];
 
 /// Features taken from an observation.
