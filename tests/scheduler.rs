@@ -216,7 +216,7 @@ fn telemetry_and_the_shipped_policy_show_in_stats() {
     assert!(s["action"]["codec"].is_string(), "{s}");
 }
 
-/// The state's working-set fits: the RAM slice over the working set's bytes, the dataset files'
+/// Telemetry's working-set fits: the RAM slice over the working set's bytes, the dataset files'
 /// own and each view's files at its images' mean sizes, encoded and as decoded pixels.
 #[test]
 fn telemetry_says_how_many_times_the_working_set_fits_the_cache() {

@@ -2,7 +2,8 @@
 //!
 //! Owns: the observation's fields. `telemetry` fills them on the mount and the scheduler's
 //! simulator from its model; the scheduler encodes them into its state vector
-//! (`scheduler::state`) and the views read them for the GPU placement rule. Must never read the
+//! (`scheduler::state`; `working_set_fit` and `pixels_fit` are telemetry's only, not in the
+//! state yet) and the views read them for the GPU placement rule. Must never read the
 //! machine itself, nor normalise or score an observation.
 
 /// One sample of the machine and the pipeline, in natural units.

@@ -1467,7 +1467,7 @@ fn a_pass_waiting_on_a_source_larger_than_the_cache_is_diagnosed_as_short_of_cac
     );
 }
 
-/// The scheduler's working-set fits read a set's working set: the larger of its last complete
+/// Telemetry's working-set fits read a set's working set: the larger of its last complete
 /// pass and the current one, so a smaller working set shows one pass after it began.
 #[test]
 fn a_sets_working_set_is_the_larger_of_its_last_pass_and_this_one() {

@@ -897,8 +897,8 @@ mod tests {
         );
     }
 
-    /// The fits the state sees are the mount's: the working set grows with the first pass's
-    /// images, then stays the dataset.
+    /// The simulator reports the mount's working-set fits: the working set grows with the first
+    /// pass's images, then stays the dataset.
     #[test]
     fn the_working_set_fits_follow_the_images_read() {
         let s = Scenario::cpu_bound();
