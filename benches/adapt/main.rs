@@ -16,7 +16,9 @@
 //! machine hits the modes alike and the runs pair. `heuristic-again` is the heuristic mounted a
 //! second time: its difference from `heuristic` is the noise floor, and the report says how
 //! large a difference the runs can tell at p < 0.05. `policy-unguarded` (the policy with
-//! `--policy-guard off`) can be asked for by name. Timing is reported, never asserted.
+//! `--policy-guard off`) and the probes `pixels-raw`, `pixels-zstd1` and `workers-2x` (the
+//! heuristic with decoded pixels kept raw or zstd-1-packed, or render threads at twice the
+//! cores) can be asked for by name. Timing is reported, never asserted.
 
 #[path = "../common/binary.rs"]
 mod binary;
@@ -39,7 +41,7 @@ const VIEW: &str = "train=decode,random_resized_crop(224),hflip,normalize(imagen
 const READERS: usize = 2;
 
 /// The modes compared, with their extra mount flags.
-const MODES: [(&str, &[&str]); 5] = [
+const MODES: [(&str, &[&str]); 8] = [
     ("policy", &["--scheduler", "policy"]),
     ("heuristic", &["--scheduler", "heuristic"]),
     ("heuristic-again", &["--scheduler", "heuristic"]),
@@ -59,7 +61,38 @@ const MODES: [(&str, &[&str]); 5] = [
         "policy-unguarded",
         &["--scheduler", "policy", "--policy-guard", "off"],
     ),
+    // Probes: the heuristic with one of the policy's choices forced, to check the simulator's
+    // cost of each choice against the mount's (`scheduler --real` predicts them the same way).
+    (
+        "pixels-raw",
+        &[
+            "--scheduler",
+            "heuristic",
+            "--codec",
+            "none",
+            "--decoded-cache",
+            "on",
+        ],
+    ),
+    (
+        "pixels-zstd1",
+        &[
+            "--scheduler",
+            "heuristic",
+            "--codec",
+            "zstd-1",
+            "--decoded-cache",
+            "on",
+        ],
+    ),
+    (
+        "workers-2x",
+        &["--scheduler", "heuristic", "--render-threads", TWICE_THE_CORES],
+    ),
 ];
+
+/// Stands for twice this machine's cores in a mode's flags (the policy's largest worker option).
+const TWICE_THE_CORES: &str = "2x-cores";
 
 struct Args {
     phase: f64,
@@ -283,7 +316,11 @@ fn run(
         "--cache-mem".into(),
         setup.cache_mem.to_string(),
     ];
-    mount_args.extend(flags.iter().map(|f| (*f).to_owned()));
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    mount_args.extend(flags.iter().map(|f| match *f {
+        TWICE_THE_CORES => (2 * cores).to_string(),
+        f => f.to_owned(),
+    }));
     let (mut daemon, stop_daemon, _unmount) = sandbox::start_prepfs(
         &setup.group,
         &binary::prepfs(),

@@ -9,7 +9,8 @@
 //! choice under the mount's guard (`scheduler::guard`: the heuristics act first to be measured,
 //! and take the knobs back from a policy whose reward trails theirs), `policy-unguarded` without
 //! it, `heuristic` the heuristic baseline, `static` the heuristic with no codec and no decoded
-//! pixels (the adapt bench's static mount). Must never run a mount: it reads the measurements
+//! pixels (the adapt bench's static mount), and the adapt bench's probes the heuristic with the
+//! knobs their flags hold (`pixels-raw`, `pixels-zstd1`, `workers-2x`). Must never run a mount: it reads the measurements
 //! from the file.
 
 use std::cell::RefCell;
@@ -262,11 +263,18 @@ pub fn check(
             }
         };
         let heuristic = baselines::heuristic_policy(&s);
-        let fixed = |o: &Observation, c: &Action, k: &Mask, i: usize| {
-            heuristic(o, c, k, i)
-                .with(Head::Codec, 0)
-                .with(Head::Decoded, 0)
+        // The heuristic with some knobs held, as the adapt bench's flags hold them on the mount.
+        let forced = |held: &'static [(Head, usize)]| {
+            let heuristic = &heuristic;
+            move |o: &Observation, c: &Action, k: &Mask, i: usize| {
+                held.iter()
+                    .fold(heuristic(o, c, k, i), |a, &(head, v)| a.with(head, v))
+            }
         };
+        let fixed = forced(&[(Head::Codec, 0), (Head::Decoded, 0)]);
+        let pixels_raw = forced(&[(Head::Codec, 0), (Head::Decoded, 1)]);
+        let pixels_zstd1 = forced(&[(Head::Codec, 2), (Head::Decoded, 1)]);
+        let workers_2x = forced(&[(Head::Workers, 3)]);
         println!("\n### ({}) simulated / measured\n", m.letter);
         println!("| mode | phase | img/s | p50 ms | p99 ms | simulated choices |");
         println!("|---|---|---|---|---|---|");
@@ -278,6 +286,9 @@ pub fn check(
                 "policy-unguarded" => predict(&|| Box::new(&policy), &s, phase_s),
                 "heuristic" | "heuristic-again" => predict(&|| Box::new(&heuristic), &s, phase_s),
                 "static" => predict(&|| Box::new(&fixed), &s, phase_s),
+                "pixels-raw" => predict(&|| Box::new(&pixels_raw), &s, phase_s),
+                "pixels-zstd1" => predict(&|| Box::new(&pixels_zstd1), &s, phase_s),
+                "workers-2x" => predict(&|| Box::new(&workers_2x), &s, phase_s),
                 _ => continue,
             };
             for ph in 0..3 {
