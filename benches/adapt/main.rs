@@ -18,7 +18,9 @@
 //! large a difference the runs can tell at p < 0.05. `policy-unguarded` (the policy with
 //! `--policy-guard off`) and the probes `pixels-raw`, `pixels-zstd1` and `workers-2x` (the
 //! heuristic with decoded pixels kept raw or zstd-1-packed, or render threads at twice the
-//! cores) can be asked for by name. Timing is reported, never asserted.
+//! cores) and `heuristic-before` (the heuristic of the earlier build `PREPFS_BENCH_BEFORE_BIN`,
+//! a change's before beside its after) can be asked for by name. Timing is reported, never
+//! asserted.
 
 #[path = "../common/binary.rs"]
 mod binary;
@@ -41,7 +43,7 @@ const VIEW: &str = "train=decode,random_resized_crop(224),hflip,normalize(imagen
 const READERS: usize = 2;
 
 /// The modes compared, with their extra mount flags.
-const MODES: [(&str, &[&str]); 8] = [
+const MODES: [(&str, &[&str]); 9] = [
     ("policy", &["--scheduler", "policy"]),
     ("heuristic", &["--scheduler", "heuristic"]),
     ("heuristic-again", &["--scheduler", "heuristic"]),
@@ -87,9 +89,24 @@ const MODES: [(&str, &[&str]); 8] = [
     ),
     (
         "workers-2x",
-        &["--scheduler", "heuristic", "--render-threads", TWICE_THE_CORES],
+        &[
+            "--scheduler",
+            "heuristic",
+            "--render-threads",
+            TWICE_THE_CORES,
+        ],
     ),
+    // The heuristic of an earlier build (`PREPFS_BENCH_BEFORE_BIN`), for a change's before and
+    // after interleaved in one run.
+    ("heuristic-before", &["--scheduler", "heuristic"]),
 ];
+
+/// The earlier build the `-before` modes mount: `PREPFS_BENCH_BEFORE_BIN`.
+fn before_binary() -> Result<PathBuf, String> {
+    std::env::var_os("PREPFS_BENCH_BEFORE_BIN")
+        .map(PathBuf::from)
+        .ok_or_else(|| "a -before mode needs PREPFS_BENCH_BEFORE_BIN (an earlier build)".into())
+}
 
 /// Stands for twice this machine's cores in a mode's flags (the policy's largest worker option).
 const TWICE_THE_CORES: &str = "2x-cores";
@@ -254,6 +271,28 @@ fn choices(s0: &serde_json::Value, s1: &serde_json::Value) -> String {
         .join(" ")
 }
 
+/// The RAM tier's blocks per codec and its decoded pixels in `s`, e.g.
+/// `blocks none 410 lz4 0 zstd 380, pixels 218 MB`.
+fn stored(s: &serde_json::Value) -> String {
+    let blocks = ["none", "lz4", "zstd"].map(|c| {
+        format!(
+            "{c} {}",
+            s["cache"]["blocks_by_codec"][c].as_u64().unwrap_or(0)
+        )
+    });
+    let pixels = s["cache"]["decoded"]["logical_bytes"].as_u64().unwrap_or(0);
+    format!(
+        "blocks {}, pixels {:.0} MB",
+        blocks.join(" "),
+        pixels as f64 / 1e6
+    )
+}
+
+/// CPU seconds spent unpacking cache entries on hits (`cache.decompress_cpu_seconds`).
+fn unpack_seconds(s: &serde_json::Value) -> f64 {
+    s["cache"]["decompress_cpu_seconds"].as_f64().unwrap_or(0.0)
+}
+
 /// Bytes prepfs has read from the source (`source.bytes_read`).
 fn source_bytes(s: &serde_json::Value) -> u64 {
     s["source"]["bytes_read"].as_u64().unwrap_or(0)
@@ -321,9 +360,14 @@ fn run(
         TWICE_THE_CORES => (2 * cores).to_string(),
         f => f.to_owned(),
     }));
+    let binary = if mode.ends_with("-before") {
+        before_binary()?
+    } else {
+        binary::prepfs()
+    };
     let (mut daemon, stop_daemon, _unmount) = sandbox::start_prepfs(
         &setup.group,
-        &binary::prepfs(),
+        &binary,
         &mount_args,
         &setup.mountpoint,
         &setup.log,
@@ -409,6 +453,11 @@ fn run(
                 .saturating_sub(memory(&s0, "given_back_bytes")),
             held_back_bytes: memory(&s1, "held_back_bytes"),
             choices: choices(&s0, &s1),
+            stored: format!(
+                "{}; unpacking {:.2} s of CPU",
+                stored(&s1),
+                unpack_seconds(&s1) - unpack_seconds(&s0)
+            ),
             device_mb_s: device0
                 .zip(device1)
                 .map(|(a, b)| b.saturating_sub(a) as f64 / 1e6 / t0.elapsed().as_secs_f64()),
@@ -496,7 +545,7 @@ fn bench(raw: &[String]) -> Result<(), String> {
                 eprintln!("round {round} ({}) {}:", scenario.letter(), a.modes[i].0);
                 for (name, p) in scenario.phases().iter().zip(&r.phases) {
                     eprintln!(
-                        "  {name}: {:.0} img/s, p50 {:.1} ms, p99 {:.1} ms; pressure {}x, {:.0} MB given back, {:.0} MB held back{}; {}",
+                        "  {name}: {:.0} img/s, p50 {:.1} ms, p99 {:.1} ms; pressure {}x, {:.0} MB given back, {:.0} MB held back{}; {}; {}",
                         p.images_per_s,
                         p.p50_ms,
                         p.p99_ms,
@@ -507,7 +556,8 @@ fn bench(raw: &[String]) -> Result<(), String> {
                             ", device {d:.0} MB/s (prepfs read {:.0} MB/s from the source)",
                             p.source_mb_s
                         )),
-                        p.choices
+                        p.choices,
+                        p.stored
                     );
                 }
                 results[s][i].1.push(r);

@@ -39,6 +39,10 @@ pub struct Phase {
     /// Each knob's option most in force in the phase, with its share of the decisions
     /// (`scheduler.histogram`), e.g. `codec=zstd 80%`.
     pub choices: String,
+    /// The RAM tier's blocks per codec at the phase's end and the decoded pixels it holds
+    /// (`cache.blocks_by_codec`, `cache.decoded.logical_bytes`), and the CPU the phase spent
+    /// unpacking entries on hits: what packing costs the renders.
+    pub stored: String,
 }
 
 /// One run of one mode in one scenario.
