@@ -95,6 +95,7 @@ pub(crate) fn build_observed(
         .with_decoded_caching(cache.decoded)
         .with_small_memfds(config.fuse.passthrough)
         .with_knobs(knobs.clone())
+        .with_telemetry(telemetry.clone())
         .shared();
     let disk = disk.map(|d| {
         let held = ram.clone();
@@ -349,7 +350,8 @@ fn probe(
     let working_sets = prefetcher.working_sets();
     Box::new(move || {
         let cache = fetcher.metrics();
-        let (working_set_bytes, pixel_set_bytes) = working_set(&working_sets(), &views);
+        let (working_set_bytes, pixel_set_bytes, working_set_whole) =
+            working_set(&working_sets(), &views);
         Pipeline {
             // Opens of items: one per item a loader fetches (files, shards, view tensors; not
             // the control files); reads of passthrough files never reach the daemon, opens and
@@ -371,15 +373,19 @@ fn probe(
             cache_bytes: fetcher.ram().capacity(),
             working_set_bytes,
             pixel_set_bytes,
+            working_set_whole,
         }
     })
 }
 
 /// The bytes the readers' working set takes as encoded files, and as decoded pixels: the
 /// dataset files' own bytes where the planner knows them, and each view's files at its images'
-/// mean sizes so far (a view's files are its images; set `1 + i` is view `i`'s).
-fn working_set(sets: &[WorkingSetFigures], views: &Views) -> (u64, u64) {
+/// mean sizes so far (a view's files are its images; set `1 + i` is view `i`'s); and whether
+/// they are a whole pass's (every set read has ended one).
+fn working_set(sets: &[WorkingSetFigures], views: &Views) -> (u64, u64, bool) {
     let (mut encoded, mut pixels) = (0.0, 0.0);
+    let read = || sets.iter().filter(|f| f.files > 0);
+    let whole = read().next().is_some() && read().all(|f| f.whole);
     for (set, figures) in sets.iter().enumerate() {
         match set.checked_sub(1).and_then(|i| views.iter().nth(i)) {
             Some(view) => {
@@ -391,7 +397,7 @@ fn working_set(sets: &[WorkingSetFigures], views: &Views) -> (u64, u64) {
             None => encoded += figures.bytes.unwrap_or(0) as f64,
         }
     }
-    (encoded as u64, pixels as u64)
+    (encoded as u64, pixels as u64, whole)
 }
 
 /// What the control files show, gathered from every piece of the mount when one is opened. Also

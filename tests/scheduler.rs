@@ -251,6 +251,7 @@ fn telemetry_says_how_many_times_the_working_set_fits_the_cache() {
     });
     let (w, p) = expected(&stats);
     let latest = &stats["telemetry"]["latest"];
+    assert_eq!(latest["working_set_whole"], false, "a first pass: {latest}");
     assert!(
         close(latest["working_set_fit"].as_f64().unwrap_or(0.0), w),
         "working_set_fit, want {w}: {latest}"
@@ -267,6 +268,25 @@ fn telemetry_says_how_many_times_the_working_set_fits_the_cache() {
             .zip(pixels)
             .is_some_and(|(i, p)| i > 0.0 && p > 3.0 * i),
         "{view}"
+    );
+    // A second pass over the files and over the view ends both first passes (the planner
+    // tells a new pass from a re-read after a few re-opens): the fits are a whole pass's from
+    // then on.
+    for (name, _) in &files {
+        fs::read(t.m(name)).expect("read");
+    }
+    for j in 0..6 {
+        fs::read(t.m(&format!(".prepfs/views/val/img/p{j}.jpg.npy"))).expect("read view");
+    }
+    let whole = wait_for(&t, |s| {
+        s["telemetry"]["latest"]["working_set_whole"] == true
+    });
+    let latest = &whole["telemetry"]["latest"];
+    assert_eq!(latest["working_set_whole"], true, "{latest}");
+    let (w, _) = expected(&whole);
+    assert!(
+        close(latest["working_set_fit"].as_f64().unwrap_or(0.0), w),
+        "a second pass of the same files, want {w}: {latest}"
     );
 }
 

@@ -745,6 +745,111 @@ mod tests {
         );
     }
 
+    /// In `auto`, decoded pixels of a source too fast for them (a decode 20 times faster than
+    /// fetching their size) are declined, until telemetry says a whole pass of the files fits
+    /// the tier with room to spare: then they are kept, for that reason.
+    #[test]
+    fn pixels_are_kept_in_the_room_a_whole_pass_of_files_leaves() {
+        use crate::cache::policy::{DecodedCaching, DecodedReason};
+        use crate::control::observation::Observation;
+        let budget = MemoryBudget::new(MemoryPlan {
+            cache: 64 << 20,
+            staging: 0,
+            work: 64 << 20,
+        });
+        let metrics = Arc::new(CacheMetrics::default());
+        let telemetry = Arc::new(Telemetry::default());
+        let packer = Arc::new(Packer::new(
+            Box::new(Fixed(Codec::None)),
+            telemetry.clone(),
+            metrics.clone(),
+        ));
+        let ram = RamTier::new(budget, packer, metrics.clone())
+            .with_decoded_caching(DecodedCaching::Auto)
+            .with_telemetry(telemetry.clone());
+        // 1 GB/s from the source; 1 MB of pixels decoded in 50 us.
+        metrics.source_bytes.add(1 << 30);
+        metrics.source_busy_ns.add(1 << 30);
+        let (len, decode) = (1u64 << 20, std::time::Duration::from_micros(50));
+        let offer = |file| {
+            let pixels = || vec![7u8; len as usize];
+            let kept =
+                ram.derived()
+                    .offer_decoded(identity(file, 0, 1), (len, 1024), decode, pixels);
+            (kept, ram.derived().decoded_choice().1)
+        };
+        assert_eq!(
+            offer(1),
+            (false, DecodedReason::SourceSlower),
+            "nothing known"
+        );
+        let fits = |fit, whole| Observation {
+            working_set_fit: fit,
+            working_set_whole: whole,
+            ..Observation::default()
+        };
+        telemetry.observe_for_test(fits(5.0, false));
+        assert_eq!(
+            offer(2),
+            (false, DecodedReason::SourceSlower),
+            "a first pass"
+        );
+        telemetry.observe_for_test(fits(5.0, true));
+        assert_eq!(offer(3), (true, DecodedReason::RoomToSpare));
+        telemetry.observe_for_test(fits(0.8, true));
+        assert_eq!(
+            offer(4),
+            (false, DecodedReason::SourceSlower),
+            "files need it"
+        );
+    }
+
+    /// Decoded pixels take only the room files leave: a file's blocks that find the slice full
+    /// of pixels no render reads drop as many of them as they need, and pixels never take a
+    /// file's room back.
+    #[test]
+    fn decoded_pixels_give_their_room_to_files() {
+        use crate::cache::policy::DecodedCaching;
+        let budget = MemoryBudget::new(MemoryPlan {
+            cache: 4 << 20,
+            staging: 0,
+            work: 64 << 20,
+        });
+        let metrics = Arc::new(CacheMetrics::default());
+        let packer = Arc::new(Packer::new(
+            Box::new(Fixed(Codec::None)),
+            Arc::new(Telemetry::default()),
+            metrics.clone(),
+        ));
+        let ram =
+            RamTier::new(budget, packer, metrics.clone()).with_decoded_caching(DecodedCaching::On);
+        let len = 1u64 << 20;
+        let offer = |image| {
+            let pixels = || vec![1u8; len as usize];
+            let decode = std::time::Duration::from_millis(1);
+            ram.derived()
+                .offer_decoded(identity(image, 0, 1), (len, 1024), decode, pixels)
+        };
+        for image in 100..103 {
+            assert!(offer(image), "3 of the 4 MiB");
+        }
+        let file = ram.file(identity(1, 0, 2 << 20));
+        for index in 0..2 {
+            assert!(file.fits(len), "counting the pixels' room");
+            let room = file.reserve(len).expect("room, the pixels' if need be");
+            let block = Arc::new(Block::new(vec![2u8; len as usize]));
+            assert!(file.store(index, &block, Some(room)));
+        }
+        assert_eq!(file.cached_blocks(), 2);
+        let yielded = metrics.decoded_yielded.get();
+        assert!((1..=2).contains(&yielded), "{yielded} images gave way");
+        assert!(!offer(103), "no pixels in a file's room");
+        let kept = (100..103)
+            .filter(|&image| ram.derived().has_decoded(&identity(image, 0, 1)))
+            .count() as u64;
+        assert_eq!(kept, 3 - yielded, "only as many as the file needed");
+    }
+
     /// What a test holds open: the version it opened and its entry.
     struct Open {
         file: usize,

@@ -176,6 +176,12 @@ pub const DECODED_REJECTED: Metric = Metric::counter(
     "cache_decoded_rejected_total",
     "Decoded images the policy would keep but the budget had no room for.",
 );
+/// Decoded images dropped to give their room to files.
+pub const DECODED_YIELDED: Metric = Metric::counter(
+    "cache.decoded.yielded",
+    "cache_decoded_yielded_total",
+    "Decoded images dropped, while no render read them, to make room for a file's blocks: pixels take only the room files leave.",
+);
 /// Restart-marked JPEG copies held.
 pub const MARKED_ENTRIES: Metric = Metric::gauge(
     "cache.marked.entries",
@@ -397,6 +403,8 @@ pub struct CacheMetrics {
     pub decoded_declined: Counter,
     /// See `DECODED_REJECTED`.
     pub decoded_rejected: Counter,
+    /// See `DECODED_YIELDED`.
+    pub decoded_yielded: Counter,
     /// See `MARKED_HITS`.
     pub marked_hits: Counter,
     /// See `MARKED_ADMITTED`.
@@ -562,6 +570,7 @@ impl CacheMetrics {
         out.count(&DECODED_ADMITTED, &self.decoded_admitted);
         out.count(&DECODED_DECLINED, &self.decoded_declined);
         out.count(&DECODED_REJECTED, &self.decoded_rejected);
+        out.count(&DECODED_YIELDED, &self.decoded_yielded);
         out.put(&MARKED_ENTRIES, ram.marked_entries as f64);
         out.put(&MARKED_BYTES, ram.marked_bytes as f64);
         out.count(&MARKED_HITS, &self.marked_hits);

@@ -196,24 +196,31 @@ pub enum DecodedReason {
     /// The source delivers the pixels' size in bytes faster than the image decodes: the memory
     /// saves more time holding encoded files.
     SourceSlower,
+    /// A whole pass of the readers' files, encoded, fits the RAM tier with room to spare: pixels
+    /// take only room no file needs.
+    RoomToSpare,
 }
 
 impl DecodedReason {
     /// Every reason, by its `repr` value.
-    pub const ALL: [DecodedReason; 6] = [
+    pub const ALL: [DecodedReason; 7] = [
         DecodedReason::Off,
         DecodedReason::On,
         DecodedReason::SchedulerOn,
         DecodedReason::SchedulerOff,
         DecodedReason::DecodeSlower,
         DecodedReason::SourceSlower,
+        DecodedReason::RoomToSpare,
     ];
 
     /// Whether pixels are kept for this reason.
     pub fn keeps(self) -> bool {
         matches!(
             self,
-            DecodedReason::On | DecodedReason::SchedulerOn | DecodedReason::DecodeSlower
+            DecodedReason::On
+                | DecodedReason::SchedulerOn
+                | DecodedReason::DecodeSlower
+                | DecodedReason::RoomToSpare
         )
     }
 
@@ -226,6 +233,7 @@ impl DecodedReason {
             DecodedReason::SchedulerOff => "scheduler_off",
             DecodedReason::DecodeSlower => "decode_slower_than_source",
             DecodedReason::SourceSlower => "source_slower_than_decode",
+            DecodedReason::RoomToSpare => "room_to_spare",
         }
     }
 }
@@ -236,21 +244,37 @@ impl DecodedReason {
 /// declines.
 pub const DECODED_BAND: f64 = 1.5;
 
+/// What the decoded-caching rule weighs.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PixelSignals {
+    /// Decode time per byte of pixels (the mount's running average).
+    pub decode_s_per_byte: f64,
+    /// Bytes per second one source fetch delivered recently; `None` before any fetch.
+    pub source_bytes_per_s: Option<f64>,
+    /// How many times a whole pass of the readers' files, encoded, fits the RAM tier's slice
+    /// (`Observation::whole_working_set_fit`; `None` until a pass has ended).
+    pub working_set_fit: Option<f64>,
+}
+
 /// Whether to keep decoded pixels, when the scheduler does not hold the knob (`scheduled`; it
-/// only holds it in `auto` mode): `decode_s_per_byte` is the decode time per byte of pixels (the
-/// mount's running average), `kept` the decision so far.
+/// only holds it in `auto` mode): `kept` is the decision so far.
 ///
-/// Under never-evict, memory is spent once, so the question is which use of a byte saves more
-/// time per epoch. A byte of encoded file saves a fetch of one byte (1 / source bandwidth); a
-/// byte of pixels saves `decode / pixels` of decoding. Pixels win when `decode * bandwidth >=
-/// pixels`: with a 50 MB/s source and a 0.6 ms decode of a 560 KB image they lose (30 KB), from
-/// a 2 GB/s source they win (1.2 MB). The decision changes only once the other side wins by
+/// Pixels only ever take room the budget has free, and only of images whose encoded file the
+/// cache already holds (`RamTier`'s derived entries). So while a whole pass of the files fits
+/// with room to spare (`DECODED_BAND` times to start keeping, once to go on), pixels cost no
+/// file its place and save decodes: keep them. Otherwise memory is short, and under
+/// never-evict it is spent once, so the question is which use of a byte saves more time per
+/// epoch. A byte of encoded file saves a fetch of one byte (1 / source bandwidth); a byte of
+/// pixels saves `decode / pixels` of decoding. Pixels win when `decode * bandwidth >= pixels`:
+/// with a 50 MB/s source and a 0.6 ms decode of a 560 KB image they lose (30 KB), from a 2 GB/s
+/// source they win (1.2 MB). The decision changes only once the other side wins by
 /// `DECODED_BAND`. With no fetch measured yet the source costs nothing seen, so pixels win.
-/// Their size is counted before packing, which favours encoded files a little.
+/// Their size is counted before packing, which favours encoded files a little. (In a first
+/// pass the files read so far are no measure of the room: pixels kept on it would take the room
+/// of files not read yet, so only the second rule decides then.)
 pub fn keep_decoded(
     mode: DecodedCaching,
-    decode_s_per_byte: f64,
-    source_bytes_per_s: Option<f64>,
+    signals: &PixelSignals,
     scheduled: Option<bool>,
     kept: bool,
 ) -> DecodedReason {
@@ -263,8 +287,14 @@ pub fn keep_decoded(
         DecodedCaching::Off => DecodedReason::Off,
         DecodedCaching::On => DecodedReason::On,
         DecodedCaching::Auto => {
+            let room = if kept { 1.0 } else { DECODED_BAND };
+            if signals.working_set_fit.is_some_and(|fit| fit >= room) {
+                return DecodedReason::RoomToSpare;
+            }
             // Seconds of decoding a byte of pixels saves, per second of fetching a byte.
-            let gain = source_bytes_per_s.map_or(f64::INFINITY, |bw| decode_s_per_byte * bw);
+            let gain = signals
+                .source_bytes_per_s
+                .map_or(f64::INFINITY, |bw| signals.decode_s_per_byte * bw);
             let needed = if kept {
                 1.0 / DECODED_BAND
             } else {
@@ -320,15 +350,20 @@ mod tests {
     fn decoded_pixels_are_kept_when_decoding_costs_more_than_fetching() {
         // A 0.6 ms decode of a 500 x 375 RGB image.
         let per_byte = 600e-6 / (500.0 * 375.0 * 3.0);
-        let auto = |bw| keep_decoded(DecodedCaching::Auto, per_byte, bw, None, false);
+        let at = |bw| PixelSignals {
+            decode_s_per_byte: per_byte,
+            source_bytes_per_s: bw,
+            working_set_fit: None,
+        };
+        let auto = |bw| keep_decoded(DecodedCaching::Auto, &at(bw), None, false);
         assert_eq!(auto(Some(50e6)), DecodedReason::SourceSlower);
         assert_eq!(auto(Some(2e9)), DecodedReason::DecodeSlower);
         assert_eq!(auto(None), DecodedReason::DecodeSlower);
         assert!(!auto(Some(50e6)).keeps() && auto(Some(2e9)).keeps());
-        let fixed = |mode| keep_decoded(mode, per_byte, Some(2e9), Some(true), false);
+        let fixed = |mode| keep_decoded(mode, &at(Some(2e9)), Some(true), false);
         assert!(!fixed(DecodedCaching::Off).keeps());
-        assert!(keep_decoded(DecodedCaching::On, per_byte, Some(1.0), None, false).keeps());
-        let held = |on| keep_decoded(DecodedCaching::Auto, per_byte, Some(50e6), Some(on), false);
+        assert!(keep_decoded(DecodedCaching::On, &at(Some(1.0)), None, false).keeps());
+        let held = |on| keep_decoded(DecodedCaching::Auto, &at(Some(50e6)), Some(on), false);
         assert_eq!(held(true), DecodedReason::SchedulerOn);
         assert!(held(true).keeps() && !held(false).keeps());
         for reason in DecodedReason::ALL {
@@ -343,7 +378,12 @@ mod tests {
         let bw = 100e6;
         let even = 1.0 / bw;
         let auto = |k: f64, kept| {
-            keep_decoded(DecodedCaching::Auto, even * k, Some(bw), None, kept).keeps()
+            let signals = PixelSignals {
+                decode_s_per_byte: even * k,
+                source_bytes_per_s: Some(bw),
+                working_set_fit: None,
+            };
+            keep_decoded(DecodedCaching::Auto, &signals, None, kept).keeps()
         };
         for kept in [true, false] {
             let mut now = kept;
@@ -354,6 +394,41 @@ mod tests {
         }
         assert!(!auto(0.5, true), "a source twice as fast declines pixels");
         assert!(auto(2.0, false), "one twice as slow keeps them");
+    }
+
+    /// Once a whole pass of the files fits with room to spare, pixels are kept however fast
+    /// the source: they cost no file its place. Within `DECODED_BAND` of a full cache the
+    /// decision holds; below a fit of 1 (files need the room) the bandwidth rule decides again.
+    #[test]
+    fn pixels_fill_the_room_a_whole_pass_of_files_leaves() {
+        let at = |fit| PixelSignals {
+            // A decode twenty times faster than the source delivers its pixels' size.
+            decode_s_per_byte: 1.0 / 20e9,
+            source_bytes_per_s: Some(1e9),
+            working_set_fit: fit,
+        };
+        let auto = |fit, kept| keep_decoded(DecodedCaching::Auto, &at(fit), None, kept);
+        assert_eq!(auto(None, false), DecodedReason::SourceSlower, "first pass");
+        assert_eq!(auto(Some(5.0), false), DecodedReason::RoomToSpare);
+        assert_eq!(
+            auto(Some(1.2), false),
+            DecodedReason::SourceSlower,
+            "not yet"
+        );
+        assert_eq!(auto(Some(1.2), true), DecodedReason::RoomToSpare, "holds");
+        assert_eq!(
+            auto(Some(0.9), true),
+            DecodedReason::SourceSlower,
+            "files need it"
+        );
+        let held = keep_decoded(DecodedCaching::Auto, &at(Some(5.0)), Some(false), true);
+        assert_eq!(
+            held,
+            DecodedReason::SchedulerOff,
+            "the scheduler's knob wins"
+        );
+        assert!(!keep_decoded(DecodedCaching::Off, &at(Some(5.0)), None, true).keeps());
+        assert!(DecodedReason::RoomToSpare.keeps());
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //!
 //! Owns: the observation's fields. `telemetry` fills them on the mount and the scheduler's
 //! simulator from its model; the scheduler encodes them into its state vector
-//! (`scheduler::state`; `working_set_fit` and `pixels_fit` are telemetry's only, not in the
-//! state yet) and the views read them for the GPU placement rule. Must never read the
+//! (`scheduler::state`; `working_set_fit`, `pixels_fit` and `working_set_whole` are telemetry's
+//! only, not in the state yet; the decoded-caching rule reads them) and the views read them for the GPU placement rule. Must never read the
 //! machine itself, nor normalise or score an observation.
 
 /// One sample of the machine and the pipeline, in natural units.
@@ -46,6 +46,16 @@ pub struct Observation {
     /// How many times the decoded pixels of the views' working set fit it (0: no view read yet):
     /// whether keeping pixels can serve a whole epoch.
     pub pixels_fit: f64,
+    /// Whether the two fits are a whole pass's: every file set read has ended a pass (in the
+    /// first pass they count only the files read so far, so they only fall).
+    pub working_set_whole: bool,
+}
+
+impl Observation {
+    /// `working_set_fit` once it is a whole pass's (`None` before, or while nothing is known).
+    pub fn whole_working_set_fit(&self) -> Option<f64> {
+        (self.working_set_whole && self.working_set_fit > 0.0).then_some(self.working_set_fit)
+    }
 }
 
 /// How many times `demand` bytes fit in `capacity` bytes; 0 when the demand is not known (0).

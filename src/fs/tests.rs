@@ -1468,15 +1468,17 @@ fn a_pass_waiting_on_a_source_larger_than_the_cache_is_diagnosed_as_short_of_cac
 }
 
 /// Telemetry's working-set fits read a set's working set: the larger of its last complete
-/// pass and the current one, so a smaller working set shows one pass after it began.
+/// pass and the current one, so a smaller working set shows one pass after it began; and
+/// whether it is a whole pass's yet.
 #[test]
 fn a_sets_working_set_is_the_larger_of_its_last_pass_and_this_one() {
     let (_dir, fs, _plan) = slow_prefetching_fs(40, 0, None);
     let working = fs.prefetcher.working_sets();
-    let wait_for = |files: u64| {
+    let wait_for = |files: u64, whole: bool| {
         let want = crate::prefetch::WorkingSetFigures {
             files,
             bytes: Some(files * (64 << 10)),
+            whole,
         };
         for _ in 0..200 {
             if working()[0] == want {
@@ -1488,16 +1490,16 @@ fn a_sets_working_set_is_the_larger_of_its_last_pass_and_this_one() {
     };
     let order: Vec<u8> = (0..40).collect();
     read_pass(&fs, &order[..25], |i| pattern(64 << 10, i));
-    wait_for(25);
+    wait_for(25, false);
     read_pass(&fs, &order[25..], |i| pattern(64 << 10, i));
-    wait_for(40);
+    wait_for(40, false);
     // A pass of 10: the one before it still decides, until it ends.
     read_pass(&fs, &order[..10], |i| pattern(64 << 10, i));
     status_at_epoch(&fs, 2);
-    wait_for(40);
+    wait_for(40, true);
     read_pass(&fs, &order[..3], |i| pattern(64 << 10, i));
     status_at_epoch(&fs, 3);
-    wait_for(10);
+    wait_for(10, true);
     assert_eq!(working().len(), 1, "one set: no views");
 }
 

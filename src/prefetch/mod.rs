@@ -205,6 +205,9 @@ pub struct WorkingSetFigures {
     pub files: u64,
     /// Their bytes (`None`: some size unknown, as for views' files).
     pub bytes: Option<u64>,
+    /// Whether a pass of the set has ended, so the figures are at least a whole pass's (in the
+    /// first pass they are only the files read so far).
+    pub whole: bool,
 }
 
 /// A set's `WorkingSetFigures`, published by the planner thread and read by telemetry.
@@ -213,6 +216,7 @@ struct WorkingSet {
     files: AtomicU64,
     /// `u64::MAX`: unknown.
     bytes: AtomicU64,
+    whole: AtomicBool,
 }
 
 impl WorkingSet {
@@ -220,6 +224,7 @@ impl WorkingSet {
         self.files.store(figures.files, Ordering::Relaxed);
         self.bytes
             .store(figures.bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.whole.store(figures.whole, Ordering::Relaxed);
     }
 
     fn figures(&self) -> WorkingSetFigures {
@@ -227,6 +232,7 @@ impl WorkingSet {
         WorkingSetFigures {
             files: self.files.load(Ordering::Relaxed),
             bytes: (bytes != u64::MAX).then_some(bytes),
+            whole: self.whole.load(Ordering::Relaxed),
         }
     }
 }

@@ -268,6 +268,7 @@ impl SetState {
                 self.ended = WorkingSetFigures {
                     files: ended.len() as u64,
                     bytes: ended_set,
+                    whole: true,
                 };
                 self.close_epoch(shared, set, ended, ended_set);
                 true
@@ -282,6 +283,7 @@ impl SetState {
         let current = WorkingSetFigures {
             files: self.classes.len() as u64,
             bytes: self.working_set,
+            whole: self.ended.whole,
         };
         shared.working[set].publish(if current.files >= self.ended.files {
             current

@@ -72,6 +72,8 @@ pub struct Pipeline {
     pub working_set_bytes: u64,
     /// Bytes the views' working set takes as decoded pixels (0: no view read yet).
     pub pixel_set_bytes: u64,
+    /// Whether those are a whole pass's (every set read has ended one).
+    pub working_set_whole: bool,
 }
 
 /// How the sampler reads the pipeline (a closure over the mount's metrics and components).
@@ -134,6 +136,24 @@ impl Telemetry {
     /// The latest full sample (`None` until the first, ~1 s after the start).
     pub fn latest(&self) -> Option<Sample> {
         self.latest.lock().clone()
+    }
+
+    /// Makes `observation` the latest sample (tests of what reads it).
+    #[cfg(test)]
+    pub(crate) fn observe_for_test(&self, observation: Observation) {
+        self.publish(Sample {
+            at_ms: 0,
+            observation,
+            source_device: None,
+        });
+    }
+
+    /// The latest sample's `Observation::whole_working_set_fit`.
+    pub fn whole_working_set_fit(&self) -> Option<f64> {
+        self.latest
+            .lock()
+            .as_ref()
+            .and_then(|s| s.observation.whole_working_set_fit())
     }
 
     /// Stats document: the latest sample and the history, oldest first.
@@ -303,6 +323,7 @@ fn observe(old: &Reading, new: &Reading, cores: f64) -> Observation {
         disk_tier: p1.disk_tier,
         working_set_fit: fit(p1.cache_bytes as f64, p1.working_set_bytes as f64),
         pixels_fit: fit(p1.cache_bytes as f64, p1.pixel_set_bytes as f64),
+        working_set_whole: p1.working_set_whole,
     }
 }
 

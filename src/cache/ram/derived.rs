@@ -5,20 +5,24 @@
 //! memory (`--decoded-cache`, the scheduler's knob, else the policy). The render service reaches
 //! them only through this front door (`BlockFetcher::derived`), so the RAM tier's own methods
 //! know nothing of images. Entries share the tier's budget slice, tallies and counters
-//! (`Shared`): admitted only into free room, dropped with their source version (`forget`) or, when
-//! the budget needs room, while no render reads them (`shed_unread`). An admitted copy takes the
-//! place of its file's own entry when nobody holds that (`offer_marked`). Must never evict
-//! another entry to make room, and never hand out pixels whose checksums do not verify.
+//! (`Shared`): admitted only into free room, dropped with their source version (`forget`), when
+//! the budget needs room, while no render reads them (`shed_unread`), and pixels when a file's
+//! block (or a copy) finds no room (`Shared::yield_pixels`: pixels take only the room files
+//! leave; in a first pass they had taken the room of files not read yet, which then came from
+//! the source at every epoch). An admitted copy takes the place of its file's own entry when
+//! nobody holds that (`offer_marked`). Must never evict another entry to make room, and never
+//! hand out pixels whose checksums do not verify.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::{Content, RamFile, ReadBytes, Shared, Unpacked};
-use crate::cache::policy::{self, DecodedCaching, DecodedReason};
+use crate::cache::policy::{self, DecodedCaching, DecodedReason, PixelSignals};
 use crate::control::knobs::Knobs;
 use crate::shards::{ShardedMap, ShardedSet};
 use crate::source::Identity;
+use crate::telemetry::Telemetry;
 
 /// While the auto policy declines decoded pixels, one render in this many still decodes its
 /// whole image and offers it, so the decision follows the source's speed (that render forgoes
@@ -30,11 +34,15 @@ pub struct Derived {
     shared: Arc<Shared>,
     /// The tier's files: an admitted copy takes the place of its file's entry.
     files: Arc<ShardedSet<Arc<RamFile>>>,
-    decoded: ShardedMap<Identity, Arc<RamFile>>,
+    /// Shared (weakly) with the tier's files, which take the room back when they need it.
+    decoded: Arc<ShardedMap<Identity, Arc<RamFile>>>,
     marked: ShardedMap<Identity, Arc<RamFile>>,
     mode: DecodedCaching,
     /// The scheduler's knobs (decoded caching), when a scheduler runs.
     knobs: Option<Arc<Knobs>>,
+    /// The mount's telemetry (how a whole pass of the readers' files fits the tier), when it
+    /// samples the pipeline.
+    telemetry: Option<Arc<Telemetry>>,
     /// The latest `DecodedReason`, as its `repr` value.
     last: AtomicU8,
     /// `may_keep_decoded` calls answered while the auto policy's latest decision declined.
@@ -55,23 +63,39 @@ impl Derived {
         mode: DecodedCaching,
     ) -> Derived {
         // Until the first render, stats show what the mode decides with nothing measured yet.
-        let first = policy::keep_decoded(mode, 0.0, None, None, true);
+        let first = policy::keep_decoded(mode, &PixelSignals::default(), None, true);
+        let decoded = Arc::<ShardedMap<_, _>>::default();
+        // Set once: a tier has one `Derived`.
+        let _ = shared.pixels.set(Arc::downgrade(&decoded));
         Derived {
             shared,
             files,
-            decoded: ShardedMap::default(),
+            decoded,
             marked: ShardedMap::default(),
             mode,
             knobs: None,
+            telemetry: None,
             last: AtomicU8::new(first as u8),
             reasks: AtomicU64::new(0),
             decode_cost: AtomicU64::new(0),
         }
     }
 
+    /// Keeps decoded pixels as `mode` says from now on.
+    pub(super) fn set_mode(&mut self, mode: DecodedCaching) {
+        self.mode = mode;
+        let first = policy::keep_decoded(mode, &PixelSignals::default(), None, true);
+        self.last.store(first as u8, Ordering::Relaxed);
+    }
+
     /// Follows the scheduler's decoded-caching knob while it holds it.
     pub(super) fn set_knobs(&mut self, knobs: Arc<Knobs>) {
         self.knobs = Some(knobs);
+    }
+
+    /// Weighs pixels against the working set `telemetry` measures.
+    pub(super) fn set_telemetry(&mut self, telemetry: Arc<Telemetry>) {
+        self.telemetry = Some(telemetry);
     }
 
     /// The decoded pixels of image `identity`, if the cache holds them whole and intact.
@@ -105,10 +129,17 @@ impl Derived {
         pixels: impl FnOnce() -> Vec<u8>,
     ) -> bool {
         let metrics = &self.shared.metrics;
+        let signals = PixelSignals {
+            decode_s_per_byte: self.decode_cost(decode, len),
+            source_bytes_per_s: metrics.source_bytes_per_s(),
+            working_set_fit: self
+                .telemetry
+                .as_ref()
+                .and_then(|t| t.whole_working_set_fit()),
+        };
         let reason = policy::keep_decoded(
             self.mode,
-            self.decode_cost(decode, len),
-            metrics.source_bytes_per_s(),
+            &signals,
             self.knobs.as_ref().and_then(|k| k.decoded()),
             self.decoded_choice().1.keeps(),
         );

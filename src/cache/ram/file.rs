@@ -438,9 +438,18 @@ impl RamFile {
         stored.is_some()
     }
 
-    /// Whether a block of `len` bytes of this file would fit the RAM tier's budget now (a hint).
+    /// Whether a block of `len` bytes of this file would fit the RAM tier's budget now, counting
+    /// the room decoded pixels would give back to it (a hint).
     pub fn fits(&self, len: u64) -> bool {
-        self.ram.ledger.has_room(self.charge(len))
+        let charge = self.charge(len);
+        self.ram.ledger.has_room(charge)
+            || (self.content != Content::Decoded && self.ram.pixel_bytes() >= charge)
+    }
+
+    /// Frees `bytes` for this entry by dropping decoded pixels no render reads, unless this
+    /// entry is pixels itself (`Shared::yield_pixels`); true when it did.
+    fn takes_room_from_pixels(&self, bytes: u64) -> bool {
+        self.content != Content::Decoded && self.ram.yield_pixels(bytes)
     }
 
     /// Room for a block of `len` bytes of this file, taken from the RAM tier's budget now, for
@@ -452,7 +461,12 @@ impl RamFile {
             Some(_) => self.charge(len),
             None => whole_pages(len),
         };
-        self.ram.ledger.reserve(charge)
+        let ledger = &self.ram.ledger;
+        ledger.reserve(charge).or_else(|| {
+            self.takes_room_from_pixels(charge)
+                .then(|| ledger.reserve(charge))
+                .flatten()
+        })
     }
 
     /// What storing `len` raw bytes of this file costs the budget (a memfd takes whole pages).
@@ -502,7 +516,11 @@ impl RamFile {
             }
         });
         let bytes = self.charge(block.data.len() as u64);
-        if !ledger.try_reserve(self.content, bytes, room) {
+        // A refused charge gives back any room reserved for it: the second try needs all of it.
+        let charged = ledger.try_reserve(self.content, bytes, room)
+            || (self.takes_room_from_pixels(bytes)
+                && ledger.try_reserve(self.content, bytes, None));
+        if !charged {
             self.ram.metrics.admission_rejected.inc();
             return None;
         }

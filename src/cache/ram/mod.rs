@@ -23,8 +23,8 @@ mod memfd;
 pub(crate) mod packer;
 mod slots;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 
 pub use derived::Derived;
@@ -36,8 +36,9 @@ use super::policy::{Choice, DecodedCaching};
 use crate::cache::metrics::{CacheMetrics, RamGauges};
 use crate::control::knobs::Knobs;
 use crate::memory::{MemoryBudget, Shed, Use};
-use crate::shards::{Keyed, ShardedSet};
+use crate::shards::{Keyed, ShardedMap, ShardedSet};
 use crate::source::Identity;
+use crate::telemetry::Telemetry;
 use memfd::MemfdAllowance;
 
 /// What a cache entry holds; each kind has its own tallies under the one shared budget.
@@ -182,6 +183,41 @@ pub(crate) struct Shared {
     memfds: MemfdAllowance,
     /// Whether files of one block take memfds too (only passthrough makes them worth it).
     small_memfds: AtomicBool,
+    /// The tier's decoded pixels (`Derived` owns them), which give their room back to files.
+    pixels: OnceLock<Weak<ShardedMap<Identity, Arc<RamFile>>>>,
+}
+
+impl Shared {
+    /// Bytes of decoded pixels held: what `yield_pixels` could free at most.
+    fn pixel_bytes(&self) -> u64 {
+        self.ledger
+            .tally(Content::Decoded)
+            .stored
+            .load(Ordering::Relaxed)
+    }
+
+    /// Makes room for `bytes` of a file (or a restart-marked copy) by dropping decoded pixels
+    /// no render reads: they are made again from the file, and take only the room files leave.
+    /// True when it freed that much.
+    fn yield_pixels(&self, bytes: u64) -> bool {
+        if self.pixel_bytes() == 0 {
+            return false;
+        }
+        let Some(pixels) = self.pixels.get().and_then(Weak::upgrade) else {
+            return false;
+        };
+        let (mut freed, mut dropped) = (0, 0);
+        pixels.retain(|_, entry| {
+            if freed >= bytes || Arc::strong_count(entry) > 1 {
+                return true;
+            }
+            freed += entry.charged_bytes();
+            dropped += 1;
+            false
+        });
+        self.metrics.decoded_yielded.add(dropped);
+        freed >= bytes
+    }
 }
 
 /// The RAM tier of one mount: cached files (and decoded images) by identity.
@@ -220,6 +256,7 @@ impl RamTier {
             packer,
             memfds: MemfdAllowance::new(MemfdAllowance::process_share()),
             small_memfds: AtomicBool::new(false),
+            pixels: OnceLock::new(),
         });
         let files = Arc::<ShardedSet<_>>::default();
         RamTier {
@@ -248,13 +285,19 @@ impl RamTier {
 
     /// This cache, keeping view images' decoded pixels as `mode` says.
     pub fn with_decoded_caching(mut self, mode: DecodedCaching) -> RamTier {
-        self.derived = Derived::new(self.shared.clone(), self.files.clone(), mode);
+        self.derived.set_mode(mode);
         self
     }
 
     /// This cache, following the scheduler's decoded-caching knob while it holds it.
     pub fn with_knobs(mut self, knobs: Arc<Knobs>) -> RamTier {
         self.derived.set_knobs(knobs);
+        self
+    }
+
+    /// This cache, weighing decoded pixels against the working set `telemetry` measures.
+    pub fn with_telemetry(mut self, telemetry: Arc<Telemetry>) -> RamTier {
+        self.derived.set_telemetry(telemetry);
         self
     }
 

@@ -6,7 +6,7 @@
 //! which calls the modules' rules.
 
 use super::scenario::Scenario;
-use crate::cache::policy::{DecodedCaching, keep_decoded};
+use crate::cache::policy::{DecodedCaching, PixelSignals, keep_decoded};
 use crate::control::action::{Action, Head, Mask};
 use crate::control::observation::Observation;
 use crate::scheduler::heuristic::{self, Context};
@@ -33,9 +33,12 @@ pub fn heuristic_policy(
         scenario.costs.pixel_bytes as u64,
     );
     move |obs: &Observation, current: &Action, mask: &Mask, _: usize| {
-        let bw = (obs.source_bytes_per_s > 0.0).then_some(obs.source_bytes_per_s);
-        let per_byte = decode / pixels.max(1) as f64;
-        let keep = keep_decoded(DecodedCaching::Auto, per_byte, bw, None, current.decoded());
+        let signals = PixelSignals {
+            decode_s_per_byte: decode / pixels.max(1) as f64,
+            source_bytes_per_s: (obs.source_bytes_per_s > 0.0).then_some(obs.source_bytes_per_s),
+            working_set_fit: obs.whole_working_set_fit(),
+        };
+        let keep = keep_decoded(DecodedCaching::Auto, &signals, None, current.decoded());
         let ctx = Context {
             prefetch_threads: threads,
             keep_decoded: keep.keeps(),

@@ -780,6 +780,8 @@ impl Simulator {
             disk_tier: false,
             working_set_fit: fit(self.s.cache_bytes, seen * self.s.costs.image_bytes),
             pixels_fit: fit(self.s.cache_bytes, seen * self.s.costs.pixel_bytes),
+            // The mount's planner ends a pass at the next pass's first open.
+            working_set_whole: self.position > self.items.len(),
         };
     }
 }
