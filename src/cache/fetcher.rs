@@ -850,6 +850,44 @@ mod tests {
         assert_eq!(kept, 3 - yielded, "only as many as the file needed");
     }
 
+    /// The packer packs decoded pixels only where unpacking them costs less than the decodes the
+    /// room saves: pixels that decoded in a microsecond stay raw (and are counted), pixels that
+    /// took a second are packed.
+    #[test]
+    fn pixels_are_packed_only_where_unpacking_costs_less_than_decoding() {
+        use crate::cache::policy::DecodedCaching;
+        let packed_after = |decode: std::time::Duration| {
+            let budget = MemoryBudget::new(MemoryPlan {
+                cache: 16 << 20,
+                staging: 0,
+                work: 64 << 20,
+            });
+            let metrics = Arc::new(CacheMetrics::default());
+            let packer = Arc::new(Packer::new(
+                Box::new(Fixed(Codec::Zstd(1))),
+                Arc::new(Telemetry::default()),
+                metrics.clone(),
+            ));
+            let ram = RamTier::new(budget, packer, metrics.clone())
+                .with_decoded_caching(DecodedCaching::On);
+            let (len, row) = (1usize << 20, 3 * 512);
+            let pixels = || (0..len).map(|i| (i % row / 3) as u8).collect();
+            let offered =
+                ram.derived()
+                    .offer_decoded(identity(1, 0, 1), (len as u64, row), decode, pixels);
+            assert!(offered);
+            let deadline = Instant::now() + std::time::Duration::from_secs(10);
+            while metrics.packed_blocks.get() + metrics.decoded_kept_raw.get() == 0
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            (metrics.packed_blocks.get(), metrics.decoded_kept_raw.get())
+        };
+        assert_eq!(packed_after(std::time::Duration::from_micros(1)), (0, 1));
+        assert_eq!(packed_after(std::time::Duration::from_secs(1)), (1, 0));
+    }
+
     /// What a test holds open: the version it opened and its entry.
     struct Open {
         file: usize,

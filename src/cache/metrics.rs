@@ -182,6 +182,12 @@ pub const DECODED_YIELDED: Metric = Metric::counter(
     "cache_decoded_yielded_total",
     "Decoded images dropped, while no render read them, to make room for a file's blocks: pixels take only the room files leave.",
 );
+/// Blocks of decoded pixels left raw because unpacking them would cost more than they save.
+pub const DECODED_KEPT_RAW: Metric = Metric::counter(
+    "cache.decoded.kept_raw",
+    "cache_decoded_kept_raw_blocks_total",
+    "Times the packer left a block of decoded pixels raw because unpacking it at every render would cost more than the decodes the room it frees saves.",
+);
 /// Restart-marked JPEG copies held.
 pub const MARKED_ENTRIES: Metric = Metric::gauge(
     "cache.marked.entries",
@@ -405,6 +411,8 @@ pub struct CacheMetrics {
     pub decoded_rejected: Counter,
     /// See `DECODED_YIELDED`.
     pub decoded_yielded: Counter,
+    /// See `DECODED_KEPT_RAW`.
+    pub decoded_kept_raw: Counter,
     /// See `MARKED_HITS`.
     pub marked_hits: Counter,
     /// See `MARKED_ADMITTED`.
@@ -571,6 +579,7 @@ impl CacheMetrics {
         out.count(&DECODED_DECLINED, &self.decoded_declined);
         out.count(&DECODED_REJECTED, &self.decoded_rejected);
         out.count(&DECODED_YIELDED, &self.decoded_yielded);
+        out.count(&DECODED_KEPT_RAW, &self.decoded_kept_raw);
         out.put(&MARKED_ENTRIES, ram.marked_entries as f64);
         out.put(&MARKED_BYTES, ram.marked_bytes as f64);
         out.count(&MARKED_HITS, &self.marked_hits);

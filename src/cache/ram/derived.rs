@@ -47,12 +47,10 @@ pub struct Derived {
     last: AtomicU8,
     /// `may_keep_decoded` calls answered while the auto policy's latest decision declined.
     reasks: AtomicU64,
-    /// Decode seconds per byte of pixels, a running average over the images offered (`f64`
-    /// bits; 0 before the first).
-    decode_cost: AtomicU64,
 }
 
-/// Weight of the latest image in `decode_cost` (an average over ~32 images).
+/// Weight of the latest image in the decode cost (`Shared::pixel_decode_cost`, an average over
+/// ~32 images).
 const DECODE_COST_WEIGHT: f64 = 1.0 / 32.0;
 
 impl Derived {
@@ -77,7 +75,6 @@ impl Derived {
             telemetry: None,
             last: AtomicU8::new(first as u8),
             reasks: AtomicU64::new(0),
-            decode_cost: AtomicU64::new(0),
         }
     }
 
@@ -289,13 +286,15 @@ impl Derived {
     /// the average.)
     fn decode_cost(&self, decode: Duration, len: u64) -> f64 {
         let image = decode.as_secs_f64() / len.max(1) as f64;
-        let before = f64::from_bits(self.decode_cost.load(Ordering::Relaxed));
+        let before = self.shared.pixel_decode_s_per_byte();
         let now = if before > 0.0 {
             before + DECODE_COST_WEIGHT * (image - before)
         } else {
             image
         };
-        self.decode_cost.store(now.to_bits(), Ordering::Relaxed);
+        self.shared
+            .pixel_decode_cost
+            .store(now.to_bits(), Ordering::Relaxed);
         now
     }
 

@@ -25,7 +25,7 @@ use super::slots::{Slots, Vacant};
 use super::{Content, RamRoom, Shared, Tally};
 use crate::cache::block::{self, Block, Packed};
 use crate::cache::codec::{self, Codec};
-use crate::cache::policy::strength;
+use crate::cache::policy::{self, strength};
 use crate::cache::{BLOCK_SIZE, rows, thread_cpu};
 use crate::error::FsError;
 use crate::memory::Use;
@@ -640,7 +640,8 @@ impl RamFile {
             Some(Layout::Packable { lag }) => *lag as usize,
             _ => 0,
         };
-        let packed = Packed::pack(codec, lag, &logical);
+        let packed = Packed::pack(codec, lag, &logical)
+            .filter(|p| self.content != Content::Decoded || self.packing_pays(p, logical.len()));
         metrics
             .compress_cpu_ns
             .add(thread_cpu().saturating_sub(started));
@@ -676,6 +677,27 @@ impl RamFile {
             metrics.recompressions.inc();
         }
         PackOutcome::Packed(codec)
+    }
+
+    /// Whether decoded pixels packed as `packed` (of `raw` bytes) are worth it: their unpack
+    /// time, measured here once, against the decodes the room saves
+    /// (`policy::packing_pixels_pays`). Counted when not.
+    fn packing_pays(&self, packed: &Packed, raw: usize) -> bool {
+        let started = thread_cpu();
+        let unpacks = packed.unpack().is_some();
+        let unpack_s = thread_cpu().saturating_sub(started) as f64 / 1e9;
+        let decode_s = self.ram.pixel_decode_s_per_byte() * raw as f64;
+        let pays = unpacks
+            && policy::packing_pixels_pays(
+                decode_s,
+                unpack_s,
+                raw as u64,
+                packed.payload.len() as u64,
+            );
+        if !pays {
+            self.ram.metrics.decoded_kept_raw.inc();
+        }
+        pays
     }
 
     fn drop_block(&self, index: usize) {

@@ -185,9 +185,17 @@ pub(crate) struct Shared {
     small_memfds: AtomicBool,
     /// The tier's decoded pixels (`Derived` owns them), which give their room back to files.
     pixels: OnceLock<Weak<ShardedMap<Identity, Arc<RamFile>>>>,
+    /// Decode seconds per byte of pixels, a running average over the images offered (`f64`
+    /// bits; 0 before the first): `Derived` keeps it, the packer weighs unpacking against it.
+    pixel_decode_cost: AtomicU64,
 }
 
 impl Shared {
+    /// Decode seconds per byte of pixels (0 before any image was offered).
+    fn pixel_decode_s_per_byte(&self) -> f64 {
+        f64::from_bits(self.pixel_decode_cost.load(Ordering::Relaxed))
+    }
+
     /// Bytes of decoded pixels held: what `yield_pixels` could free at most.
     fn pixel_bytes(&self) -> u64 {
         self.ledger
@@ -257,6 +265,7 @@ impl RamTier {
             memfds: MemfdAllowance::new(MemfdAllowance::process_share()),
             small_memfds: AtomicBool::new(false),
             pixels: OnceLock::new(),
+            pixel_decode_cost: AtomicU64::new(0),
         });
         let files = Arc::<ShardedSet<_>>::default();
         RamTier {

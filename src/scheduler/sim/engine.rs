@@ -17,6 +17,7 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use super::baselines::static_cpu;
 use super::scenario::Scenario;
+use crate::cache::policy::packing_pixels_pays;
 use crate::control::action::{Action, Head, Mask, Placement};
 use crate::control::observation::{GpuObservation, Observation, fit};
 use crate::scheduler::rng::Rng;
@@ -672,7 +673,9 @@ impl Simulator {
             let Some((raw, pixels)) = self.held_raw(item) else {
                 continue;
             };
-            if self.stored(raw, codec, pixels) >= raw * PACK_GAIN {
+            if self.stored(raw, codec, pixels) >= raw * PACK_GAIN
+                || (pixels && !self.packing_pixels_pays(raw, codec))
+            {
                 continue;
             }
             let speed = self
@@ -684,6 +687,20 @@ impl Simulator {
             self.packing = Some((item, pixels, codec));
             return;
         }
+    }
+
+    /// Whether the RAM tier would pack `raw` bytes of pixels with codec option `codec`
+    /// (`cache::policy::packing_pixels_pays`, with the scenario's decode and unpack costs).
+    fn packing_pixels_pays(&self, raw: f64, codec: u8) -> bool {
+        let c = &self.s.costs;
+        c.codec(codec).is_some_and(|k| {
+            packing_pixels_pays(
+                c.decode_s * raw / c.pixel_bytes.max(1.0),
+                raw / k.decompress_bytes_per_s,
+                raw as u64,
+                self.stored(raw, codec, true) as u64,
+            )
+        })
     }
 
     /// The raw bytes the cache holds of `item` unpacked, and whether they are its pixels.
@@ -943,6 +960,18 @@ mod tests {
         let mut s = Scenario::cpu_bound();
         s.cache_bytes = 20e9;
         let keep = cpu().with(Head::Decoded, 1);
+        // These photos' pixels are not worth packing: unpacking costs more than the decodes the
+        // room would save, and the RAM tier leaves them raw.
+        let mut cheap = Simulator::new(s.clone(), 1);
+        for _ in 0..20 {
+            cheap.step(&keep);
+        }
+        for _ in 0..40 {
+            cheap.step(&keep.with(Head::Codec, 3));
+        }
+        assert!(cheap.items.iter().all(|i| i.decoded.is_none_or(|k| k == 0)));
+        // Images ten times as slow to decode (large PNGs) are.
+        s.costs.decode_s *= 10.0;
         let mut sim = Simulator::new(s.clone(), 1);
         for _ in 0..20 {
             sim.step(&keep);
@@ -961,7 +990,21 @@ mod tests {
             packed > 100,
             "pixels held raw under `none` are packed once zstd-3 is in force"
         );
-        assert!(sim.cache_used < raw * 0.9, "{} vs {raw}", sim.cache_used);
+        // What the cache holds, against those bytes unpacked.
+        let unpacked: f64 = sim
+            .items
+            .iter()
+            .map(|i| {
+                let scale = f64::from(i.scale);
+                let pixels = i.decoded.map_or(0.0, |_| s.costs.pixel_bytes * scale);
+                pixels + i.encoded.map_or(0.0, |_| s.costs.image_bytes * scale)
+            })
+            .sum();
+        assert!(
+            sim.cache_used < unpacked * 0.9,
+            "{} vs {unpacked}",
+            sim.cache_used
+        );
         // JPEG files shrink by about 1%: the packer leaves them raw.
         let mut jpegs = Simulator::new(s, 1);
         for _ in 0..20 {
