@@ -745,6 +745,31 @@ mod tests {
         );
     }
 
+    /// A RAM tier of `cache` bytes packing with `codec`, keeping decoded pixels as `mode`
+    /// says and weighing them against the telemetry returned; with its counters.
+    fn pixel_tier(
+        cache: u64,
+        codec: Codec,
+        mode: crate::cache::policy::DecodedCaching,
+    ) -> (RamTier, Arc<CacheMetrics>, Arc<Telemetry>) {
+        let budget = MemoryBudget::new(MemoryPlan {
+            cache,
+            staging: 0,
+            work: 64 << 20,
+        });
+        let metrics = Arc::new(CacheMetrics::default());
+        let telemetry = Arc::new(Telemetry::default());
+        let packer = Arc::new(Packer::new(
+            Box::new(Fixed(codec)),
+            telemetry.clone(),
+            metrics.clone(),
+        ));
+        let ram = RamTier::new(budget, packer, metrics.clone())
+            .with_decoded_caching(mode)
+            .with_telemetry(telemetry.clone());
+        (ram, metrics, telemetry)
+    }
+
     /// In `auto`, decoded pixels of a source too fast for them (a decode 20 times faster than
     /// fetching their size) are declined, until telemetry says a whole pass of the files fits
     /// the tier with room to spare: then they are kept, for that reason.
@@ -752,21 +777,7 @@ mod tests {
     fn pixels_are_kept_in_the_room_a_whole_pass_of_files_leaves() {
         use crate::cache::policy::{DecodedCaching, DecodedReason};
         use crate::control::observation::Observation;
-        let budget = MemoryBudget::new(MemoryPlan {
-            cache: 64 << 20,
-            staging: 0,
-            work: 64 << 20,
-        });
-        let metrics = Arc::new(CacheMetrics::default());
-        let telemetry = Arc::new(Telemetry::default());
-        let packer = Arc::new(Packer::new(
-            Box::new(Fixed(Codec::None)),
-            telemetry.clone(),
-            metrics.clone(),
-        ));
-        let ram = RamTier::new(budget, packer, metrics.clone())
-            .with_decoded_caching(DecodedCaching::Auto)
-            .with_telemetry(telemetry.clone());
+        let (ram, metrics, telemetry) = pixel_tier(64 << 20, Codec::None, DecodedCaching::Auto);
         // 1 GB/s from the source; 1 MB of pixels decoded in 50 us.
         metrics.source_bytes.add(1 << 30);
         metrics.source_busy_ns.add(1 << 30);
@@ -810,19 +821,7 @@ mod tests {
     #[test]
     fn decoded_pixels_give_their_room_to_files() {
         use crate::cache::policy::DecodedCaching;
-        let budget = MemoryBudget::new(MemoryPlan {
-            cache: 4 << 20,
-            staging: 0,
-            work: 64 << 20,
-        });
-        let metrics = Arc::new(CacheMetrics::default());
-        let packer = Arc::new(Packer::new(
-            Box::new(Fixed(Codec::None)),
-            Arc::new(Telemetry::default()),
-            metrics.clone(),
-        ));
-        let ram =
-            RamTier::new(budget, packer, metrics.clone()).with_decoded_caching(DecodedCaching::On);
+        let (ram, metrics, _) = pixel_tier(4 << 20, Codec::None, DecodedCaching::On);
         let len = 1u64 << 20;
         let offer = |image| {
             let pixels = || vec![1u8; len as usize];
@@ -857,19 +856,7 @@ mod tests {
     fn pixels_are_packed_only_where_unpacking_costs_less_than_decoding() {
         use crate::cache::policy::DecodedCaching;
         let packed_after = |decode: std::time::Duration| {
-            let budget = MemoryBudget::new(MemoryPlan {
-                cache: 16 << 20,
-                staging: 0,
-                work: 64 << 20,
-            });
-            let metrics = Arc::new(CacheMetrics::default());
-            let packer = Arc::new(Packer::new(
-                Box::new(Fixed(Codec::Zstd(1))),
-                Arc::new(Telemetry::default()),
-                metrics.clone(),
-            ));
-            let ram = RamTier::new(budget, packer, metrics.clone())
-                .with_decoded_caching(DecodedCaching::On);
+            let (ram, metrics, _) = pixel_tier(16 << 20, Codec::Zstd(1), DecodedCaching::On);
             let (len, row) = (1usize << 20, 3 * 512);
             let pixels = || (0..len).map(|i| (i % row / 3) as u8).collect();
             let offered =

@@ -54,33 +54,31 @@ pub struct Derived {
 const DECODE_COST_WEIGHT: f64 = 1.0 / 32.0;
 
 impl Derived {
-    /// None yet, charged to the tier's `shared` slice; decoded pixels kept as `mode` says.
-    pub(super) fn new(
-        shared: Arc<Shared>,
-        files: Arc<ShardedSet<Arc<RamFile>>>,
-        mode: DecodedCaching,
-    ) -> Derived {
-        // Until the first render, stats show what the mode decides with nothing measured yet.
-        let first = policy::keep_decoded(mode, &PixelSignals::default(), None, true);
+    /// None yet, charged to the tier's `shared` slice; decoded pixels kept as the default mode
+    /// says until `set_mode`.
+    pub(super) fn new(shared: Arc<Shared>, files: Arc<ShardedSet<Arc<RamFile>>>) -> Derived {
         let decoded = Arc::<ShardedMap<_, _>>::default();
         // Set once: a tier has one `Derived`.
         let _ = shared.pixels.set(Arc::downgrade(&decoded));
-        Derived {
+        let mut derived = Derived {
             shared,
             files,
             decoded,
             marked: ShardedMap::default(),
-            mode,
+            mode: DecodedCaching::default(),
             knobs: None,
             telemetry: None,
-            last: AtomicU8::new(first as u8),
+            last: AtomicU8::new(0),
             reasks: AtomicU64::new(0),
-        }
+        };
+        derived.set_mode(DecodedCaching::default());
+        derived
     }
 
     /// Keeps decoded pixels as `mode` says from now on.
     pub(super) fn set_mode(&mut self, mode: DecodedCaching) {
         self.mode = mode;
+        // Until the first render, stats show what the mode decides with nothing measured yet.
         let first = policy::keep_decoded(mode, &PixelSignals::default(), None, true);
         self.last.store(first as u8, Ordering::Relaxed);
     }

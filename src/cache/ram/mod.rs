@@ -269,7 +269,7 @@ impl RamTier {
         });
         let files = Arc::<ShardedSet<_>>::default();
         RamTier {
-            derived: Derived::new(shared.clone(), files.clone(), DecodedCaching::default()),
+            derived: Derived::new(shared.clone(), files.clone()),
             shared,
             files,
             packer_thread,
