@@ -11,8 +11,10 @@
 //! file; it is read up to `MAX_BYTES`; a file that cannot be read keeps the last order. The
 //! parsed order is charged to the memory budget as it grows, within `order_cap` (an eighth of
 //! the budget, at most `MAX_ORDER_BYTES`), and cut where either runs out; a file rewritten
-//! without pause is read again only after a rest of `REST_PER_READ` times the last read's
-//! duration. Must never do I/O except that poll.
+//! without pause is read again only after a rest of `REST_PER_READ` times what the last read
+//! held the planner thread (its wall time less what the thread waited for a CPU, so a read that
+//! a loaded machine preempted does not silence the next epoch's order). Must never do I/O except
+//! that poll.
 
 use std::ffi::OsStr;
 use std::fs::{File, Metadata};
@@ -50,8 +52,9 @@ const MAX_ORDER_BYTES: u64 = 64 << 20;
 /// ... and at most this fraction of the memory budget (1/8), so a small budget keeps its room
 /// for data: the order is cut where it ends.
 const ORDER_BUDGET_DIVISOR: u64 = 8;
-/// After reading a version, the file is left alone for this many times as long as the read
-/// took: a sampler that rewrites a large file without pause costs at most a tenth of a core.
+/// After reading a version, the file is left alone for this many times as long as the read held
+/// the planner thread (`held_for`): a sampler that rewrites a large file without pause costs at
+/// most a tenth of a core and of the planner's time.
 const REST_PER_READ: u32 = 9;
 /// Paths whose index entry (4 bytes each) is charged at a time.
 const INDEX_STEP: usize = 1024;
@@ -396,9 +399,13 @@ impl OrderFile {
             return Polled::Unchanged;
         }
         self.seen = Some(stamp);
-        let started = Instant::now();
+        let (started, waited) = (Instant::now(), runqueue_wait());
         let read = self.read(&meta);
-        self.rest_until = Some(Instant::now() + started.elapsed() * REST_PER_READ);
+        let waited = waited
+            .zip(runqueue_wait())
+            .and_then(|(before, after)| after.checked_sub(before));
+        let held = held_for(started.elapsed(), waited);
+        self.rest_until = Some(Instant::now() + held * REST_PER_READ);
         match read {
             Ok(parsed) => {
                 if parsed.full {
@@ -407,7 +414,11 @@ impl OrderFile {
                 if parsed.skipped > 0 {
                     tracing::warn!(path = %self.path.display(), skipped = parsed.skipped, "order file lines name no file under the mount (outside it, `..`, a NUL, or longer than PATH_MAX); skipped");
                 }
-                tracing::debug!(paths = parsed.order.len(), "order file read");
+                tracing::debug!(
+                    paths = parsed.order.len(),
+                    held_us = held.as_micros() as u64,
+                    "order file read"
+                );
                 *self.slot.lock() = Arc::new(parsed.order);
                 Polled::Published
             }
@@ -440,6 +451,22 @@ impl OrderFile {
         let charge = Charge::new(self.budget.clone(), self.cap);
         Ok(parse(reader, &self.mountpoint, cut, charge)?)
     }
+}
+
+/// What a read of `wall` held its thread for: `wall` less `waited`, the time the thread spent
+/// ready but waiting for a CPU (`runqueue_wait`), so preemption on a loaded machine does not
+/// count; all of `wall` when that is not known. Time blocked in the read (a slow filesystem)
+/// counts: the planner could not plan meanwhile.
+fn held_for(wall: Duration, waited: Option<Duration>) -> Duration {
+    wall.saturating_sub(waited.unwrap_or_default())
+}
+
+/// Time this thread has spent ready to run but waiting for a CPU since it started (the second
+/// field of `/proc/thread-self/schedstat`); `None` where the kernel does not report it.
+fn runqueue_wait() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns = stat.split_ascii_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
 }
 
 /// Predicts the files after the last open in the published order.
@@ -708,6 +735,18 @@ mod tests {
         drop(order);
         drop(_taken);
         assert_eq!(budget.used(Use::Work), 0, "every byte given back");
+    }
+
+    #[test]
+    fn a_read_holds_its_thread_for_its_time_less_its_wait_for_a_cpu() {
+        let ms = Duration::from_millis;
+        assert_eq!(held_for(ms(52), Some(ms(50))), ms(2));
+        assert_eq!(held_for(ms(52), None), ms(52));
+        assert_eq!(held_for(ms(2), Some(ms(3))), Duration::ZERO);
+        // This thread's own wait is readable and only grows.
+        let before = runqueue_wait().expect("schedstat");
+        std::thread::yield_now();
+        assert!(runqueue_wait().expect("schedstat") >= before);
     }
 
     #[test]
