@@ -73,11 +73,43 @@ impl<K: Hash + Eq, V: Clone> ShardedMap<K, V> {
         false
     }
 
-    /// Keeps the entries for which `keep` returns true, one shard at a time (not a consistent cut).
-    pub fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
+    /// Keeps the entries for which `keep` returns true, one shard at a time (not a consistent
+    /// cut); the values let go are returned, so they are dropped outside the shards' locks.
+    pub fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) -> Vec<V> {
+        self.take(|k, v| if keep(k, v) { Pick::Keep } else { Pick::Take })
+    }
+
+    /// Removes the entries `pick` takes, one shard at a time (not a consistent cut), looking at
+    /// no more once it answers `Pick::Done`: the values taken are returned, to be dropped
+    /// outside the shards' locks.
+    pub fn take(&self, mut pick: impl FnMut(&K, &V) -> Pick) -> Vec<V> {
+        let mut taken = Vec::new();
+        let done = std::cell::Cell::new(false);
         for shard in self.shards.iter() {
-            shard.write().retain(|k, v| keep(k, v));
+            let mut shard = shard.write();
+            // Once done, the rest of this shard is passed over without a look (the iterator
+            // still steps through it), and the shards after it are not visited.
+            taken.extend(
+                shard
+                    .extract_if(|k, v| {
+                        !done.get()
+                            && match pick(k, v) {
+                                Pick::Keep => false,
+                                Pick::Take => true,
+                                Pick::Done => {
+                                    done.set(true);
+                                    false
+                                }
+                            }
+                    })
+                    .map(|(_, v)| v),
+            );
+            drop(shard);
+            if done.get() {
+                break;
+            }
         }
+        taken
     }
 
     /// Number of entries (sums the shards; a snapshot, not a consistent cut).
@@ -89,6 +121,17 @@ impl<K: Hash + Eq, V: Clone> ShardedMap<K, V> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// What `ShardedMap::take` does with an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    /// Leave it.
+    Keep,
+    /// Remove it and return it.
+    Take,
+    /// Leave it and look at no more.
+    Done,
 }
 
 /// A value that carries the key it is found by.
@@ -258,5 +301,41 @@ mod tests {
         );
         assert_eq!(set.len(), 9_999);
         assert!(!set.is_empty());
+    }
+
+    #[test]
+    fn take_returns_what_it_picks_and_looks_at_no_more_once_done() {
+        let map: ShardedMap<u64, Arc<Entry>> = ShardedMap::default();
+        for id in 0..10_000 {
+            map.insert(id, Arc::new(entry(id)));
+        }
+        // Without `Done`, every entry is looked at: odd ids kept, even ones taken.
+        let mut looked = 0;
+        let taken = map.take(|id, _| {
+            looked += 1;
+            if id % 2 == 1 { Pick::Keep } else { Pick::Take }
+        });
+        assert_eq!(looked, 10_000);
+        assert_eq!(taken.len(), 5_000);
+        assert!(taken.iter().all(|e| e.id % 2 == 0));
+        assert_eq!(map.len(), 5_000);
+        assert!(map.get(&2).is_none() && map.get(&3).is_some());
+
+        // With it, nothing after the first `Done` is looked at, and what was not taken stays.
+        let (mut looked, mut wanted) = (0, 100);
+        let taken = map.take(|_, _| {
+            looked += 1;
+            if wanted == 0 {
+                return Pick::Done;
+            }
+            wanted -= 1;
+            Pick::Take
+        });
+        assert_eq!((looked, taken.len(), map.len()), (101, 100, 4_900));
+
+        // `retain` returns what it let go.
+        let gone = map.retain(|id, _| *id < 5_000);
+        assert!(gone.iter().all(|e| e.id >= 5_000));
+        assert_eq!(gone.len() + map.len(), 4_900);
     }
 }

@@ -146,14 +146,10 @@ impl Staging {
 
     /// Drops the blocks `stale` picks; the bytes given back.
     fn drop_where(&self, stale: impl Fn(&Staged) -> bool) -> u64 {
-        let mut freed = 0;
-        self.blocks.retain(|_, staged| {
-            let keep = !stale(staged);
-            if !keep {
-                freed += staged.len();
-            }
-            keep
-        });
+        let gone = self.blocks.retain(|_, staged| !stale(staged));
+        let freed = gone.iter().map(|staged| staged.len()).sum();
+        // The blocks are freed here, outside the map's locks.
+        drop(gone);
         self.budget.release(Use::Staging, freed);
         freed
     }

@@ -322,7 +322,8 @@ impl Derived {
 
     /// Drops every entry no render is reading now: each can be made again from the source.
     pub(super) fn shed_unread(&self) {
-        self.decoded.retain(|_, entry| Arc::strong_count(entry) > 1);
-        self.marked.retain(|_, entry| Arc::strong_count(entry) > 1);
+        // What is let go is dropped here, outside the maps' locks.
+        let _decoded = self.decoded.retain(|_, entry| Arc::strong_count(entry) > 1);
+        let _marked = self.marked.retain(|_, entry| Arc::strong_count(entry) > 1);
     }
 }

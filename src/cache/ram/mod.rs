@@ -36,7 +36,7 @@ use super::policy::{Choice, DecodedCaching};
 use crate::cache::metrics::{CacheMetrics, RamGauges};
 use crate::control::knobs::Knobs;
 use crate::memory::{MemoryBudget, Shed, Use};
-use crate::shards::{Keyed, ShardedMap, ShardedSet};
+use crate::shards::{Keyed, Pick, ShardedMap, ShardedSet};
 use crate::source::Identity;
 use crate::telemetry::Telemetry;
 use memfd::MemfdAllowance;
@@ -214,16 +214,20 @@ impl Shared {
         let Some(pixels) = self.pixels.get().and_then(Weak::upgrade) else {
             return false;
         };
-        let (mut freed, mut dropped) = (0, 0);
-        pixels.retain(|_, entry| {
-            if freed >= bytes || Arc::strong_count(entry) > 1 {
-                return true;
+        let mut freed = 0;
+        let dropped = pixels.take(|_, entry| {
+            if freed >= bytes {
+                Pick::Done
+            } else if Arc::strong_count(entry) > 1 {
+                Pick::Keep
+            } else {
+                freed += entry.charged_bytes();
+                Pick::Take
             }
-            freed += entry.charged_bytes();
-            dropped += 1;
-            false
         });
-        self.metrics.decoded_yielded.add(dropped);
+        self.metrics.decoded_yielded.add(dropped.len() as u64);
+        // Dropped here, outside the map's locks: each gives its room back to the budget.
+        drop(dropped);
         freed >= bytes
     }
 }
