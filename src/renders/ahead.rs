@@ -83,7 +83,7 @@ impl Views {
             }
             let count = self
                 .sharing
-                .next_count(node.view.unwrap_or_default(), node.ino);
+                .next_count(node.view.unwrap_or_default(), &node.path);
             ahead.push_back(HeldRender {
                 ino: node.ino,
                 count,

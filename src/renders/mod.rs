@@ -749,7 +749,7 @@ impl Views {
     ) -> Result<Arc<ViewOpen>, FsError> {
         let view = self.get(index)?;
         view.metrics.opens.inc();
-        let opened = self.sharing.open(index, node.ino, pid);
+        let opened = self.sharing.open(index, node.ino, &node.path, pid);
         if opened.new_job {
             view.metrics.jobs_seen.inc();
         }

@@ -12,9 +12,15 @@
 //! `SWEEP_EVERY`. Must
 //! never make a job wait for another (an open that finds no render held makes its own; one that
 //! finds a render still running waits for it, which is the work it would do anyway), never hold a
-//! render the budget needs, and never count a job's opens by another's.
+//! render the budget needs, never count a job's opens by another's, and never count them by inode
+//! number: the kernel may forget a view file's node between epochs, and the next lookup makes a
+//! new number for it, whose count would start at 0 again and repeat the first epoch's
+//! augmentations. Counts follow the view and the image's path; renders are held and made ahead
+//! under the node's number (exact for the node's life, never reused).
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -40,9 +46,10 @@ const HOLD_PATIENCE: Duration = Duration::from_secs(60);
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// A job named by `PREPFS_JOB` (whose end prepfs cannot see) is forgotten after this long idle.
 const NAMED_JOB_IDLE: Duration = Duration::from_secs(3600);
-/// What one open count costs in memory, charged to the budget: key, value and the hash table's
-/// overhead.
-const COUNT_BYTES: u64 = 32;
+/// What one open count costs in memory, charged to the budget: key (the view and the path's
+/// shared pointer) and value (32 B) and the hash table's control byte at its 7/8 load; the path's
+/// own bytes are shared with its inode node and prefetch's keys.
+const COUNT_BYTES: u64 = 40;
 
 /// A place a render lands in for the opens that share it: `None` when it failed (each open then
 /// renders for itself).
@@ -93,8 +100,8 @@ struct State<T> {
 
 struct JobState {
     job: Job,
-    /// Opens so far of each view file (by inode) by this job.
-    counts: HashMap<u64, u32>,
+    /// Opens so far of each view file (by view and image path) by this job.
+    counts: HashMap<(u16, Arc<Path>), u32>,
     /// When it last opened a file of each view it reads.
     views: HashMap<u16, Instant>,
     last_open: Instant,
@@ -131,8 +138,9 @@ impl<T> Sharing<T> {
         self.enabled.store(enabled, Ordering::Relaxed);
     }
 
-    /// An open of view `view`'s file `ino` by the process (or thread) `pid`.
-    pub fn open(&self, view: u16, ino: u64, pid: u32) -> Opened<T> {
+    /// An open of view `view`'s file `ino`, the render of image `path`, by the process (or
+    /// thread) `pid`.
+    pub fn open(&self, view: u16, ino: u64, path: &Arc<Path>, pid: u32) -> Opened<T> {
         let job = self.jobs.of(pid);
         let now = Instant::now();
         let mut state = self.state.lock();
@@ -148,14 +156,14 @@ impl<T> Sharing<T> {
         });
         entry.last_open = now;
         let new_job = entry.views.insert(view, now).is_none();
-        let count = match entry.counts.get_mut(&ino) {
-            Some(c) => {
-                let k = *c;
-                *c = c.saturating_add(1);
+        let count = match entry.counts.entry((view, path.clone())) {
+            Entry::Occupied(mut c) => {
+                let k = *c.get();
+                *c.get_mut() = k.saturating_add(1);
                 k
             }
-            None => {
-                entry.counts.insert(ino, 1);
+            Entry::Vacant(c) => {
+                c.insert(1);
                 entry.charge.absorb(self.budget.in_flight(COUNT_BYTES));
                 0
             }
@@ -221,16 +229,17 @@ impl<T> Sharing<T> {
         }
     }
 
-    /// The opens so far of view file `ino` by the job that opened a file of view `view` last:
+    /// The opens so far of view `view`'s file of image `path` by the job that opened a file of
+    /// that view last:
     /// the `k` a render made ahead of that job's next open of it uses.
-    pub fn next_count(&self, view: u16, ino: u64) -> u64 {
+    pub fn next_count(&self, view: u16, path: &Arc<Path>) -> u64 {
         let state = self.state.lock();
         state
             .per_job
             .values()
             .filter_map(|j| j.views.get(&view).map(|at| (at, j)))
             .max_by_key(|(at, _)| **at)
-            .and_then(|(_, j)| j.counts.get(&ino))
+            .and_then(|(_, j)| j.counts.get(&(view, path.clone())))
             .map_or(0, |&c| u64::from(c))
     }
 
@@ -328,6 +337,16 @@ mod tests {
     use crate::memory::MemoryPlan;
     use std::process::{Child, Command, Stdio};
 
+    /// The image path of the test's view file `ino`.
+    fn path(ino: u64) -> Arc<Path> {
+        Path::new(&format!("class/img{ino}.jpg")).into()
+    }
+
+    /// An open of view `view`'s file `ino` (image `path(ino)`) by `pid`.
+    fn open<T>(sharing: &Sharing<T>, view: u16, ino: u64, pid: u32) -> Opened<T> {
+        sharing.open(view, ino, &path(ino), pid)
+    }
+
     /// Another job: a process of its own (a `sleep`), ended when dropped.
     struct OtherJob(Child);
 
@@ -363,18 +382,32 @@ mod tests {
     }
 
     #[test]
+    fn counts_follow_the_image_path_not_the_inode_number() {
+        let (sharing, _budget) = sharing();
+        let me = std::process::id();
+        let image = path(7);
+        assert_eq!(sharing.open(0, 100, &image, me).count, 0);
+        // The kernel forgot the node and a lookup made a new one: the count goes on.
+        assert_eq!(sharing.open(0, 200, &image, me).count, 1);
+        assert_eq!(sharing.next_count(0, &image), 2);
+        // The same image in another view counts on its own.
+        assert_eq!(sharing.open(1, 300, &image, me).count, 0);
+        assert_eq!(sharing.open(0, 200, &image, me).count, 2);
+    }
+
+    #[test]
     fn one_job_counts_its_opens_of_each_file_and_shares_nothing() {
         let (sharing, budget) = sharing();
         let me = std::process::id();
-        let counts: Vec<u64> = (0..3).map(|_| sharing.open(0, 7, me).count).collect();
+        let counts: Vec<u64> = (0..3).map(|_| open(&sharing, 0, 7, me).count).collect();
         assert_eq!(counts, [0, 1, 2]);
-        assert_eq!(sharing.open(0, 8, me).count, 0);
-        assert!(matches!(sharing.open(0, 9, me).share, Share::Alone));
+        assert_eq!(open(&sharing, 0, 8, me).count, 0);
+        assert!(matches!(open(&sharing, 0, 9, me).share, Share::Alone));
         assert_eq!(sharing.figures(0, |_| 0).jobs, 1);
         assert_eq!(sharing.figures(1, |_| 0).jobs, 0);
         assert_eq!(budget.used(crate::memory::Use::Work), 3 * COUNT_BYTES);
         // The ahead render for this job's next open of file 7 is its fourth.
-        assert_eq!(sharing.next_count(0, 7), 3);
+        assert_eq!(sharing.next_count(0, &path(7)), 3);
     }
 
     #[test]
@@ -383,19 +416,19 @@ mod tests {
         let other = OtherJob::start();
         let (a, b) = (std::process::id(), other.pid());
         // Job b reads the view; then a opens file 5 first and publishes its render...
-        assert!(matches!(sharing.open(0, 9, b).share, Share::Alone));
-        let Share::Publish(published) = sharing.open(0, 5, a).share else {
+        assert!(matches!(open(&sharing, 0, 9, b).share, Share::Alone));
+        let Share::Publish(published) = open(&sharing, 0, 5, a).share else {
             panic!("a render for the other job to take");
         };
         // ... which b's open of file 5 in the same epoch takes, once.
-        let opened = sharing.open(0, 5, b);
+        let opened = open(&sharing, 0, 5, b);
         assert_eq!(opened.count, 0);
         let Share::Take(taken) = opened.share else {
             panic!("b takes a's render");
         };
         assert!(Arc::ptr_eq(&published, &taken));
         // The next epoch of file 5 is another render: b publishes it this time.
-        let Share::Publish(next) = sharing.open(0, 5, b).share else {
+        let Share::Publish(next) = open(&sharing, 0, 5, b).share else {
             panic!("b publishes epoch 1");
         };
         // b's render of epoch 1 is held for a: its bytes once finished.
@@ -411,7 +444,7 @@ mod tests {
             (held(&sharing).held_renders, held(&sharing).evicted),
             (0, 1)
         );
-        assert!(matches!(sharing.open(0, 5, a).share, Share::Publish(_)));
+        assert!(matches!(open(&sharing, 0, 5, a).share, Share::Publish(_)));
         assert_eq!(sharing.figures(0, |_| 0).jobs, 2);
     }
 
@@ -420,12 +453,12 @@ mod tests {
         let (sharing, _budget) = sharing();
         let other = OtherJob::start();
         let (a, b) = (std::process::id(), other.pid());
-        assert!(matches!(sharing.open(0, 9, b).share, Share::Alone));
-        assert!(matches!(sharing.open(0, 5, a).share, Share::Publish(_)));
+        assert!(matches!(open(&sharing, 0, 9, b).share, Share::Alone));
+        assert!(matches!(open(&sharing, 0, 5, a).share, Share::Publish(_)));
         drop(other);
         std::thread::sleep(SWEEP_EVERY + Duration::from_millis(50));
         // b ended well within JOB_ACTIVE of its open: nothing is held for it any more.
-        assert!(matches!(sharing.open(0, 6, a).share, Share::Alone));
+        assert!(matches!(open(&sharing, 0, 6, a).share, Share::Alone));
         assert_eq!(sharing.figures(0, |_| 0).jobs, 1);
     }
 
@@ -440,9 +473,9 @@ mod tests {
         let sharing: Sharing<Work> = Sharing::new(budget.clone());
         let other = OtherJob::start();
         let (a, b) = (std::process::id(), other.pid());
-        assert!(matches!(sharing.open(0, 9, b).share, Share::Alone));
+        assert!(matches!(open(&sharing, 0, 9, b).share, Share::Alone));
         let publish = |file: u64| {
-            let Share::Publish(slot) = sharing.open(0, file, a).share else {
+            let Share::Publish(slot) = open(&sharing, 0, file, a).share else {
                 panic!("file {file}: a render held for b");
             };
             let _ = slot.set(Some(budget.in_flight(30 << 20)));
@@ -459,7 +492,7 @@ mod tests {
         // With the room taken by something else, nothing is held: each job renders its own.
         let _ = sharing.shed();
         let _taken = budget.in_flight(70 << 20);
-        assert!(matches!(sharing.open(0, 5, a).share, Share::Alone));
+        assert!(matches!(open(&sharing, 0, 5, a).share, Share::Alone));
     }
 
     #[test]
@@ -469,11 +502,11 @@ mod tests {
         let other = OtherJob::start();
         let (a, b) = (std::process::id(), other.pid());
         for pid in [b, a, b, a] {
-            assert!(matches!(sharing.open(0, 5, pid).share, Share::Alone));
+            assert!(matches!(open(&sharing, 0, 5, pid).share, Share::Alone));
         }
         // Each job's own count: the same tensors as with sharing on, rendered by each.
-        assert_eq!(sharing.open(0, 5, a).count, 2);
-        assert_eq!(sharing.open(0, 5, b).count, 2);
+        assert_eq!(open(&sharing, 0, 5, a).count, 2);
+        assert_eq!(open(&sharing, 0, 5, b).count, 2);
         assert_eq!(sharing.figures(0, |_| 0).jobs, 2);
     }
 }
