@@ -63,14 +63,14 @@ impl<K: Hash + Eq, V: Clone> ShardedMap<K, V> {
         self.shard(key).write().remove(key)
     }
 
-    /// Removes the value under `key` if `matches` it; true when it did.
-    pub fn remove_if(&self, key: &K, matches: impl FnOnce(&V) -> bool) -> bool {
+    /// Removes the value under `key` if `matches` it, and returns it (dropped by the caller,
+    /// outside the shard's lock).
+    pub fn remove_if(&self, key: &K, matches: impl FnOnce(&V) -> bool) -> Option<V> {
         let mut shard = self.shard(key).write();
         if shard.get(key).is_some_and(matches) {
-            shard.remove(key);
-            return true;
+            return shard.remove(key);
         }
-        false
+        None
     }
 
     /// Keeps the entries for which `keep` returns true, one shard at a time (not a consistent
@@ -91,17 +91,7 @@ impl<K: Hash + Eq, V: Clone> ShardedMap<K, V> {
             // still steps through it), and the shards after it are not visited.
             taken.extend(
                 shard
-                    .extract_if(|k, v| {
-                        !done.get()
-                            && match pick(k, v) {
-                                Pick::Keep => false,
-                                Pick::Take => true,
-                                Pick::Done => {
-                                    done.set(true);
-                                    false
-                                }
-                            }
-                    })
+                    .extract_if(|k, v| !done.get() && picked(pick(k, v), &done))
                     .map(|(_, v)| v),
             );
             drop(shard);
@@ -123,7 +113,7 @@ impl<K: Hash + Eq, V: Clone> ShardedMap<K, V> {
     }
 }
 
-/// What `ShardedMap::take` does with an entry.
+/// What `take` (of a `ShardedMap` or a `ShardedSet`) does with an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pick {
     /// Leave it.
@@ -132,6 +122,18 @@ pub enum Pick {
     Take,
     /// Leave it and look at no more.
     Done,
+}
+
+/// Whether `pick` takes the entry; `Done` takes none and marks `done`.
+fn picked(pick: Pick, done: &std::cell::Cell<bool>) -> bool {
+    match pick {
+        Pick::Keep => false,
+        Pick::Take => true,
+        Pick::Done => {
+            done.set(true);
+            false
+        }
+    }
 }
 
 /// A value that carries the key it is found by.
@@ -210,29 +212,35 @@ impl<V: Keyed + Clone> ShardedSet<V> {
     /// Keeps the values for which `keep` returns true, one shard at a time (not a consistent
     /// cut); the values let go are returned, so they are dropped outside the shards' locks.
     pub fn retain(&self, mut keep: impl FnMut(&V) -> bool) -> Vec<V> {
-        let mut gone = Vec::new();
-        for shard in self.shards.iter() {
-            shard.write().retain(|v| {
-                let kept = keep(v);
-                if !kept {
-                    gone.push(v.clone());
-                }
-                kept
-            });
-        }
-        gone
+        self.take(|v| if keep(v) { Pick::Keep } else { Pick::Take })
     }
 
-    /// Removes the value found by `key` if `matches` it; true when it did.
-    pub fn remove_if(&self, key: &V::Key, matches: impl FnOnce(&V) -> bool) -> bool {
+    /// Removes the values `pick` takes, one shard at a time (not a consistent cut), looking at
+    /// no more once it answers `Pick::Done`; the values taken are returned, to be dropped
+    /// outside the shards' locks.
+    pub fn take(&self, mut pick: impl FnMut(&V) -> Pick) -> Vec<V> {
+        let mut taken = Vec::new();
+        let done = std::cell::Cell::new(false);
+        for shard in self.shards.iter() {
+            let mut shard = shard.write();
+            // Once done, the rest of this shard is passed over without a look.
+            taken.extend(shard.extract_if(|v| !done.get() && picked(pick(v), &done)));
+            drop(shard);
+            if done.get() {
+                break;
+            }
+        }
+        taken
+    }
+
+    /// Removes the value found by `key` if `matches` it, and returns it (dropped by the caller,
+    /// outside the shard's lock: a cached file's last reference frees its blocks).
+    pub fn remove_if(&self, key: &V::Key, matches: impl FnOnce(&V) -> bool) -> Option<V> {
         let (hash, shard) = self.place(key);
         let mut shard = shard.write();
         match shard.find_entry(hash, |v| v.key() == key) {
-            Ok(found) if matches(found.get()) => {
-                found.remove();
-                true
-            }
-            _ => false,
+            Ok(found) if matches(found.get()) => Some(found.remove().0),
+            _ => None,
         }
     }
 
@@ -291,8 +299,14 @@ mod tests {
             assert_eq!(set.remove(&id).map(|e| e.id), Some(id));
         }
         assert_eq!(set.remove(&0), None);
-        assert!(!set.remove_if(&1, |_| false), "kept when it does not match");
-        assert!(set.remove_if(&1, |e| e.payload == "v1"));
+        assert!(
+            set.remove_if(&1, |_| false).is_none(),
+            "kept when it does not match"
+        );
+        assert_eq!(
+            set.remove_if(&1, |e| e.payload == "v1").map(|e| e.id),
+            Some(1)
+        );
         assert!(set.get(&1).is_none() && set.get(&2).is_none());
         assert!(
             (3..20_000)
@@ -337,5 +351,22 @@ mod tests {
         let gone = map.retain(|id, _| *id < 5_000);
         assert!(gone.iter().all(|e| e.id >= 5_000));
         assert_eq!(gone.len() + map.len(), 4_900);
+
+        // A set's take alike.
+        let set: ShardedSet<Arc<Entry>> = ShardedSet::default();
+        for id in 0..1_000 {
+            set.get_or_insert_with(&id, || Arc::new(entry(id)));
+        }
+        let (mut looked, mut wanted) = (0, 10);
+        let taken = set.take(|_| {
+            looked += 1;
+            if wanted == 0 {
+                return Pick::Done;
+            }
+            wanted -= 1;
+            Pick::Take
+        });
+        assert_eq!((looked, taken.len(), set.len()), (11, 10, 990));
+        assert!(taken.iter().all(|e| set.get(&e.id).is_none()));
     }
 }

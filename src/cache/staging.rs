@@ -155,7 +155,11 @@ impl Staging {
     }
 
     fn remove(&self, key: &BlockKey, staged: &Arc<Staged>) {
-        if self.blocks.remove_if(key, |v| Arc::ptr_eq(v, staged)) {
+        if self
+            .blocks
+            .remove_if(key, |v| Arc::ptr_eq(v, staged))
+            .is_some()
+        {
             self.budget.release(Use::Staging, staged.len());
         }
     }

@@ -197,10 +197,11 @@ impl Derived {
         let admitted = self.admit_whole(Content::Marked, identity, 0, copy);
         if admitted {
             self.shared.metrics.marked_admitted.inc();
-            if self
+            // The file's entry, dropped here outside the set's lock (it frees its blocks).
+            let replaced = self
                 .files
-                .remove_if(&identity, |file| Arc::strong_count(file) == 1)
-            {
+                .remove_if(&identity, |file| Arc::strong_count(file) == 1);
+            if replaced.is_some() {
                 self.shared.metrics.marked_replaced.inc();
             }
         }
@@ -232,7 +233,11 @@ impl Derived {
         });
         let admitted = entry.admit_whole(bytes);
         if !admitted {
-            map.remove(&identity);
+            // Only this entry, and only left empty: another render's copy of the same image,
+            // admitted meanwhile, stays.
+            map.remove_if(&identity, |held| {
+                Arc::ptr_eq(held, &entry) && held.cached_blocks() == 0
+            });
         }
         admitted
     }

@@ -567,13 +567,21 @@ impl RamFile {
     }
 
     /// Admits `bytes`, the whole content of this entry (decoded pixels, which have no source to
-    /// fetch from), if it all fits the budget; true once every block is stored. All or nothing:
-    /// a block refused midway drops the ones before it. Compressible content is queued for
-    /// packing like fetched blocks.
+    /// fetch from), if it all fits the budget; true once every block is stored (also when they
+    /// all were already: another render's copy of the same content). All or nothing: a block
+    /// refused midway drops the ones this call stored before it, never another's. Compressible
+    /// content is queued for packing like fetched blocks.
     pub fn admit_whole(self: &Arc<Self>, bytes: Vec<u8>) -> bool {
-        if bytes.len() as u64 != self.len || !self.ram.ledger.has_room(self.len) {
+        if bytes.len() as u64 != self.len {
             return false;
         }
+        if self.is_complete() {
+            return true;
+        }
+        if !self.ram.ledger.has_room(self.len) {
+            return false;
+        }
+        let mut stored_now = Vec::new();
         let blocks: Vec<Block> = if self.slots.len() == 1 {
             vec![Block::new(bytes)]
         } else {
@@ -593,12 +601,15 @@ impl RamFile {
                 }
             });
             match outcome.flatten() {
-                Some(true) if matches!(self.layout.get(), Some(Layout::Packable { .. })) => {
-                    self.ram.packer.enqueue(self, index);
+                Some(true) => {
+                    stored_now.push(index);
+                    if matches!(self.layout.get(), Some(Layout::Packable { .. })) {
+                        self.ram.packer.enqueue(self, index);
+                    }
                 }
-                Some(_) => {}
+                Some(false) => {}
                 None => {
-                    (0..index).for_each(|i| self.drop_block(i));
+                    stored_now.into_iter().for_each(|i| self.drop_block(i));
                     return false;
                 }
             }

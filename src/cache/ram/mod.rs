@@ -469,13 +469,16 @@ impl Shed for RamTier {
     /// it takes its place: `Derived::offer_marked`.)
     fn give_back(&self, bytes: u64) -> u64 {
         let mut freed = 0;
-        let gone = self.files.retain(|entry| {
+        let gone = self.files.take(|entry| {
             // Only the map holds an entry no reader, prefetch or packer is using.
-            if freed >= bytes || Arc::strong_count(entry) > 1 {
-                return true;
+            if freed >= bytes {
+                Pick::Done
+            } else if Arc::strong_count(entry) > 1 {
+                Pick::Keep
+            } else {
+                freed += entry.charged_bytes();
+                Pick::Take
             }
-            freed += entry.charged_bytes();
-            false
         });
         for entry in &gone {
             self.derived.forget(entry.key());
