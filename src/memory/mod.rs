@@ -23,7 +23,7 @@ pub mod limits;
 pub mod metrics;
 pub mod pressure;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -228,8 +228,11 @@ pub struct MemoryBudget {
     heap_trims: AtomicU64,
     /// Memory left at the pressure watch's last look.
     left: AtomicU64,
-    /// Renders waiting for room; released bytes wake them.
-    room: Mutex<usize>,
+    /// Renders waiting for room (counted under `room`, read without it: a release takes the
+    /// lock only when someone waits, so the read path's releases share no lock); released bytes
+    /// wake them.
+    waiting: AtomicUsize,
+    room: Mutex<()>,
     freed: Condvar,
     /// What can give memory back, with the slice it frees, in the order it is asked.
     shedders: Mutex<Vec<(Use, Weak<dyn Shed>)>>,
@@ -261,7 +264,8 @@ impl MemoryBudget {
             refused: AtomicU64::new(0),
             heap_trims: AtomicU64::new(0),
             left: AtomicU64::new(0),
-            room: Mutex::new(0),
+            waiting: AtomicUsize::new(0),
+            room: Mutex::new(()),
             freed: Condvar::new(),
             shedders: Mutex::new(Vec::new()),
         })
@@ -421,7 +425,11 @@ impl MemoryBudget {
         }
         self.used[use_ as usize].fetch_sub(bytes, Ordering::AcqRel);
         self.total.fetch_sub(bytes, Ordering::AcqRel);
-        if *self.room.lock() > 0 {
+        // Paired with the fence in `work`: either this sees the waiter, or the waiter's next
+        // look at the room sees these bytes released.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.waiting.load(Ordering::Relaxed) > 0 {
+            let _room = self.room.lock();
             self.freed.notify_all();
         }
     }
@@ -471,18 +479,19 @@ impl MemoryBudget {
         }
         self.waits.fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + patience;
-        let mut waiting = self.room.lock();
-        *waiting += 1;
+        let mut room = self.room.lock();
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
         let granted = loop {
             if let Some(work) = self.try_work(bytes) {
                 break Some(work);
             }
-            if self.freed.wait_until(&mut waiting, deadline).timed_out() {
+            if self.freed.wait_until(&mut room, deadline).timed_out() {
                 break self.try_work(bytes);
             }
         };
-        *waiting -= 1;
-        drop(waiting);
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        drop(room);
         granted.ok_or_else(|| {
             self.refused.fetch_add(1, Ordering::Relaxed);
             NoMemory::Timeout(bytes)
