@@ -763,6 +763,19 @@ impl Views {
             Some(_) => None,
             None => self.take_ahead(node.ino, count),
         };
+        // A render made ahead serves the other jobs too: they wait on it, which fills itself,
+        // not on this open's first read (which may never come). A job that took the published
+        // slot meanwhile finds it empty (`FillOnDrop`) and renders its own.
+        let publish = match (&ahead, publish) {
+            (Some(slot), Some(publish)) => {
+                self.sharing
+                    .hold_instead(index, node.ino, count, slot.clone());
+                view.metrics.shared_renders.inc();
+                drop(publish);
+                None
+            }
+            (_, publish) => publish,
+        };
         let open = Arc::new(ViewOpen {
             view: index,
             seed: self.seed_of(view, &node.path, count),

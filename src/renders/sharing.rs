@@ -243,6 +243,15 @@ impl<T> Sharing<T> {
             .map_or(0, |&c| u64::from(c))
     }
 
+    /// Holds `slot` for the other jobs in place of the one published for view `view`'s file
+    /// `ino` at open count `count` (a render made ahead of the publishing open, which fills it
+    /// whatever that open does: a job must never wait on whether another reads its open).
+    pub fn hold_instead(&self, view: u16, ino: u64, count: u64, slot: Slot<T>) {
+        if let Some(held) = self.state.lock().held.get_mut(&(view, ino, count)) {
+            held.slot = slot;
+        }
+    }
+
     /// What view `view`'s jobs hold now, finished renders sized by `bytes` (at most `MAX_HELD`
     /// looked at, under the lock: for the stats, a few times a second at most).
     pub fn figures(&self, view: u16, bytes: impl Fn(&T) -> u64) -> JobFigures {
@@ -408,6 +417,27 @@ mod tests {
         assert_eq!(budget.used(crate::memory::Use::Work), 3 * COUNT_BYTES);
         // The ahead render for this job's next open of file 7 is its fourth.
         assert_eq!(sharing.next_count(0, &path(7)), 3);
+    }
+
+    #[test]
+    fn a_render_held_instead_of_the_published_slot_is_what_the_other_job_takes() {
+        let (sharing, _budget) = sharing();
+        let other = OtherJob::start();
+        let (a, b) = (std::process::id(), other.pid());
+        assert!(matches!(open(&sharing, 0, 9, b).share, Share::Alone));
+        let Share::Publish(published) = open(&sharing, 0, 5, a).share else {
+            panic!("a render for the other job to take");
+        };
+        // a's open found a render made ahead: that is held instead.
+        let ahead: Slot<u32> = Slot::default();
+        sharing.hold_instead(0, 5, 0, ahead.clone());
+        let Share::Take(taken) = open(&sharing, 0, 5, b).share else {
+            panic!("b takes a's render");
+        };
+        assert!(Arc::ptr_eq(&taken, &ahead) && !Arc::ptr_eq(&taken, &published));
+        // Nothing is held under another key.
+        sharing.hold_instead(0, 6, 0, Slot::default());
+        assert_eq!(sharing.figures(0, |_| 0).held_renders, 0);
     }
 
     #[test]
