@@ -7,9 +7,13 @@
 //! the process did not start a command line of its own (a DataLoader's workers are forks of their
 //! loader, or Python's multiprocessing bootstraps, so they are its job; trainings a script or a
 //! Python driver starts as new commands are jobs of their own). A job is that ancestor's pid and
-//! start time, so a restarted job is a new job. Reads only /proc (in memory, never the source), so
-//! it may run on a FUSE thread; its cache of processes is bounded (`MAX_PROCESSES`). Must never be
-//! asked about requests that are not opens of view files: the lookups cost a few /proc reads.
+//! start time, so a restarted job is a new job. Reads only /proc (in memory, never the source);
+//! its cache of processes is bounded (`MAX_PROCESSES`). A process it knows costs a read of its
+//! `status` and `stat`, which may run on a FUSE thread; one it does not know also costs its and
+//! its ancestors' `cmdline` and `environ`, which wait for the process's memory-map lock (held by
+//! a thread of it faulting on a mapping of this mount, the fault waiting for a FUSE thread): ask
+//! `knows` first, and look a new process up off the FUSE threads. Must never be asked about
+//! requests that are not opens of view files: the lookups cost a few /proc reads.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -69,6 +73,17 @@ pub struct Jobs {
 }
 
 impl Jobs {
+    /// Whether `of(pid)` is answered from the cache (or needs no more of /proc than this asks):
+    /// a process seen before, or one /proc does not show.
+    pub fn knows(&self, pid: u32) -> bool {
+        Process::read(pid).is_none_or(|process| {
+            self.processes
+                .lock()
+                .get(&process.tgid)
+                .is_some_and(|&(started, _)| started == process.started)
+        })
+    }
+
     /// The job of the process (or thread) `pid` as the kernel names it in a request.
     pub fn of(&self, pid: u32) -> Job {
         let Some(process) = Process::read(pid) else {
@@ -236,6 +251,17 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         child
+    }
+
+    #[test]
+    fn a_process_is_known_once_its_job_was_looked_up() {
+        let jobs = Jobs::default();
+        let me = std::process::id();
+        assert!(!jobs.knows(me), "not looked up yet: its memory would be read");
+        jobs.of(me);
+        assert!(jobs.knows(me));
+        // Nothing behind the request: nothing to read.
+        assert!(jobs.knows(0));
     }
 
     #[test]

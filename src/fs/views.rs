@@ -10,6 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use super::listing::Listing;
+use super::tree::Tree;
 use super::{Attr, DirSnapshot, Fs, Handle, Intent, SOURCE_TTL};
 use crate::error::FsError;
 use crate::inode::{self, FIRST_VIEW_ROOT, Node};
@@ -143,6 +144,13 @@ impl Fs {
 
     /// Opens a view file for the process (or thread) `pid` (the render service fixes its seed and
     /// queues or finds its render).
+    /// Whether opening `ino` for `pid` may wait on another process: a view file opened by a
+    /// process whose job is not known yet, which is looked up in its memory through /proc
+    /// (`Jobs::knows`). Such an open belongs on the request pool, not a FUSE thread.
+    pub fn open_looks_up_a_job(&self, ino: u64, pid: u32) -> bool {
+        matches!(self.tree(ino), Ok(Tree::View(_))) && !self.views.knows_job(pid)
+    }
+
     pub(super) fn open_view_file(
         &self,
         node: Arc<Node>,

@@ -114,8 +114,21 @@ impl Filesystem for Adapter {
         } else {
             Intent::Read
         };
+        let send = move |shared: &Shared, reply: Option<ReplyOpen>, opened: Opened| match reply {
+            Some(reply) => send_opened(shared, reply, ino.0, opened),
+            None => {
+                let _ = shared.fs.release(opened.fh);
+            }
+        };
+        let pid = req.pid();
         if intent == Intent::Write || !self.fs().needs_source(ino.0, Ask::Open) {
-            return match self.done(Op::Open, self.fs().open_by(ino.0, intent, req.pid())) {
+            // A view file's open by a process not seen before reads its memory through /proc,
+            // which can wait on that process: on the pool (as a view's place, 0).
+            if intent != Intent::Write && self.fs().open_looks_up_a_job(ino.0, pid) {
+                let work = move |fs: &Fs| fs.open_by(ino.0, intent, pid);
+                return self.off_thread(Op::Open, 0, reply, work, send);
+            }
+            return match self.done(Op::Open, self.fs().open_by(ino.0, intent, pid)) {
                 Ok(opened) => send_opened(&self.shared, reply, ino.0, opened),
                 Err(e) => reply.error(e),
             };
@@ -125,12 +138,6 @@ impl Filesystem for Adapter {
             self.fs().metrics().record(Op::Open, false);
             return send_opened(&self.shared, reply, ino.0, opened);
         }
-        let send = move |shared: &Shared, reply: Option<ReplyOpen>, opened: Opened| match reply {
-            Some(reply) => send_opened(shared, reply, ino.0, opened),
-            None => {
-                let _ = shared.fs.release(opened.fh);
-            }
-        };
         let work = move |fs: &Fs| fs.open(ino.0, intent);
         if self.fs().has_cached_version(ino.0) {
             // The cache holds this file whole: if the source does not answer in time, serve the

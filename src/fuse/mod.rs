@@ -5,7 +5,9 @@
 //! passthrough backing ids and each inode's I/O mode (`iomode`), counting requests per op, and
 //! where each request runs (`dispatch`: one method per kernel request; here the adapter, the hop
 //! to the request pool and the replies). A request the core says needs no source (`Fs::needs_source`: the
-//! control tree, view roots' attributes, opens of view files, every xattr but prepfs's own), cache
+//! control tree, view roots' attributes, opens of view files by processes whose job is known
+//! (`Fs::open_looks_up_a_job`: a new one's is read from its memory through /proc, which may wait
+//! on that process, so that open goes to the pool), every xattr but prepfs's own), cache
 //! hits, listings of an opened directory, releases and forgets are answered on the FUSE thread,
 //! and so is the open of a file the cache holds whole when its source is a local filesystem
 //! (`Fs::open_at_once`: its stat waits on nothing remote). Everything else (lookups and

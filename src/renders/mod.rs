@@ -738,6 +738,12 @@ enum Need {
 }
 
 impl Views {
+    /// Whether an open by `pid` finds its job without reading the process's memory through
+    /// /proc (`Jobs::knows`).
+    pub fn knows_job(&self, pid: u32) -> bool {
+        self.sharing.knows_job(pid)
+    }
+
     /// Opens view `index`'s file `node` for the process (or thread) `pid`: the open's
     /// seed is fixed now, from its job's own open count, and its render queued on the pool, or
     /// found made ahead or made by another job.

@@ -138,6 +138,12 @@ impl<T> Sharing<T> {
         self.enabled.store(enabled, Ordering::Relaxed);
     }
 
+    /// Whether the job of `pid` is known without reading its memory through /proc
+    /// (`Jobs::knows`): else its first open should not run on a FUSE thread.
+    pub fn knows_job(&self, pid: u32) -> bool {
+        self.jobs.knows(pid)
+    }
+
     /// An open of view `view`'s file `ino`, the render of image `path`, by the process (or
     /// thread) `pid`.
     pub fn open(&self, view: u16, ino: u64, path: &Arc<Path>, pid: u32) -> Opened<T> {
