@@ -142,8 +142,6 @@ impl Fs {
         Ok(self.listing_of(node, dots, names))
     }
 
-    /// Opens a view file for the process (or thread) `pid` (the render service fixes its seed and
-    /// queues or finds its render).
     /// Whether opening `ino` for `pid` may wait on another process: a view file opened by a
     /// process whose job is not known yet, which is looked up in its memory through /proc
     /// (`Jobs::knows`). Such an open belongs on the request pool, not a FUSE thread.
@@ -151,6 +149,8 @@ impl Fs {
         matches!(self.tree(ino), Ok(Tree::View(_))) && !self.views.knows_job(pid)
     }
 
+    /// Opens a view file for the process (or thread) `pid` (the render service fixes its seed and
+    /// queues or finds its render).
     pub(super) fn open_view_file(
         &self,
         node: Arc<Node>,
