@@ -257,7 +257,10 @@ mod tests {
     fn a_process_is_known_once_its_job_was_looked_up() {
         let jobs = Jobs::default();
         let me = std::process::id();
-        assert!(!jobs.knows(me), "not looked up yet: its memory would be read");
+        assert!(
+            !jobs.knows(me),
+            "not looked up yet: its memory would be read"
+        );
         jobs.of(me);
         assert!(jobs.knows(me));
         // Nothing behind the request: nothing to read.

@@ -51,16 +51,17 @@ impl Chores {
         Chores { queue: None }
     }
 
-    /// Hands `chore` to the helper; false (and the chore dropped, undone) when its queue is full.
-    pub fn run(&self, chore: Chore) -> bool {
+    /// Hands `chore` to the helper; when its queue is full, the chore comes back undone (to be
+    /// asked again, or dropped).
+    pub fn run(&self, chore: Chore) -> Result<(), Chore> {
         match &self.queue {
             None => {
                 chore();
-                true
+                Ok(())
             }
             Some(queue) => match queue.try_send(chore) {
-                Ok(()) => true,
-                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+                Ok(()) => Ok(()),
+                Err(TrySendError::Full(chore) | TrySendError::Disconnected(chore)) => Err(chore),
             },
         }
     }
@@ -87,9 +88,10 @@ mod tests {
         let chores = Chores::start();
         let (tx, rx) = channel();
         let caller = std::thread::current().id();
-        assert!(chores.run(Box::new(move || {
+        let asked = chores.run(Box::new(move || {
             let _ = tx.send(std::thread::current().id());
-        })));
+        }));
+        assert!(asked.is_ok());
         let ran_on = rx.recv_timeout(Duration::from_secs(10)).expect("answered");
         assert_ne!(ran_on, caller);
     }
@@ -99,16 +101,38 @@ mod tests {
         let chores = Chores::start();
         let (hold, held) = channel::<()>();
         // The helper waits inside the first chore while the queue fills behind it.
-        assert!(chores.run(Box::new(move || {
+        let asked = chores.run(Box::new(move || {
             let _ = held.recv_timeout(Duration::from_secs(30));
-        })));
-        let mut refused = false;
+        }));
+        assert!(asked.is_ok());
+        let (ran, runs) = channel();
+        let (mut refused, mut taken) = (None, 0);
         for _ in 0..=QUEUE + 1 {
-            refused |= !chores.run(Box::new(|| {}));
+            let ran = ran.clone();
+            match chores.run(Box::new(move || {
+                let _ = ran.send(());
+            })) {
+                Ok(()) => taken += 1,
+                Err(chore) => refused = refused.or(Some(chore)),
+            }
         }
-        assert!(refused, "a full queue refuses");
+        let refused = refused.expect("a full queue refuses");
         // Disposal with a full queue frees in place, at once.
         chores.dispose(vec![0u8; 1 << 20]);
+        // What was refused comes back undone, and runs once asked again with room.
         drop(hold);
+        let mut again = Some(refused);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while let Some(chore) = again.take() {
+            again = chores.run(chore).err();
+            assert!(std::time::Instant::now() < deadline, "the queue drains");
+            std::thread::yield_now();
+        }
+        drop(ran);
+        assert_eq!(
+            runs.iter().count(),
+            taken + 1,
+            "every chore taken ran, once"
+        );
     }
 }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::chores::Chores;
+use super::chores::{Chore, Chores};
 use super::diagnosis::{Capacity, diagnose};
 use super::epoch::{EpochTracker, Opened, Positions};
 use super::files::{FileId, FileKey};
@@ -68,6 +68,9 @@ pub(super) struct SetState {
     opens: u64,
     /// The remaining-set walks of this pass, once the helper has made them.
     remaining: Option<Remaining>,
+    /// The chore making them, when the helper's full queue refused it as the pass began: asked
+    /// again at each open until taken (else the pass would have no remaining-set plan).
+    unasked: Option<Chore>,
     /// The last first open of a backlog not planned after yet (see `backlog`).
     owed: Option<FileKey>,
     made: Sender<(u64, Remaining)>,
@@ -159,6 +162,7 @@ impl SetState {
             ended: WorkingSetFigures::default(),
             opens: 0,
             remaining: None,
+            unasked: None,
             owed: None,
             made,
             ready,
@@ -205,9 +209,13 @@ impl SetState {
         let now = Marks::now(shared);
         let files = classes.len();
         let (made, epoch) = (self.made.clone(), self.tracker.epoch());
-        self.chores.run(Box::new(move || {
-            let _ = made.send((epoch, Remaining::of(&classes)));
-        }));
+        // A chore still unasked from the pass before is of no use now: replaced.
+        self.unasked = self
+            .chores
+            .run(Box::new(move || {
+                let _ = made.send((epoch, Remaining::of(&classes)));
+            }))
+            .err();
         let figures = now.figures(
             &self.marks,
             self.tracker.epoch() - 1,
@@ -290,6 +298,9 @@ impl SetState {
         } else {
             self.ended
         });
+        if let Some(chore) = self.unasked.take() {
+            self.unasked = self.chores.run(chore).err();
+        }
         while let Ok((epoch, remaining)) = self.ready.try_recv() {
             if epoch == self.tracker.epoch() {
                 self.remaining = Some(remaining);

@@ -284,7 +284,7 @@ impl Tree {
             let walked = Listing::of(&*source, &dir, sorted, &shelf, pass).map(Walked::of);
             let _ = answer.send((pass, dir.into_os_string(), walked));
         }));
-        if asked {
+        if asked.is_ok() {
             self.asked.insert(key.to_os_string());
         }
         // Chores run in place answer at once.
