@@ -493,6 +493,48 @@ fn decoded_pixels_cached_serve_later_epochs_without_fetching_or_decoding() {
     assert_eq!(stats["views"]["train"]["errors"], 0);
 }
 
+#[test]
+fn a_damaged_jpeg_renders_the_same_bytes_whatever_the_cache_holds() {
+    // Junk between a JPEG's last scan and its end (ImageNet's "extraneous bytes before marker
+    // 0xd9"): libjpeg-turbo warns only when it reads to the end, so a crop above the last rows
+    // decodes with it, and a whole decode (for the decoded-pixel cache) fell back to another
+    // decoder whose pixels differ (4:2:0: its chroma upsampling is not libjpeg-turbo's). Each
+    // open must read the same tensor with pixels cached or not.
+    let photo = prepfs::synthetic::photo(3).expect("jpeg");
+    let clean =
+        common::jpeg::encode_420(&image::load_from_memory(&photo).expect("decode").to_rgb8());
+    let eoi = clean.len() - 2;
+    assert_eq!(&clean[eoi..], [0xFF, 0xD9]);
+    let mut damaged = clean[..eoi].to_vec();
+    damaged.extend_from_slice(&[0x12; 7]);
+    damaged.extend_from_slice(&clean[eoi..]);
+    let view = "t=decode,random_resized_crop(224, scale=(0.05, 0.2)),uint8(hwc)";
+    let opens = |cache: &str| {
+        let mut t = TestMount::new();
+        fs::write(t.s("damaged.jpg"), &damaged).expect("write");
+        fs::write(t.s("clean.jpg"), &clean).expect("write");
+        // No restart-marked copies: making one rewrites the file without its junk.
+        let flags = ["--view", view, "--seed", "7", "--decoded-cache", cache];
+        t.mount(&[&flags[..], &["--no-view-copies"]].concat());
+        let read =
+            |name: &str| fs::read(t.m(&format!(".prepfs/views/t/{name}.npy"))).expect("read");
+        let tensors: Vec<(Vec<u8>, Vec<u8>)> = (0..8)
+            .map(|_| (read("damaged.jpg"), read("clean.jpg")))
+            .collect();
+        (tensors, t.stats())
+    };
+    let (kept, stats) = opens("on");
+    assert!(
+        stats["cache"]["decoded"]["hits"].as_u64() >= Some(1),
+        "later opens render from cached pixels: {stats}"
+    );
+    let (not_kept, _) = opens("off");
+    for (n, (with, without)) in kept.iter().zip(&not_kept).enumerate() {
+        assert!(with.0 == without.0, "open {n} of the damaged JPEG");
+        assert!(with.1 == without.1, "open {n} of the clean JPEG");
+    }
+}
+
 /// The `ls -l` size column of each entry of `dir` that `ls` could stat, by name.
 fn ls_sizes(dir: &std::path::Path) -> std::collections::BTreeMap<String, u64> {
     let out = std::process::Command::new("ls")

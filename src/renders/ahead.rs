@@ -167,7 +167,7 @@ impl Views {
         };
         Some(
             self.decode_and_offer(encoded, identity)
-                .is_ok_and(|(_, _, kept)| kept),
+                .is_ok_and(|decoded| decoded.is_some_and(|(_, _, kept)| kept)),
         )
     }
 

@@ -448,11 +448,14 @@ impl Views {
             _ => planned(size)?,
         };
         let work = memory(&plan, render::decode_overhead(encoded.as_slice(), size))?;
-        let image = if self.decodes_whole(&plan, held) {
-            let (image, decode, _) = self.decode_and_offer(encoded.as_slice(), identity)?;
-            Image::Decoded(image, Some(decode))
+        let whole = if self.decodes_whole(&plan, held) {
+            self.decode_and_offer(encoded.as_slice(), identity)?
         } else {
-            Image::Encoded(encoded)
+            None
+        };
+        let image = match whole {
+            Some((image, decode, _)) => Image::Decoded(image, Some(decode)),
+            None => Image::Encoded(encoded),
         };
         Ok(Started {
             image,
@@ -529,14 +532,20 @@ impl Views {
     }
 
     /// Decodes `encoded`, image `identity`, and offers the pixels to the cache; the pixels, the
-    /// decode time and whether the cache kept them.
+    /// decode time and whether the cache kept them. `None` when the whole image's pixels would
+    /// not be those its parts decode to (`Executor::decode_as_parts_do`: a damaged JPEG): the
+    /// render then decodes only its part, as it would with no pixels kept, so its bytes never
+    /// depend on what the cache holds.
     fn decode_and_offer(
         &self,
         encoded: &[u8],
         identity: Identity,
-    ) -> Result<(Rgb, Duration, bool), String> {
+    ) -> Result<Option<(Rgb, Duration, bool)>, String> {
         let started = Instant::now();
-        let image = self.executor.decode(encoded).map_err(|e| e.to_string())?;
+        let decoded = self.executor.decode_as_parts_do(encoded);
+        let Some(image) = decoded.map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
         let decode = started.elapsed();
         let kept = self.fetcher.derived().offer_decoded(
             identity,
@@ -544,7 +553,7 @@ impl Views {
             decode,
             || image.to_bytes(),
         );
-        Ok((image, decode, kept))
+        Ok(Some((image, decode, kept)))
     }
 
     /// Whether the stats files may name the image at `path` (the world-readable stats.json is no

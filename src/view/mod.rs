@@ -70,6 +70,12 @@ pub trait Executor: Send + Sync {
     fn name(&self) -> &'static str;
     /// Decodes `encoded` into RGB pixels.
     fn decode(&self, encoded: &[u8]) -> Result<Rgb, RenderError>;
+    /// `decode`, when its pixels are what every part a render decodes would have, so a cache
+    /// of pixels may keep them and renders start from them (`render::decode_as_parts_do`);
+    /// `None` otherwise. By default, `decode`'s.
+    fn decode_as_parts_do(&self, encoded: &[u8]) -> Result<Option<Rgb>, RenderError> {
+        self.decode(encoded).map(Some)
+    }
     /// The complete .npy file of `spec` over the decoded `image`, as `plan` (drawn over the
     /// image's size) says.
     fn transform(&self, spec: &ViewSpec, image: &Rgb, plan: &Plan)
@@ -113,6 +119,10 @@ impl Executor for Cpu {
 
     fn decode(&self, encoded: &[u8]) -> Result<Rgb, RenderError> {
         render::decode(encoded)
+    }
+
+    fn decode_as_parts_do(&self, encoded: &[u8]) -> Result<Option<Rgb>, RenderError> {
+        render::decode_as_parts_do(encoded)
     }
 
     fn transform(

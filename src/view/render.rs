@@ -184,18 +184,31 @@ pub fn is_complete_jpeg(encoded: &[u8]) -> bool {
 /// any pixel is decoded); a truncated JPEG is an error. JPEGs decode with libjpeg-turbo, and
 /// with the image crate when it refuses them.
 pub fn decode(encoded: &[u8]) -> Result<Rgb, RenderError> {
-    if is_jpeg(encoded) {
-        let (width, height) = dimensions(encoded)?;
-        let whole = plan::Read {
-            region: (0, 0, width, height),
-            shrink: 1,
-        };
-        return match decode_jpeg_part(encoded, (width, height), whole)? {
-            Some((image, _)) => Ok(image),
-            None => decode_whole_of_size(encoded, (width, height)),
-        };
+    match decode_as_parts_do(encoded)? {
+        Some(image) => Ok(image),
+        None => decode_whole_of_size(encoded, dimensions(encoded)?),
     }
-    decode_whole(encoded)
+}
+
+/// `decode`, when its pixels are the ones every part of the image that a render decodes would
+/// have (what a cache of pixels may keep and renders start from): `None` for a JPEG that
+/// libjpeg-turbo opened but warned on while decoding it whole (data damaged, or extraneous
+/// bytes before its end). A part that stops above the damage decodes with libjpeg-turbo, so the
+/// image crate's pixels of the whole would render other bytes for the same open.
+pub fn decode_as_parts_do(encoded: &[u8]) -> Result<Option<Rgb>, RenderError> {
+    if !is_jpeg(encoded) {
+        return decode_whole(encoded).map(Some);
+    }
+    let (width, height) = dimensions(encoded)?;
+    let whole = plan::Read {
+        region: (0, 0, width, height),
+        shrink: 1,
+    };
+    match decode_jpeg_part(encoded, (width, height), whole)? {
+        Libjpeg::Decoded(image, _) => Ok(Some(image)),
+        Libjpeg::Refused => decode_whole_of_size(encoded, (width, height)).map(Some),
+        Libjpeg::Warned => Ok(None),
+    }
 }
 
 /// `decode_whole` of a JPEG whose header libjpeg-turbo read as `size` (it refused the rest):
@@ -267,33 +280,44 @@ fn is_jpeg(encoded: &[u8]) -> bool {
     encoded.starts_with(&[0xFF, 0xD8, 0xFF])
 }
 
+/// What libjpeg-turbo made of a part of a JPEG.
+enum Libjpeg {
+    /// The pixels of a part holding the region, and the region's area in them.
+    Decoded(Rgb, Area),
+    /// It refuses the file, or reads another size from it: every part alike.
+    Refused,
+    /// It opened the file and warned while decoding this part: another part may decode.
+    Warned,
+}
+
 /// `read` of the JPEG `encoded`, whose header (as `dimensions` reads it) gives `size`, decoded
-/// by libjpeg-turbo at 1/`read.shrink`: the pixels of a part holding the region, and the region's
-/// area in them. `None` when libjpeg-turbo refuses the file or reads another size from it (the
-/// caller decodes it another way); `TooLarge` when the part is over the pixel limits, before it
-/// is allocated.
+/// by libjpeg-turbo at 1/`read.shrink`. Anything but `Decoded` leaves the caller to decode it
+/// another way; `TooLarge` when the part is over the pixel limits, before it is allocated.
 fn decode_jpeg_part(
     encoded: &[u8],
     size: (u32, u32),
     read: plan::Read,
-) -> Result<Option<(Rgb, Area)>, RenderError> {
+) -> Result<Libjpeg, RenderError> {
     if !jpeg_is_complete(encoded) {
-        return Ok(None);
+        return Ok(Libjpeg::Refused);
     }
     let Ok(mut jpeg) = Jpeg::open(encoded) else {
-        return Ok(None);
+        return Ok(Libjpeg::Refused);
     };
     if jpeg.size() != size {
-        return Ok(None);
+        return Ok(Libjpeg::Refused);
     }
     let part = jpeg.part(read.region, read.shrink);
     let (width, height) = part.size;
     check_size(width, height)?;
     let Ok(pixels) = jpeg.decode(&part) else {
-        return Ok(None);
+        return Ok(Libjpeg::Warned);
     };
     let area = plan::rebase(read.region, part.origin, part.scale);
-    Ok(Some((Rgb::from_raw(width, height, pixels)?, area)))
+    Ok(Libjpeg::Decoded(
+        Rgb::from_raw(width, height, pixels)?,
+        area,
+    ))
 }
 
 /// The plan of a render of `spec` with `seed` over the encoded image, from its header.
@@ -373,8 +397,8 @@ pub fn render_planned(
         return Ok(rendered);
     }
     let (image, first) = match decode_jpeg_part(encoded, plan.size, plan.first_read())? {
-        Some((part, area)) => (part, Some(area)),
-        None => (decode_whole_of_size(encoded, plan.size)?, None),
+        Libjpeg::Decoded(part, area) => (part, Some(area)),
+        Libjpeg::Refused | Libjpeg::Warned => (decode_whole_of_size(encoded, plan.size)?, None),
     };
     let decoded = started.elapsed();
     let npy = apply(spec.output, &plan.draws, &image, first)?;
@@ -729,6 +753,49 @@ mod tests {
     /// keeps one value per 8x8 block, a box filter), with ~1.2-1.4x of margin. Not to be
     /// loosened: a part at a wrong offset or scale misses by tens of levels on average.
     const SCALED_BOUNDS: [(u32, u8, f64); 3] = [(2, 14, 1.5), (4, 18, 1.8), (8, 26, 3.5)];
+
+    #[test]
+    fn a_damaged_jpegs_whole_pixels_are_not_offered_when_its_parts_decode_otherwise() {
+        // ImageNet's "extraneous bytes before marker 0xd9": junk between the last scan and EOI.
+        // libjpeg-turbo warns only once it reads past the last row, so a part above the
+        // bottom decodes with it while a whole decode falls back to the image crate.
+        let clean = crate::view::jpeg::tests::encoded(640, 480, turbojpeg::Subsamp::Sub2x2, false);
+        let eoi = clean.len() - 2;
+        assert_eq!(&clean[eoi..], [0xFF, 0xD9]);
+        let mut damaged = clean[..eoi].to_vec();
+        damaged.extend_from_slice(&[0x12; 7]);
+        damaged.extend_from_slice(&clean[eoi..]);
+        let pixels = decode_as_parts_do(&clean)
+            .expect("decodes")
+            .expect("libjpeg's");
+        assert_eq!(
+            decode(&clean).expect("decodes").to_bytes(),
+            pixels.to_bytes()
+        );
+        assert!(
+            decode_as_parts_do(&damaged).expect("no error").is_none(),
+            "whole pixels of the damaged file are the image crate's"
+        );
+        let fallback = decode(&damaged).expect("the image crate decodes it");
+        assert_ne!(
+            fallback.to_bytes(),
+            pixels.to_bytes(),
+            "the image crate's pixels differ from libjpeg-turbo's"
+        );
+        // A crop above the damage renders from libjpeg-turbo's pixels, as the clean file does.
+        let s = spec("c=decode,random_resized_crop(64, scale=(0.05, 0.1)),uint8(hwc)");
+        let above = (0..64)
+            .find(|&seed| {
+                let read = plan::draw(&s, 640, 480, seed)
+                    .expect("draws")
+                    .first_read(640, 480);
+                read.shrink == 1 && read.region.1 + read.region.3 + 16 < 480
+            })
+            .expect("a crop above the last rows");
+        let part = render(&s, &damaged, above).expect("renders").npy;
+        assert_eq!(part, render(&s, &clean, above).expect("renders").npy);
+        assert_eq!(part, transform(&s, &pixels, above).expect("renders").npy);
+    }
 
     #[test]
     fn renders_from_the_jpeg_equal_renders_from_its_pixels_unless_they_read_it_scaled() {

@@ -350,6 +350,13 @@ impl Executor for Placed {
         }
     }
 
+    fn decode_as_parts_do(&self, encoded: &[u8]) -> Result<Option<Rgb>, RenderError> {
+        match self.pick(Knobs::decode) {
+            Some(gpu) => gpu.decode_as_parts_do(encoded),
+            None => Cpu.decode_as_parts_do(encoded),
+        }
+    }
+
     fn transform(
         &self,
         spec: &ViewSpec,
