@@ -375,8 +375,11 @@ impl Executor for Placed {
         encoded: &[u8],
         plan: &Plan,
     ) -> Result<Rendered, RenderError> {
-        if self.pick(Knobs::decode).is_none() && self.pick(Knobs::augment).is_none() {
-            // All on the CPU: it decodes only what the render reads.
+        // All on the CPU: it decodes only what the render reads. So does a render that reads
+        // its JPEG DCT-scaled, wherever it is placed: a whole decode then a resize is another
+        // low-pass, and its bytes must not depend on the placement (nor on the cache).
+        let on_cpu = self.pick(Knobs::decode).is_none() && self.pick(Knobs::augment).is_none();
+        if on_cpu || plan.reads_scaled() {
             return Cpu.render(spec, encoded, plan);
         }
         super::decoded_then_transformed(self, spec, encoded, plan)
@@ -418,6 +421,28 @@ mod tests {
             checked_ms: AtomicU64::new(u64::MAX),
             prefers_gpu: AtomicBool::new(false),
         })
+    }
+
+    #[test]
+    fn a_render_that_reads_its_jpeg_scaled_renders_on_the_cpu_wherever_it_is_placed() {
+        let jpeg = crate::view::jpeg::tests::encoded(1000, 700, turbojpeg::Subsamp::Sub2x2, false);
+        let on_gpu = Placed::new(Some(Arc::new(Marked)), Rule::Gpu);
+        for (view, scaled) in [
+            ("s=decode,resize(64),uint8", true),
+            ("f=decode,resize(700),uint8", false),
+        ] {
+            let spec = ViewSpec::parse(view).expect("parses");
+            let plan = Plan::new(&spec, (1000, 700), 0).expect("plans");
+            assert_eq!(plan.reads_scaled(), scaled, "{view}");
+            let rendered = on_gpu.render(&spec, &jpeg, &plan).expect("renders").npy;
+            assert_eq!(rendered == b"gpu", !scaled, "{view}");
+            if scaled {
+                assert_eq!(
+                    rendered,
+                    Cpu.render(&spec, &jpeg, &plan).expect("renders").npy
+                );
+            }
+        }
     }
 
     #[test]
