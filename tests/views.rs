@@ -243,6 +243,34 @@ fn an_image_replaced_after_its_render_ahead_renders_anew_on_its_next_open() {
 }
 
 #[test]
+fn directories_named_like_view_files_are_listed_as_they_can_be_opened() {
+    let mut t = TestMount::new();
+    dataset(&t);
+    // A directory whose name ends in .npy, and one named as an image's view file beside it.
+    fs::create_dir_all(t.s("cat/arrays.npy")).expect("mkdir");
+    let jpeg = prepfs::synthetic::photo(5).expect("jpeg");
+    fs::write(t.s("cat/arrays.npy/inner.jpg"), jpeg).expect("write");
+    fs::create_dir_all(t.s("cat/img0.jpg.npy")).expect("mkdir");
+    t.mount(&["--view", VAL]);
+    let dir = t.m(".prepfs/views/val/cat");
+    assert_eq!(
+        names(&dir),
+        ["arrays.npy", "img0.jpg.npy", "img1.jpg.npy", "nested"],
+        "each name once"
+    );
+    let arrays = fs::metadata(dir.join("arrays.npy")).expect("the directory is found");
+    assert!(arrays.is_dir());
+    assert_eq!(names(&dir.join("arrays.npy")), ["inner.jpg.npy"]);
+    let tensor = fs::read(dir.join("arrays.npy/inner.jpg.npy")).expect("read");
+    assert_eq!(tensor.len(), 128 + 64 * 64 * 3);
+    let hidden = fs::metadata(dir.join("img0.jpg.npy")).expect("the view file");
+    assert!(hidden.is_file(), "the image's tensor, not the directory");
+    assert_eq!(hidden.len(), 128 + 64 * 64 * 3);
+    let stats = t.stats();
+    assert_eq!(stats["views"]["val"]["unlisted_names"], 1, "{stats}");
+}
+
+#[test]
 fn an_image_whose_view_name_would_be_too_long_is_left_out_and_counted() {
     // 251 bytes + ".npy" is the longest name a view file can have; 255 bytes + ".npy" is not
     // a name any path can open.

@@ -39,22 +39,26 @@ impl Fs {
         Ok(self.virtual_dir_attr(FIRST_VIEW_ROOT + index as u64))
     }
 
-    /// Resolves `name` in a directory of view `view`.
+    /// Resolves `name` in a directory of view `view`: the view file of image `X` when `name` is
+    /// `X.npy` and the source has that image, else the source's subdirectory `name` (which may
+    /// end in `.npy` too; one named like an image's view file is hidden by it, as listed).
     pub(super) fn lookup_in_view(&self, parent: &Arc<Node>, name: &OsStr) -> Result<Attr, FsError> {
         inode::validate_name(name)?;
         let bytes = name.as_bytes();
         if let Some(image) = bytes.strip_suffix(NPY.as_bytes()) {
             let image = OsStr::from_bytes(image);
             if is_image(image) {
-                let meta = self.stat_source(&parent.path.join(image))?;
-                if meta.kind == Kind::File {
-                    let node = self.inodes.intern_as(parent, name, image, Kind::File);
-                    let attr = self.view_file_attr(&node, &meta)?;
-                    self.inodes.remember(&node);
-                    return Ok(attr);
+                match self.stat_source(&parent.path.join(image)) {
+                    Ok(meta) if meta.kind == Kind::File => {
+                        let node = self.inodes.intern_as(parent, name, image, Kind::File);
+                        let attr = self.view_file_attr(&node, &meta)?;
+                        self.inodes.remember(&node);
+                        return Ok(attr);
+                    }
+                    Ok(_) | Err(FsError::NotFound) => {}
+                    Err(e) => return Err(e),
                 }
             }
-            return Err(FsError::NotFound);
         }
         let meta = self.stat_source(&parent.path.join(name))?;
         if meta.kind != Kind::Directory {
@@ -108,17 +112,31 @@ impl Fs {
 
     /// Opens a directory of a view: the source directory's subdirectories and images. An image
     /// whose view name (`<name>.npy`) would pass `NAME_MAX` is left out and counted: no path
-    /// could open it.
+    /// could open it; so is a subdirectory named as an image's view file (`a.jpg.npy` beside
+    /// `a.jpg`), which a lookup of the name would not find.
     pub(super) fn opendir_in_view(&self, node: Arc<Node>) -> Result<DirSnapshot, FsError> {
         let view = self.views.get(node.view.ok_or(FsError::NotFound)?)?;
         let entries = self
             .source
             .list(&node.path)
             .map_err(|e| FsError::from_source(&e))?;
+        // Subdirectories an image's view file hides (rare: a scan of the listing for each).
+        let hidden = |dir: &OsStr| {
+            dir.as_bytes()
+                .strip_suffix(NPY.as_bytes())
+                .map(OsStr::from_bytes)
+                .is_some_and(|image| {
+                    is_image(image) && entries.iter().any(|(n, k)| k == Kind::File && n == image)
+                })
+        };
         let mut shown = Vec::new();
         let mut names = DirEntries::default();
         for (name, kind) in entries.iter() {
             let name = match kind {
+                Kind::Directory if hidden(name) => {
+                    view.metrics.unlisted_names.inc();
+                    continue;
+                }
                 Kind::Directory => name,
                 Kind::File if is_image(name) => {
                     if name.len() + NPY.len() > inode::NAME_MAX {

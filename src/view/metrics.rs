@@ -73,7 +73,8 @@ pub struct ViewMetrics {
     pub rendered_ahead: Counter,
     /// Opens that found their render made ahead (no render waited for).
     pub ahead_used: Counter,
-    /// Images left out of listings because their view name would be too long to open.
+    /// Entries left out of listings: images whose view name would be too long to open, and
+    /// directories an image's view file hides.
     pub unlisted_names: Counter,
     /// Jobs that opened a file of the view, in all (`crate::jobs`).
     pub jobs_seen: Counter,
@@ -186,7 +187,7 @@ pub const AHEAD_USED: Metric = Metric::counter(
 pub const UNLISTED_NAMES: Metric = Metric::counter(
     "views.*.unlisted_names",
     "view_unlisted_names_total",
-    "Images left out of a listing of the view because their name plus .npy would pass 255 bytes (once per listing).",
+    "Entries left out of a listing of the view: images whose name plus .npy would pass 255 bytes, and directories an image's view file hides (once per listing).",
 )
 .by("view");
 
