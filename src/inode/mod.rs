@@ -91,6 +91,8 @@ pub fn dataset_path(path: &Path, mountpoint: &Path) -> Option<PathBuf> {
     Some(parts.into_iter().collect())
 }
 
+/// Names `InodeTable::forgettable` copies per hold of the table's read lock.
+const NAMES_PER_LOCK: usize = 4096;
 /// Longest accepted name component, as Linux NAME_MAX.
 pub const NAME_MAX: usize = 255;
 /// Bytes a node holds beside its path's name bytes, as charged to the memory budget: the node
@@ -497,24 +499,37 @@ impl InodeTable {
 
     /// Up to half of the dataset files' nodes, the oldest first, as (parent, name in parent):
     /// what the mount may ask the kernel to forget under memory pressure (a lookup makes them
-    /// again). Directories stay (their children name them), and so do views' files, whose jobs'
-    /// open counts (which seed their augmentation) are kept by inode number.
+    /// again). Directories stay (their children name them), and so do views' files, whose
+    /// renders made ahead and held for other jobs are found by inode number. Only the numbers
+    /// are gathered under the table's lock (a forget or a lookup on a FUSE thread waits for it
+    /// meanwhile), the names after it, `NAMES_PER_LOCK` at a time.
     pub fn forgettable(&self) -> Vec<(u64, OsString)> {
-        let tables = self.tables.read();
-        let mut files: Vec<&Arc<Node>> = tables
+        let mut files: Vec<u64> = self
+            .tables
+            .read()
             .by_ino
             .values()
             .filter(|n| n.kind == Kind::File && n.view.is_none() && n.ino >= FIRST_SOURCE_INODE)
+            .map(|n| n.ino)
             .collect();
         let half = files.len() / 2;
         if half == 0 {
             return Vec::new();
         }
-        files.select_nth_unstable_by_key(half - 1, |n| n.ino);
-        files[..half]
-            .iter()
-            .map(|n| (n.parent, n.name_in_parent()))
-            .collect()
+        files.select_nth_unstable(half - 1);
+        files.truncate(half);
+        let mut names = Vec::with_capacity(half);
+        for chunk in files.chunks(NAMES_PER_LOCK) {
+            let tables = self.tables.read();
+            // A node forgotten since is left out.
+            names.extend(
+                chunk
+                    .iter()
+                    .filter_map(|ino| tables.by_ino.get(ino))
+                    .map(|n| (n.parent, n.name_in_parent())),
+            );
+        }
+        names
     }
 
     /// Number of source nodes known (the root included).
@@ -555,6 +570,34 @@ mod tests {
     fn a_node_fits_a_128_byte_chunk() {
         let size = std::mem::size_of::<Node>();
         assert!(size + 16 <= 120, "Node is {size} bytes");
+    }
+
+    #[test]
+    fn the_oldest_half_of_the_dataset_files_may_be_forgotten_by_name() {
+        let table = InodeTable::with_views(1);
+        let root = table.get(ROOT).expect("root");
+        let dir = table.intern(&root, OsStr::new("d"), Kind::Directory);
+        let files: Vec<Arc<Node>> = (0..10_000)
+            .map(|i| table.intern(&dir, OsStr::new(&format!("f{i}")), Kind::File))
+            .collect();
+        let view_root = table.get(FIRST_VIEW_ROOT).expect("view root");
+        table.intern_as(
+            &view_root,
+            OsStr::new("v.jpg.npy"),
+            OsStr::new("v.jpg"),
+            Kind::File,
+        );
+        let mut names = table.forgettable();
+        names.sort();
+        let mut oldest: Vec<(u64, OsString)> = files[..5_000]
+            .iter()
+            .map(|f| (dir.ino, f.name_in_parent()))
+            .collect();
+        oldest.sort();
+        assert_eq!(
+            names, oldest,
+            "files only, the oldest half, by parent and name"
+        );
     }
 
     #[test]
