@@ -238,6 +238,11 @@ impl DiskTier {
             return Some(block);
         }
         let name = EntryName::of(identity, index);
+        // The entry read and its decoded block, charged while they are made (at most one read
+        // per thread that reads, as a source read's): the block is the caller's once returned.
+        let _reading = inner
+            .budget
+            .in_flight(entry::MAX_ENTRY as u64 + 1 + super::BLOCK_SIZE);
         let bytes = match inner.read_entry(&name) {
             Ok(Some(bytes)) => bytes,
             Ok(None) => {
