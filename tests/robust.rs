@@ -346,6 +346,71 @@ fn a_stopped_fuse_mount_inside_a_local_source_holds_up_only_the_opens_beneath_it
     assert_eq!(inner.unmount().map(|s| s.success()), Some(true));
 }
 
+/// A view over a local source with a FUSE mount inside it: renders of images beneath the
+/// stopped mount wait on it, and must not hold the render turns the other images' renders need.
+#[test]
+fn renders_stuck_on_a_stopped_mount_leave_the_other_images_renders_running() {
+    let _caches = keeping_kernel_caches();
+    let photo = |seed| prepfs::synthetic::photo(seed).expect("jpeg");
+    let mut inner = TestMount::new();
+    for i in 0..8 {
+        std::fs::write(inner.s(&format!("x{i}.jpg")), photo(i)).expect("write");
+    }
+    let mut outer = TestMount::new();
+    std::fs::write(outer.s("healthy.jpg"), photo(9)).expect("write");
+    std::fs::create_dir(outer.s("inner")).expect("mkdir");
+    inner.mnt = outer.s("inner");
+    inner.mount(&[]);
+    outer.mount(&[
+        "--source-timeout",
+        "3s",
+        "--no-prefetch",
+        "--view",
+        "v=decode,resize(32),uint8",
+    ]);
+    let view = outer.m(".prepfs/views/v");
+    // Every name looked up (and kept by the kernel) while the inner mount answers.
+    let file = |name: &str| view.join(name);
+    for i in 0..8 {
+        assert!(
+            !std::fs::read(file(&format!("inner/x{i}.jpg.npy")))
+                .expect("read")
+                .is_empty()
+        );
+    }
+    let healthy = std::fs::read(file("healthy.jpg.npy")).expect("read");
+
+    let _resume = Stopped::process(inner.child.as_ref().expect("inner daemon").id());
+    // More renders of the stopped mount's images than the mount has render threads...
+    let stuck: Vec<_> = (0..8)
+        .map(|i| {
+            let path = file(&format!("inner/x{i}.jpg.npy"));
+            std::thread::spawn(move || std::fs::read(path).map_err(|e| e.raw_os_error()))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // ... while the image beside the mount still renders, each open anew.
+    for _ in 0..3 {
+        let again = within(Duration::from_secs(20), {
+            let path = file("healthy.jpg.npy");
+            move || std::fs::read(path)
+        })
+        .expect("a healthy image renders while a mount inside the source hangs")
+        .expect("read the healthy image's view file");
+        assert_eq!(again, healthy, "a deterministic view");
+    }
+    // Resumed, the stuck renders finish and their readers get their tensors.
+    drop(_resume);
+    for reader in stuck {
+        let read = within(Duration::from_secs(30), move || reader.join())
+            .expect("the stuck reader was answered once the mount resumed")
+            .expect("reader thread");
+        assert!(read.is_ok_and(|npy| !npy.is_empty()));
+    }
+    assert_eq!(outer.unmount().map(|s| s.success()), Some(true));
+    assert_eq!(inner.unmount().map(|s| s.success()), Some(true));
+}
+
 #[test]
 fn names_the_kernel_forgets_leave_the_inode_table() {
     let _caches = dropping_kernel_caches();

@@ -41,7 +41,7 @@ use crate::source::{Identity, Source, SourceFile};
 use crate::view::limits::MAX_ENCODED_BYTES;
 use crate::view::metrics::{JobFigures, ViewMetrics};
 use crate::view::{Executor, Plan, RenderError, Rgb, ViewSpec, jpeg, plan, render};
-use crate::workers::{Active, Permits, WorkerPool};
+use crate::workers::{Active, Permit, Permits, WorkerPool};
 use sharing::{Share, Sharing};
 
 /// Extensions shown in views: what the decoder reads (case-insensitive).
@@ -148,11 +148,13 @@ enum Image {
 }
 
 /// What a render starts from: the image, the render's plan, its memory and the source version.
-struct Started {
+struct Started<'a> {
     image: Image,
     plan: Plan,
     work: Work,
     source: Identity,
+    /// The render's turn (`turn`), taken once the source has answered.
+    _turn: Permit<'a>,
 }
 
 /// A finished render, the source version it was made from, and its charge to the memory budget,
@@ -396,13 +398,17 @@ impl Views {
     /// of: the cache's decoded pixels; else the encoded file, fetched through the cache, decoded
     /// whole and offered to the cache when it may keep the pixels (`decodes_whole`), or left for
     /// the render to decode only what it reads.
+    ///
+    /// The render's turn is taken after the source is opened and the encoded image read (or
+    /// its pixels found), before the render's memory: a render waiting on a hung source holds
+    /// no turn that a healthy image's render needs.
     fn image(
         &self,
         node: &Node,
         spec: &ViewSpec,
         seed: u64,
         need: Need,
-    ) -> Result<Started, Unrendered> {
+    ) -> Result<Started<'_>, Unrendered> {
         let source = self
             .source
             .open(&node.path)
@@ -423,6 +429,7 @@ impl Views {
         {
             let plan = planned(Rgb::size_of_bytes(bytes.as_slice()).map_err(|e| e.to_string())?)?;
             if !plan.reads_scaled() {
+                let turn = self.turn(need)?;
                 let work = memory(&plan, 0)?;
                 match Rgb::from_bytes(bytes.as_slice()) {
                     Ok(image) => {
@@ -431,6 +438,7 @@ impl Views {
                             plan,
                             work,
                             source: identity,
+                            _turn: turn,
                         });
                     }
                     Err(e) => {
@@ -447,6 +455,7 @@ impl Views {
             Some(plan) if plan.size == size => plan,
             _ => planned(size)?,
         };
+        let turn = self.turn(need)?;
         let work = memory(&plan, render::decode_overhead(encoded.as_slice(), size))?;
         let whole = if self.decodes_whole(&plan, held) {
             self.decode_and_offer(encoded.as_slice(), identity)?
@@ -462,7 +471,20 @@ impl Views {
             plan,
             work,
             source: identity,
+            _turn: turn,
         })
+    }
+
+    /// A turn to render: renders start on the render pool, on reads and on prefetch's threads,
+    /// and however many ask, only as many run (and hold their memory) as there are render
+    /// threads. An open's render waits `RENDER_TURN_PATIENCE` for one; one made ahead takes a
+    /// free one or none.
+    fn turn(&self, need: Need) -> Result<Permit<'_>, Unrendered> {
+        match need {
+            Need::Open => self.running.take(RENDER_TURN_PATIENCE),
+            Need::Ahead => self.running.try_take(),
+        }
+        .ok_or_else(|| Unrendered::NoRoom("no render turn free".into()))
     }
 
     /// The encoded image a render starts from: the cache's restart-marked copy of it when it
@@ -625,13 +647,6 @@ impl Views {
     /// Renders `open` of `view` with the memory `need` allows; counts what it rendered.
     fn render_for(&self, view: &View, open: &ViewOpen, need: Need) -> Result<Rendered, Unrendered> {
         let started = Instant::now();
-        // Renders start on the render pool, on reads and on prefetch's threads: however many
-        // ask, only as many run (and hold their memory) as there are render threads.
-        let _turn = match need {
-            Need::Open => self.running.take(RENDER_TURN_PATIENCE),
-            Need::Ahead => self.running.try_take(),
-        }
-        .ok_or_else(|| Unrendered::NoRoom("no render turn free".into()))?;
         let result = self
             .image(&open.node, &view.spec, open.seed, need)
             .and_then(
@@ -640,6 +655,7 @@ impl Views {
                      plan,
                      work,
                      source,
+                     _turn,
                  }| {
                     // The size getattr announced, from the plan in hand (output sizes never
                     // depend on the seed; no second source read).
