@@ -412,6 +412,49 @@ fn renders_stuck_on_a_stopped_mount_leave_the_other_images_renders_running() {
 }
 
 #[test]
+fn a_view_file_the_kernel_forgot_draws_its_next_augmentation_not_its_first() {
+    use std::os::unix::fs::MetadataExt;
+    let _caches = dropping_kernel_caches();
+    // The kernel may forget a view file's node between epochs (memory pressure; here
+    // `drop_caches`): the next lookup makes a new node, with a new number. The job's open count
+    // of the file, which fixes the seed, must go on: epoch 2 must not repeat epoch 1's crops.
+    let file = ".prepfs/views/train/cat/img0.jpg.npy";
+    let view = "train=decode,random_resized_crop(64),hflip,normalize(imagenet)";
+    let image = |t: &TestMount| {
+        std::fs::create_dir(t.s("cat")).expect("mkdir");
+        let jpeg = prepfs::synthetic::photo(0).expect("jpeg");
+        std::fs::write(t.s("cat/img0.jpg"), jpeg).expect("write");
+    };
+    let mut plain = TestMount::new();
+    image(&plain);
+    plain.mount(&["--view", view, "--seed", "7"]);
+    let expected: Vec<Vec<u8>> = (0..2)
+        .map(|_| std::fs::read(plain.m(file)).expect("read"))
+        .collect();
+    assert_ne!(expected[0], expected[1], "two opens, two augmentations");
+
+    let mut t = TestMount::new();
+    image(&t);
+    t.mount(&["--view", view, "--seed", "7"]);
+    let first = std::fs::read(t.m(file)).expect("read");
+    let ino = std::fs::metadata(t.m(file)).expect("stat").ino();
+    std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop the kernel's caches");
+    // The kernel sends its forgets on its own; a node it still holds keeps its number.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(t.m(file)).expect("stat").ino() == ino {
+        assert!(Instant::now() < deadline, "the kernel never forgot {file}");
+        std::thread::sleep(Duration::from_millis(50));
+        std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop the kernel's caches");
+    }
+    let second = std::fs::read(t.m(file)).expect("read");
+    assert_eq!(first, expected[0], "first open as on the other mount");
+    assert_eq!(
+        second, expected[1],
+        "after the forget: the second open's augmentation"
+    );
+}
+
+#[test]
 fn names_the_kernel_forgets_leave_the_inode_table() {
     let _caches = dropping_kernel_caches();
     let mut t = TestMount::new();

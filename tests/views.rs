@@ -105,45 +105,6 @@ fn views_mirror_images_as_npy_with_exact_sizes_and_fresh_augmentation() {
 }
 
 #[test]
-fn a_view_file_the_kernel_forgot_draws_its_next_augmentation_not_its_first() {
-    use std::os::unix::fs::MetadataExt;
-    // The kernel may forget a view file's node between epochs (memory pressure; here
-    // `drop_caches`): the next lookup makes a new node, with a new number. The job's open count
-    // of the file, which fixes the seed, must go on: epoch 2 must not repeat epoch 1's crops.
-    let file = ".prepfs/views/train/cat/img0.jpg.npy";
-    let mut plain = TestMount::new();
-    dataset(&plain);
-    plain.mount(&["--view", TRAIN, "--seed", "7"]);
-    let expected: Vec<Vec<u8>> = (0..2)
-        .map(|_| fs::read(plain.m(file)).expect("read"))
-        .collect();
-    assert_ne!(expected[0], expected[1], "two opens, two augmentations");
-
-    let mut t = TestMount::new();
-    dataset(&t);
-    t.mount(&["--view", TRAIN, "--seed", "7"]);
-    let first = fs::read(t.m(file)).expect("read");
-    let ino = fs::metadata(t.m(file)).expect("stat").ino();
-    fs::write("/proc/sys/vm/drop_caches", "2").expect("drop the kernel's caches");
-    // The kernel sends its forgets on its own; a node it still holds keeps its number.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while fs::metadata(t.m(file)).expect("stat").ino() == ino {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the kernel never forgot {file}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        fs::write("/proc/sys/vm/drop_caches", "2").expect("drop the kernel's caches");
-    }
-    let second = fs::read(t.m(file)).expect("read");
-    assert_eq!(first, expected[0], "first open as on the other mount");
-    assert_eq!(
-        second, expected[1],
-        "after the forget: the second open's augmentation"
-    );
-}
-
-#[test]
 fn renders_made_ahead_of_predicted_opens_are_the_tensors_those_opens_would_render() {
     // Two mounts of the same photos with the same seed: one prefetching (it learns the walk and
     // renders the next files ahead), one not. Every open must read the same tensor on both.
