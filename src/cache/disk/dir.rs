@@ -139,6 +139,11 @@ fn marker_line() -> String {
 pub struct EntryName(u128);
 
 impl EntryName {
+    /// The shard it is in, as a number (`shard` is its name).
+    pub fn shard_index(&self) -> u8 {
+        (self.0 >> 120) as u8
+    }
+
     /// The name of block `index` of the file version `identity`.
     pub fn of(identity: &Identity, index: usize) -> EntryName {
         let mut key = Vec::with_capacity(48);

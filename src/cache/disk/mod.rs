@@ -19,7 +19,7 @@ mod dir;
 pub mod entry;
 mod scan;
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::io;
 use std::os::fd::AsFd;
 use std::path::Path;
@@ -117,6 +117,8 @@ struct Inner {
     entries: AtomicU64,
     logical: AtomicU64,
     scanned: AtomicBool,
+    /// What the start-up scan has counted so far (`scanned` is set under it).
+    scan: Mutex<ScanProgress>,
     paused_until: Mutex<Option<Instant>>,
     stop: AtomicBool,
     budget: Arc<MemoryBudget>,
@@ -128,6 +130,49 @@ struct Inner {
     /// Blocks offered while the writer could not take them, oldest first (at most
     /// `DEFERRED_QUEUE`): written from the RAM tier when the writer is idle.
     deferred: Mutex<VecDeque<Deferred>>,
+}
+
+/// What the start-up scan has put on the tally so far, so that an entry removed while it runs
+/// comes off the tally only if the scan counted it: one it has not reached yet, it will not find.
+/// The scan visits the shards one at a time.
+struct ScanProgress {
+    /// Shards (`EntryName::shard_index`) the scan is done with.
+    done: [bool; 256],
+    /// The shard it is in, and the entries of it counted so far (a 256th of the cache).
+    current: Option<u8>,
+    counted: HashSet<EntryName>,
+}
+
+impl Default for ScanProgress {
+    fn default() -> ScanProgress {
+        ScanProgress {
+            done: [false; 256],
+            current: None,
+            counted: HashSet::new(),
+        }
+    }
+}
+
+impl ScanProgress {
+    /// Whether the scan has counted entry `name`.
+    fn has_counted(&self, name: &EntryName) -> bool {
+        let shard = name.shard_index();
+        self.done[usize::from(shard)]
+            || (self.current == Some(shard) && self.counted.contains(name))
+    }
+
+    /// Records that the scan counted entry `name`.
+    fn count(&mut self, name: EntryName) {
+        let shard = name.shard_index();
+        if self.current != Some(shard) {
+            if let Some(before) = self.current {
+                self.done[usize::from(before)] = true;
+            }
+            self.current = Some(shard);
+            self.counted.clear();
+        }
+        self.counted.insert(name);
+    }
 }
 
 /// Keeps block `key` for a rewrite with the best codec when it was written `weaker` (at most
@@ -189,6 +234,7 @@ impl DiskTier {
             entries: AtomicU64::new(0),
             logical: AtomicU64::new(0),
             scanned: AtomicBool::new(false),
+            scan: Mutex::new(ScanProgress::default()),
             paused_until: Mutex::new(None),
             stop: AtomicBool::new(false),
             budget,
@@ -460,10 +506,13 @@ impl Inner {
         Ok(Some(buf))
     }
 
-    /// Removes entry `name` (if it is one) and takes it off the tally once the scan has made one.
+    /// Removes entry `name` (if it is one) and takes it off the tally if the scan counted it
+    /// (always once the scan is over). Under the scan's lock, so the scan either finds the entry
+    /// gone or counts it before this looks.
     fn remove(&self, name: &EntryName) {
+        let scan = self.scan.lock();
         if let Some(len) = self.dir.remove_entry(name)
-            && self.scanned.load(Ordering::Acquire)
+            && (self.scanned.load(Ordering::Acquire) || scan.has_counted(name))
         {
             let _ = self
                 .used
@@ -922,6 +971,108 @@ mod tests {
             tier.get(&kept, Path::new(""), &(0..1)).is_some(),
             "the scan kept the old entry"
         );
+    }
+
+    /// An entry the scan counted and a read then found damaged, while the scan still ran, comes
+    /// off the tally: after the scan, the tally is what the cache dir holds.
+    #[test]
+    fn an_entry_removed_while_the_scan_runs_comes_off_the_tally_only_if_it_was_counted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = dir.path().join("c");
+        let metrics = Arc::new(CacheMetrics::default());
+        let files = [(identity(1, 1), "a"), (identity(2, 1), "b")];
+        {
+            let first = start(
+                &cache,
+                Box::new(|_| None),
+                Box::new(|_, _| None),
+                Arc::default(),
+                &metrics,
+            );
+            wait_until("the first scan", || first.admitting());
+            for (seed, (id, name)) in files.iter().enumerate() {
+                let key = BlockKey {
+                    identity: *id,
+                    index: 0,
+                };
+                let path: Arc<Path> = Arc::from(Path::new(name));
+                let block = Arc::new(Block::new(block_bytes(seed as u8)));
+                assert!(first.put(&key, &path, &block));
+            }
+            wait_until("the writes", || metrics.disk_writes.get() == 2);
+        }
+        // The second scan checks its first entry at once and waits inside the second.
+        let (seen, checked) = std::sync::mpsc::channel::<std::path::PathBuf>();
+        let (open_gate, gate) = std::sync::mpsc::channel::<()>();
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let validate: Validate = Box::new(move |path| {
+            if calls.fetch_add(1, Ordering::SeqCst) == 1 {
+                let _ = seen.send(path.to_owned());
+                let _ = gate.recv();
+            } else {
+                let _ = seen.send(path.to_owned());
+            }
+            files
+                .iter()
+                .find(|(_, n)| Path::new(n) == path)
+                .map(|(id, _)| *id)
+        });
+        let metrics = Arc::new(CacheMetrics::default());
+        let tier = start(
+            &cache,
+            validate,
+            Box::new(|_, _| None),
+            Arc::default(),
+            &metrics,
+        );
+        let first = checked.recv().expect("the first entry checked");
+        let _second = checked.recv().expect("the scan waits in the second");
+        // The counted entry is damaged on disk; a read finds it and removes it.
+        let (id, _) = files
+            .iter()
+            .find(|(_, n)| Path::new(n) == first)
+            .expect("a file");
+        let name = EntryName::of(id, 0);
+        let entry = cache.join(name.to_string());
+        let mut bytes = std::fs::read(&entry).expect("entry");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xFF;
+        std::fs::write(&entry, bytes).expect("damage");
+        let key = BlockKey {
+            identity: *id,
+            index: 0,
+        };
+        assert!(
+            tier.get(&key, Path::new(""), &(0..1)).is_none(),
+            "damaged: removed"
+        );
+        assert!(!entry.exists());
+        open_gate.send(()).expect("the scan waits");
+        wait_until("the scan", || tier.admitting());
+        let held: Vec<u64> = walk_files(&cache.join("blocks"));
+        let gauges = tier.gauges();
+        assert_eq!(gauges.entries, held.len() as u64);
+        assert_eq!(gauges.entries, 1);
+        assert_eq!(
+            gauges.bytes,
+            held.iter().sum::<u64>(),
+            "the tally is what the dir holds"
+        );
+    }
+
+    /// The sizes of the files under `dir`, at any depth.
+    fn walk_files(dir: &Path) -> Vec<u64> {
+        let mut sizes = Vec::new();
+        for entry in std::fs::read_dir(dir).expect("read dir") {
+            let entry = entry.expect("entry");
+            let meta = entry.metadata().expect("stat");
+            if meta.is_dir() {
+                sizes.extend(walk_files(&entry.path()));
+            } else {
+                sizes.push(meta.len());
+            }
+        }
+        sizes
     }
 
     /// Entries written raw while the CPU was saturated end packed as the policy's best, as the

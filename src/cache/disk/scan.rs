@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::dir::{EntryFile, EntryName};
-use super::{Inner, Validate, read_header};
+use super::{Inner, ScanProgress, Validate, read_header};
 
 impl Inner {
     /// Counts the entries an earlier mount left, removing leftovers of interrupted writes and
@@ -28,10 +28,17 @@ impl Inner {
             }
             match self.check_entry(name, &file, validate) {
                 Some(logical) => {
-                    self.used.fetch_add(file.len, Ordering::Relaxed);
-                    self.logical.fetch_add(logical, Ordering::Relaxed);
-                    self.entries.fetch_add(1, Ordering::Relaxed);
-                    kept += 1;
+                    // Counted under the scan's lock, unless a removal unlinked it meanwhile
+                    // (a read that found it damaged): `Inner::remove` then did not count it off.
+                    let mut scan = self.scan.lock();
+                    let linked = rustix::fs::fstat(&file.fd).is_ok_and(|st| st.st_nlink > 0);
+                    if linked {
+                        self.used.fetch_add(file.len, Ordering::Relaxed);
+                        self.logical.fetch_add(logical, Ordering::Relaxed);
+                        self.entries.fetch_add(1, Ordering::Relaxed);
+                        scan.count(*name);
+                        kept += 1;
+                    }
                 }
                 None => {
                     drop(file);
@@ -52,7 +59,11 @@ impl Inner {
                 "the cache dir holds things prepfs did not write under blocks/ or tmp/; left in place"
             );
         }
+        let mut scan = self.scan.lock();
         self.scanned.store(true, Ordering::Release);
+        // Its figures are of no use once every removal counts off.
+        *scan = ScanProgress::default();
+        drop(scan);
         tracing::info!(
             kept,
             dropped,
