@@ -215,20 +215,29 @@ impl Shared {
             return false;
         };
         let mut freed = 0;
-        let dropped = pixels.take(|_, entry| {
-            if freed >= bytes {
-                Pick::Done
-            } else if Arc::strong_count(entry) > 1 {
-                Pick::Keep
-            } else {
-                freed += entry.charged_bytes();
-                Pick::Take
-            }
-        });
+        let dropped = {
+            let mut pick = unused_until(bytes, &mut freed);
+            pixels.take(|_, entry| pick(entry))
+        };
         self.metrics.decoded_yielded.add(dropped.len() as u64);
         // Dropped here, outside the map's locks: each gives its room back to the budget.
         drop(dropped);
         freed >= bytes
+    }
+}
+
+/// What a tier's `take` lets go to free `bytes`: entries no reader, prefetch or packer uses (only
+/// the map holds them), until their charges add up to `bytes`, counted in `freed`.
+fn unused_until(bytes: u64, freed: &mut u64) -> impl FnMut(&Arc<RamFile>) -> Pick + '_ {
+    move |entry| {
+        if *freed >= bytes {
+            Pick::Done
+        } else if Arc::strong_count(entry) > 1 {
+            Pick::Keep
+        } else {
+            *freed += entry.charged_bytes();
+            Pick::Take
+        }
     }
 }
 
@@ -469,17 +478,7 @@ impl Shed for RamTier {
     /// it takes its place: `Derived::offer_marked`.)
     fn give_back(&self, bytes: u64) -> u64 {
         let mut freed = 0;
-        let gone = self.files.take(|entry| {
-            // Only the map holds an entry no reader, prefetch or packer is using.
-            if freed >= bytes {
-                Pick::Done
-            } else if Arc::strong_count(entry) > 1 {
-                Pick::Keep
-            } else {
-                freed += entry.charged_bytes();
-                Pick::Take
-            }
-        });
+        let gone = self.files.take(unused_until(bytes, &mut freed));
         for entry in &gone {
             self.derived.forget(entry.key());
         }
