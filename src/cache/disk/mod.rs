@@ -19,7 +19,7 @@ mod dir;
 pub mod entry;
 mod scan;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsFd;
 use std::path::Path;
@@ -45,6 +45,7 @@ use crate::cache::policy::strength;
 use crate::memory::{MemoryBudget, Work};
 use crate::shards::ShardedMap;
 use crate::source::Identity;
+use scan::ScanProgress;
 
 /// Blocks waiting for the writer at most (each up to 1 MiB, charged to the memory budget's work
 /// slice until written: a queue this deep keeps the disk busy without starving renders).
@@ -130,49 +131,6 @@ struct Inner {
     /// Blocks offered while the writer could not take them, oldest first (at most
     /// `DEFERRED_QUEUE`): written from the RAM tier when the writer is idle.
     deferred: Mutex<VecDeque<Deferred>>,
-}
-
-/// What the start-up scan has put on the tally so far, so that an entry removed while it runs
-/// comes off the tally only if the scan counted it: one it has not reached yet, it will not find.
-/// The scan visits the shards one at a time.
-struct ScanProgress {
-    /// Shards (`EntryName::shard_index`) the scan is done with.
-    done: [bool; 256],
-    /// The shard it is in, and the entries of it counted so far (a 256th of the cache).
-    current: Option<u8>,
-    counted: HashSet<EntryName>,
-}
-
-impl Default for ScanProgress {
-    fn default() -> ScanProgress {
-        ScanProgress {
-            done: [false; 256],
-            current: None,
-            counted: HashSet::new(),
-        }
-    }
-}
-
-impl ScanProgress {
-    /// Whether the scan has counted entry `name`.
-    fn has_counted(&self, name: &EntryName) -> bool {
-        let shard = name.shard_index();
-        self.done[usize::from(shard)]
-            || (self.current == Some(shard) && self.counted.contains(name))
-    }
-
-    /// Records that the scan counted entry `name`.
-    fn count(&mut self, name: EntryName) {
-        let shard = name.shard_index();
-        if self.current != Some(shard) {
-            if let Some(before) = self.current {
-                self.done[usize::from(before)] = true;
-            }
-            self.current = Some(shard);
-            self.counted.clear();
-        }
-        self.counted.insert(name);
-    }
 }
 
 /// Keeps block `key` for a rewrite with the best codec when it was written `weaker` (at most

@@ -2,17 +2,62 @@
 //! the budget, with the entries of changed or deleted source files and the leftovers of
 //! interrupted writes removed; admission opens when it ends.
 //!
-//! Owns: the walk over the entries and each one's check against its source file. Must never
+//! Owns: the walk over the entries, each one's check against its source file, and what it has
+//! counted so far (`ScanProgress`, which a removal during the scan asks). Must never
 //! block lookups (it runs on its own thread while the mount serves) and never remove what prepfs
 //! did not write (counted and left in place).
 
+use std::collections::HashSet;
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::dir::{EntryFile, EntryName};
-use super::{Inner, ScanProgress, Validate, read_header};
+use super::{Inner, Validate, read_header};
+
+/// What the start-up scan has put on the tally so far, so that an entry removed while it runs
+/// comes off the tally only if the scan counted it: one it has not reached yet, it will not find.
+/// The scan visits the shards one at a time.
+pub(super) struct ScanProgress {
+    /// Shards (`EntryName::shard_index`) the scan is done with.
+    done: [bool; 256],
+    /// The shard it is in, and the entries of it counted so far (a 256th of the cache).
+    current: Option<u8>,
+    counted: HashSet<EntryName>,
+}
+
+impl Default for ScanProgress {
+    fn default() -> ScanProgress {
+        ScanProgress {
+            done: [false; 256],
+            current: None,
+            counted: HashSet::new(),
+        }
+    }
+}
+
+impl ScanProgress {
+    /// Whether the scan has counted entry `name`.
+    pub(super) fn has_counted(&self, name: &EntryName) -> bool {
+        let shard = name.shard_index();
+        self.done[usize::from(shard)]
+            || (self.current == Some(shard) && self.counted.contains(name))
+    }
+
+    /// Records that the scan counted entry `name`.
+    fn count(&mut self, name: EntryName) {
+        let shard = name.shard_index();
+        if self.current != Some(shard) {
+            if let Some(before) = self.current {
+                self.done[usize::from(before)] = true;
+            }
+            self.current = Some(shard);
+            self.counted.clear();
+        }
+        self.counted.insert(name);
+    }
+}
 
 impl Inner {
     /// Counts the entries an earlier mount left, removing leftovers of interrupted writes and
