@@ -843,6 +843,27 @@ mod tests {
             .collect()
     }
 
+    /// What an earlier mount left in `cache`: block 0 of each (identity, path, seed) written,
+    /// as `block_bytes(seed)`.
+    fn earlier_mount(cache: &Path, entries: &[(Identity, &str, u8)]) {
+        let metrics = Arc::new(CacheMetrics::default());
+        let first = start(
+            cache,
+            Box::new(|_| None),
+            Box::new(|_, _| None),
+            Arc::default(),
+            &metrics,
+        );
+        wait_until("the first scan", || first.admitting());
+        for &(identity, path, seed) in entries {
+            let key = BlockKey { identity, index: 0 };
+            let path: Arc<Path> = Arc::from(Path::new(path));
+            assert!(first.put(&key, &path, &Arc::new(Block::new(block_bytes(seed)))));
+        }
+        let written = entries.len() as u64;
+        wait_until("the writes", || metrics.disk_writes.get() == written);
+    }
+
     /// Blocks offered while the old cache's scan runs are deferred, not lost: once the scan ends,
     /// the idle writer takes their bytes back from the RAM tier and writes them. One the RAM
     /// tier no longer holds is counted as refused.
@@ -850,26 +871,10 @@ mod tests {
     fn blocks_offered_during_the_scan_are_written_from_ram_once_it_ends() {
         let dir = tempfile::tempdir().expect("tempdir");
         let cache = dir.path().join("c");
-        let metrics = Arc::new(CacheMetrics::default());
         let old = identity(1, 1);
         let path: Arc<Path> = Arc::from(Path::new("f"));
-        {
-            // An earlier mount's entry, so the next scan has one to check.
-            let first = start(
-                &cache,
-                Box::new(|_| None),
-                Box::new(|_, _| None),
-                Arc::default(),
-                &metrics,
-            );
-            wait_until("the first scan", || first.admitting());
-            let key = BlockKey {
-                identity: old,
-                index: 0,
-            };
-            assert!(first.put(&key, &path, &Arc::new(Block::new(block_bytes(9)))));
-            wait_until("the first write", || metrics.disk_writes.get() == 1);
-        }
+        // An earlier mount's entry, so the next scan has one to check.
+        earlier_mount(&cache, &[(old, "f", 9)]);
 
         let metrics = Arc::new(CacheMetrics::default());
         let (open_gate, gate) = std::sync::mpsc::channel::<()>();
@@ -937,28 +942,8 @@ mod tests {
     fn an_entry_removed_while_the_scan_runs_comes_off_the_tally_only_if_it_was_counted() {
         let dir = tempfile::tempdir().expect("tempdir");
         let cache = dir.path().join("c");
-        let metrics = Arc::new(CacheMetrics::default());
         let files = [(identity(1, 1), "a"), (identity(2, 1), "b")];
-        {
-            let first = start(
-                &cache,
-                Box::new(|_| None),
-                Box::new(|_, _| None),
-                Arc::default(),
-                &metrics,
-            );
-            wait_until("the first scan", || first.admitting());
-            for (seed, (id, name)) in files.iter().enumerate() {
-                let key = BlockKey {
-                    identity: *id,
-                    index: 0,
-                };
-                let path: Arc<Path> = Arc::from(Path::new(name));
-                let block = Arc::new(Block::new(block_bytes(seed as u8)));
-                assert!(first.put(&key, &path, &block));
-            }
-            wait_until("the writes", || metrics.disk_writes.get() == 2);
-        }
+        earlier_mount(&cache, &[(files[0].0, "a", 0), (files[1].0, "b", 1)]);
         // The second scan checks its first entry at once and waits inside the second.
         let (seen, checked) = std::sync::mpsc::channel::<std::path::PathBuf>();
         let (open_gate, gate) = std::sync::mpsc::channel::<()>();
